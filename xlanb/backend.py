@@ -1,0 +1,115 @@
+"""Registers the ``xla`` device with torch, in pure Python (torch >= 2.13).
+
+torch's PrivateUse1 backend is renamed to ``xla``; a Python device guard and hooks make
+``.to("xla")`` and ``device="xla"`` legal; kernels for the few ops that create tensors on
+the device (``empty``, ``empty_strided``, ``_copy_from``...) return ``XlaTensor``s, after
+which every op reaches ``XlaTensor.__torch_dispatch__``.
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+
+from . import devices, rng
+
+_registered = False
+_lib = None
+
+
+def _check_torch():
+    if not hasattr(torch._C, "_acc"):
+        raise ImportError(f"xlanb needs torch >= 2.13 (torch._C._acc); found torch {torch.__version__}")
+
+
+class _Guard(torch._C._acc.DeviceGuard if hasattr(torch._C, "_acc") else object):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks if hasattr(torch._C, "_acc") else object):
+    def is_available(self):
+        return True
+
+    def has_primary_context(self, device_index):
+        return True
+
+    def is_built(self):
+        return True
+
+
+def _device_module() -> types.ModuleType:
+    """``torch.xla``: what torch asks a device module for (seeding, counts)."""
+    m = types.ModuleType("torch.xla")
+    m.is_available = lambda: True
+    m.device_count = devices.device_count
+    m.current_device = lambda: 0
+    m._is_in_bad_fork = lambda: False
+    m.manual_seed = rng.manual_seed
+    m.manual_seed_all = rng.manual_seed
+    m.seed = lambda: rng.manual_seed(torch.initial_seed())
+    m.seed_all = m.seed
+    m.initial_seed = rng.initial_seed
+    m.get_rng_state = lambda device=None: rng.get_rng_state()
+    m.set_rng_state = lambda state, device=None: rng.set_rng_state(state)
+    m.synchronize = lambda device=None: None
+    return m
+
+
+def _index(device) -> int:
+    if device is None:
+        return 0
+    idx = torch.device(device).index
+    idx = 0 if idx is None else idx
+    devices.jax_device(idx)  # a clear error for xla:N that does not exist
+    return idx
+
+
+def _empty(size, dtype, device, stride=None):
+    from .dispatch import _contiguous_strides, empty_info
+    from .ir import Node, TensorMeta
+    from .tensor import new_tensor
+    shape = tuple(int(s) for s in size)
+    dtype = dtype or torch.get_default_dtype()
+    idx = _index(device)
+    meta = TensorMeta(shape, tuple(stride) if stride is not None else _contiguous_strides(shape), dtype)
+    return new_tensor(Node(empty_info(meta, idx)), meta, idx)
+
+
+def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None,
+                         memory_format=None):
+    return _empty(size, dtype, device)
+
+
+def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    return _empty(size, dtype, device, stride)
+
+
+def _copy_from(self, dst, non_blocking=False):
+    from .dispatch import _copy_
+    return _copy_(None, (dst, self), {})
+
+
+def _copy_from_and_resize(self, dst):
+    return _copy_from(self, dst)
+
+
+def register() -> None:
+    """Make ``torch.device("xla")`` real. Idempotent."""
+    global _registered, _lib
+    if _registered:
+        return
+    _check_torch()
+    torch._C._acc.register_python_privateuseone_device_guard(_Guard())
+    torch._C._acc.register_python_privateuseone_hook(_Hooks())
+    torch.utils.rename_privateuse1_backend("xla")
+    torch._register_device_module("xla", _device_module())
+    _lib = torch.library.Library("aten", "IMPL")
+    _lib.impl("empty.memory_format", _empty_memory_format, "PrivateUse1")
+    _lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+    _lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    _lib.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
+    # The MHA / TransformerEncoderLayer fast paths call fused CUDA-style kernels when they
+    # see a PrivateUse1 backend; the composite path lowers cleanly.
+    torch.backends.mha.set_fastpath_enabled(False)
+    _registered = True

@@ -1,0 +1,48 @@
+"""User-facing settings, read once from the environment and changeable at run time.
+
+``XLANB_MODE``       initial execution mode (lazy | eager | opbyop)
+``XLANB_PLATFORM``   JAX platform for the xla device (cpu | gpu | tpu); default: JAX's default
+``XLANB_CACHE_DIR``  persistent compilation cache directory; empty turns it off
+``XLANB_INSPECT``    how repr/print show a pending tensor (peek | sync | meta)
+"""
+from __future__ import annotations
+
+import os
+
+INSPECT_CHOICES = ("peek", "sync", "meta")
+
+
+def _default_cache_dir() -> str | None:
+    if "XLANB_CACHE_DIR" in os.environ:
+        return os.environ["XLANB_CACHE_DIR"] or None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "xlanb", "jax")
+
+
+class Config:
+    """``xlanb.config``: a plain object whose setters validate."""
+
+    def __init__(self) -> None:
+        self.platform: str | None = os.environ.get("XLANB_PLATFORM") or None
+        self.cache_dir: str | None = _default_cache_dir()
+        self._inspect = "peek"
+        self.inspect = os.environ.get("XLANB_INSPECT", "peek")
+        # Warn once per op that falls back to CPU torch.
+        self.warn_fallbacks = True
+
+    @property
+    def inspect(self) -> str:
+        return self._inspect
+
+    @inspect.setter
+    def inspect(self, value: str) -> None:
+        if value not in INSPECT_CHOICES:
+            raise ValueError(f"xlanb.config.inspect must be one of {', '.join(INSPECT_CHOICES)}; got {value!r}")
+        self._inspect = value
+
+    def __repr__(self) -> str:
+        return (f"xlanb.config(platform={self.platform!r}, cache_dir={self.cache_dir!r}, "
+                f"inspect={self.inspect!r})")
+
+
+config = Config()

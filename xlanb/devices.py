@@ -1,0 +1,35 @@
+"""The device map: ``xla:N`` is the N-th JAX device of the chosen platform."""
+from __future__ import annotations
+
+import functools
+
+import jax
+
+from .config import config
+
+
+@functools.cache
+def jax_devices() -> tuple:
+    platform = config.platform
+    try:
+        return tuple(jax.devices(platform) if platform else jax.devices())
+    except RuntimeError as e:
+        raise RuntimeError(f"xlanb: no JAX devices for platform {platform!r} "
+                           f"(set by XLANB_PLATFORM): {e}") from None
+
+
+def jax_device(index: int | None):
+    devs = jax_devices()
+    i = 0 if index is None else index
+    if not 0 <= i < len(devs):
+        listing = ", ".join(f"xla:{k} = {d}" for k, d in enumerate(devs))
+        raise RuntimeError(f"xlanb: device xla:{i} does not exist; available: {listing}")
+    return devs[i]
+
+
+def device_count() -> int:
+    return len(jax_devices())
+
+
+def platform_name() -> str:
+    return jax_devices()[0].platform

@@ -1,0 +1,34 @@
+"""How an xla tensor prints: values by peek (never cutting the graph), sync, or meta only."""
+from __future__ import annotations
+
+import torch
+
+from .config import config
+
+
+def _pending_ops(node) -> int:
+    from .ir import plan_graph
+    return 0 if node.data is not None else len(plan_graph([node]).steps)
+
+
+def tensor_repr(t) -> str:
+    from .dispatch import value_node
+    from .sync import peek_node, sync
+    from .transfer import array_to_host, to_host
+    how = config.inspect
+    suffix = [f"device='{t.device}'"]
+    if t.grad_fn is not None:
+        suffix.append(f"grad_fn=<{type(t.grad_fn).__name__}>")
+    elif t.requires_grad:
+        suffix.append("requires_grad=True")
+    with torch._C._DisableTorchDispatch():
+        node = value_node(t)
+        if how == "meta":
+            return (f"tensor(<{_pending_ops(node)} pending ops>, size={tuple(t.shape)}, "
+                    f"dtype={t.dtype}, {', '.join(suffix)})")
+        if how == "sync":
+            host = to_host(t, cause="repr (config.inspect='sync')")
+        else:
+            host = array_to_host(peek_node(node))
+    body = repr(host)
+    return body[:-1] + ", " + ", ".join(suffix) + ")"

@@ -1,0 +1,177 @@
+"""Running IR: whole graphs through the graph cache, or node by node through the
+single-op executable cache, plus the record of every compiled graph and why it compiled.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import jax
+import numpy as np
+
+from . import metrics
+from .devices import jax_device
+from .dtypes import to_jax_dtype
+from .ir import GETITEM, GraphPlan, Node, OpInfo, format_src, plan_graph, user_frame
+from .runtime import compile_jitted
+
+_F64 = np.dtype(np.float64)
+_U32 = np.dtype(np.uint32)
+
+
+def _sharding(device: int):
+    return jax.sharding.SingleDeviceSharding(jax_device(device))
+
+
+def _tensor_spec(meta, device: int):
+    return jax.ShapeDtypeStruct(meta.shape, to_jax_dtype(meta.dtype), sharding=_sharding(device))
+
+
+def _scalar_spec(kind: str, device: int):
+    if kind == "f":
+        return jax.ShapeDtypeStruct((), _F64, weak_type=True, sharding=_sharding(device))
+    return jax.ShapeDtypeStruct((2,), _U32, sharding=_sharding(device))  # PRNG key data
+
+
+# ---------------------------------------------------------------------------------------
+# Single-op executables (eager mode, op-by-op mode and peeks share them)
+
+def op_executable(info: OpInfo):
+    exe = info.exe
+    if exe is not None:
+        metrics.counter("OpCacheHit")
+        return exe
+    n = info.n_in
+    fn = info.fn
+    specs = [_tensor_spec(m, info.device) for m in info.extra.in_metas]
+    specs += [_scalar_spec(k, info.device) for k in info.scalar_specs]
+    exe = info.exe = compile_jitted(lambda *flat: fn(flat[:n], flat[n:]), specs,
+                                    metric="OpCompileTime")
+    metrics.counter("OpCompile")
+    return exe
+
+
+def node_array(node: Node, cause: str = "value needed"):
+    """The node's device array, computing pending work if there is any."""
+    data = node.data
+    if data is not None:
+        return data
+    if node.info.name == "aten::empty" and not node.inputs:
+        meta = node.info.out
+        with jax.enable_x64(True):
+            node.data = jax.device_put(np.zeros(meta.shape, to_jax_dtype(meta.dtype)),
+                                       jax_device(node.info.device))
+        return node.data
+    from .sync import materialize
+    materialize([node], cause=cause)
+    return node.data
+
+
+# ---------------------------------------------------------------------------------------
+# Whole graphs
+
+@dataclass
+class CompiledGraph:
+    """One compiled graph, as ``xlanb.graphs()`` lists it."""
+    hash: str
+    device: int
+    n_nodes: int
+    n_inputs: int
+    n_outputs: int
+    cause: str
+    src: str
+    compile_time: float
+    executable: object = field(repr=False)
+    hits: int = 0
+    run_time: float = 0.0
+    ops: tuple = field(default=(), repr=False)  # op names in topological order
+
+
+_graph_cache: dict = {}
+graph_log: list[CompiledGraph] = []  # in compile order
+
+
+def _graph_fn(plan: GraphPlan):
+    steps = plan.steps
+    root_pos = plan.root_pos
+
+    def run(leaves, scalars):
+        vals = list(leaves)
+        k = 0
+        for info, ins in steps:
+            n = len(info.scalar_specs)
+            vals.append(info.fn([vals[i] for i in ins], scalars[k:k + n]))
+            k += n
+        return [vals[p] for p in root_pos]
+    return run
+
+
+def _graph_hash(key) -> str:
+    return f"{hash(key) & 0xFFFFFFFFFFFF:012x}"
+
+
+def run_graph(plan: GraphPlan, device: int, cause: str, src) -> list:
+    """Compile (or find) the graph of ``plan`` and run it; returns the roots' arrays."""
+    key = (device, plan.key)
+    rec = _graph_cache.get(key)
+    if rec is None:
+        specs = ([_tensor_spec(_leaf_meta(n), device) for n in plan.leaves],
+                 [_scalar_spec(k, device) for info, _ in plan.steps for k in info.scalar_specs])
+        t0 = time.perf_counter()
+        exe = compile_jitted(_graph_fn(plan), specs, metric="CompileTime")
+        metrics.counter("UncachedCompile")
+        rec = CompiledGraph(_graph_hash(key), device, len(plan.steps), len(plan.leaves),
+                            len(plan.roots), cause, format_src(src), time.perf_counter() - t0,
+                            exe, ops=tuple(info.name for info, _ in plan.steps))
+        _graph_cache[key] = rec
+        graph_log.append(rec)
+    else:
+        metrics.counter("CachedCompile")
+        rec.hits += 1
+    t0 = time.perf_counter()
+    with jax.enable_x64(True):
+        outs = rec.executable([n.data for n in plan.leaves], plan.scalars)
+        jax.block_until_ready(outs)
+    dt = time.perf_counter() - t0
+    rec.run_time += dt
+    metrics.record("ExecuteTime", dt)
+    return outs
+
+
+def _leaf_meta(node: Node):
+    info = node.info
+    return info.out if not info.multi else info.out[0]
+
+
+def run_op_by_op(plan: GraphPlan, keep: dict | None = None) -> list:
+    """Run ``plan`` node by node through the single-op cache.
+
+    ``keep``, if given, receives every intermediate value (keyed by node id) and supplies
+    values computed earlier, so repeated peeks recompute nothing.
+    """
+    vals = [n.data if n.data is not None else keep[id(n)] for n in plan.leaves]
+    k = 0
+    t0 = time.perf_counter()
+    with jax.enable_x64(True):
+        for (info, ins), node in zip(plan.steps, plan.op_nodes):
+            n = len(info.scalar_specs)
+            args = [vals[i] for i in ins]
+            if info.name == GETITEM:  # pick one output of a multi-output node: nothing to run
+                out = info.fn(args, ())
+            else:
+                out = op_executable(info)(*args, *plan.scalars[k:k + n])
+            k += n
+            vals.append(out)
+            if keep is not None:
+                keep[id(node)] = out
+    metrics.record("ExecuteTime", time.perf_counter() - t0)
+    return [vals[p] for p in plan.root_pos]
+
+
+def graphs() -> list[CompiledGraph]:
+    return list(graph_log)
+
+
+def clear_graph_cache() -> None:
+    _graph_cache.clear()
+    graph_log.clear()

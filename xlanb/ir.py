@@ -1,0 +1,232 @@
+"""The lazy IR: nodes, op signatures, structural hashing, source locations and module scope.
+
+A ``Node`` is one op application. Its ``info`` (an ``OpInfo``) is shared by every node and
+every eager call with the same signature -- op, input shapes/dtypes, static args -- so
+the structural hash of a graph is a tuple of small ints, and the single-op executable of
+a signature is compiled once for eager mode, op-by-op mode and peeks alike.
+
+A node with ``data`` set is materialized: graphs treat it as an input (a leaf).
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import sys
+import weakref
+from typing import Callable, NamedTuple
+
+import torch
+
+
+class TensorMeta(NamedTuple):
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+    offset: int = 0
+
+
+_uids = itertools.count(1)
+GETITEM = "getitem"  # the name of the info that picks one output of a multi-output node
+
+
+class OpInfo:
+    """One op signature. ``fn(inputs, scalars)`` evaluates it on JAX values."""
+
+    __slots__ = ("uid", "name", "op", "sig", "fn", "out", "multi", "n_in", "scalar_specs",
+                 "exe", "device", "aval_uid", "extra", "__weakref__")
+
+    def __init__(self, name: str, sig, fn: Callable, out, *, op=None, n_in: int = 0,
+                 scalar_specs: tuple = (), device: int = 0):
+        self.uid = next(_uids)
+        self.name = name          # "aten::addmm", for people
+        self.op = op              # the torch OpOverload, when there is one
+        self.sig = sig            # the cache key this info was made for
+        self.fn = fn
+        self.out = out            # TensorMeta, or a tuple of them for multi-output ops
+        self.multi = isinstance(out, tuple) and not isinstance(out, TensorMeta)
+        self.n_in = n_in
+        self.scalar_specs = scalar_specs  # ("f" weak float | "u32") per lifted scalar
+        self.exe = None           # the single-op executable, compiled on first use
+        self.device = device
+        self.aval_uid = None      # interned (shape, dtype) when used as a leaf
+        self.extra = None         # what the dispatch layer needs besides fn
+
+    def __repr__(self) -> str:
+        return f"<OpInfo {self.uid} {self.name}>"
+
+
+_aval_ids: dict = {}
+
+
+def aval_uid(meta: TensorMeta) -> int:
+    key = (meta.shape, meta.dtype)
+    uid = _aval_ids.get(key)
+    if uid is None:
+        uid = _aval_ids[key] = -len(_aval_ids) - 1  # negative: never clashes with OpInfo uids
+    return uid
+
+
+class Node:
+    """One op application (or a leaf of device data when ``data`` is set)."""
+
+    __slots__ = ("info", "inputs", "scalars", "data", "src", "scope", "__weakref__")
+
+    def __init__(self, info: OpInfo, inputs: tuple = (), scalars: tuple = (), data=None,
+                 src=None, scope: str = ""):
+        self.info = info
+        self.inputs = inputs      # Nodes, in the order the op takes its tensors
+        self.scalars = scalars    # lifted Python scalars (values never enter the hash)
+        self.data = data          # a jax.Array (tuple for multi-output) once materialized
+        self.src = src            # (code, lineno) of the user's frame
+        self.scope = scope        # nn.Module path active when recorded
+
+    @property
+    def pending(self) -> bool:
+        return self.data is None
+
+    def materialize(self, value) -> None:
+        """Swap the IR for device data and let go of the inputs."""
+        self.data = value
+        self.inputs = ()
+        self.scalars = ()
+
+    def __repr__(self) -> str:
+        state = "data" if self.data is not None else "pending"
+        return f"<Node {self.info.name} {state}>"
+
+
+# ---------------------------------------------------------------------------------------
+# Graphs: topological order and structural key
+
+class GraphPlan(NamedTuple):
+    """A pending graph: what to compile (``key``/``steps``) and what to feed it."""
+    key: tuple                # structural hash: ops, shapes, dtypes, static args, wiring
+    leaves: list              # Nodes whose data are the graph's array inputs
+    scalars: list             # lifted scalar values, in step order
+    steps: list               # (OpInfo, input positions) per op node, topological
+    op_nodes: list            # the Nodes of ``steps``, same order
+    roots: list               # Nodes to materialize
+    root_pos: tuple           # their positions in the value list
+
+
+def plan_graph(roots: list[Node], known: dict | None = None) -> GraphPlan:
+    """Walk back from ``roots`` to materialized leaves, in topological order.
+
+    Nodes whose id is in ``known`` (values computed by a peek) count as leaves too."""
+    pos: dict[int, int] = {}
+    leaves: list[Node] = []
+    op_nodes: list[Node] = []
+    # Leaves take positions 0..L-1, op nodes L.. : number op nodes first, then shift.
+    leaf_pos: dict[int, int] = {}
+    op_pos: dict[int, int] = {}
+    for root in roots:
+        if id(root) in leaf_pos or id(root) in op_pos:
+            continue
+        stack = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            nid = id(node)
+            if nid in op_pos or nid in leaf_pos:
+                continue
+            if node.data is not None or (known is not None and nid in known):
+                leaf_pos[nid] = len(leaves)
+                leaves.append(node)
+                continue
+            if expanded:
+                op_pos[nid] = len(op_nodes)
+                op_nodes.append(node)
+                continue
+            stack.append((node, True))
+            for inp in reversed(node.inputs):
+                iid = id(inp)
+                if iid not in op_pos and iid not in leaf_pos:
+                    stack.append((inp, False))
+    n_leaves = len(leaves)
+    for nid, p in op_pos.items():
+        pos[nid] = p + n_leaves
+    pos.update(leaf_pos)
+    key_parts: list = [tuple(_leaf_key(n) for n in leaves)]
+    steps = []
+    scalars: list = []
+    for node in op_nodes:
+        ins = tuple(pos[id(i)] for i in node.inputs)
+        steps.append((node.info, ins))
+        key_parts.append((node.info.uid, ins))
+        if node.scalars:
+            scalars.extend(node.scalars)
+    root_pos = tuple(pos[id(r)] for r in roots)
+    key_parts.append(root_pos)
+    return GraphPlan(tuple(key_parts), leaves, scalars, steps, op_nodes, roots, root_pos)
+
+
+def _leaf_key(node: Node) -> int:
+    info = node.info
+    u = info.aval_uid
+    if u is None:
+        out = info.out
+        u = info.aval_uid = aval_uid(out if not info.multi else out[0])
+    return u
+
+
+# ---------------------------------------------------------------------------------------
+# Where an op came from: the user's frame and the nn.Module path
+
+_torch_dir = os.path.dirname(torch.__file__) + os.sep
+_xlanb_dir = os.path.dirname(__file__) + os.sep
+_SKIP_PREFIXES = (_torch_dir, _xlanb_dir, contextlib.__file__)
+
+
+def user_frame():
+    """(code, lineno) of the innermost frame outside torch and xlanb, or None."""
+    f = sys._getframe(2)
+    while f is not None:
+        if not f.f_code.co_filename.startswith(_SKIP_PREFIXES):
+            return (f.f_code, f.f_lineno)
+        f = f.f_back
+    return None
+
+
+def format_src(src) -> str:
+    if src is None:
+        return ""
+    code, line = src
+    return f"{os.path.basename(code.co_filename)}:{line} {code.co_name}"
+
+
+_scope_stack: list[str] = []
+_module_names: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+
+
+def current_scope() -> str:
+    return _scope_stack[-1] if _scope_stack else ""
+
+
+def _enter_module(module, _args):
+    name = _module_names.get(module)
+    if name is None:
+        if _scope_stack:
+            name = f"{_scope_stack[-1]}.?{type(module).__name__}"
+        else:
+            root = type(module).__name__
+            for sub_name, sub in module.named_modules():
+                _module_names.setdefault(sub, f"{root}.{sub_name}" if sub_name else root)
+            name = _module_names[module]
+    _scope_stack.append(name)
+
+
+def _exit_module(module, _args, _out):
+    if _scope_stack:
+        _scope_stack.pop()
+
+
+_scope_hooks = []
+
+
+def install_scope_hooks() -> None:
+    """Track the nn.Module path of each recorded op (global module hooks, once)."""
+    if _scope_hooks:
+        return
+    from torch.nn.modules import module as m
+    _scope_hooks.append(m.register_module_forward_pre_hook(_enter_module))
+    _scope_hooks.append(m.register_module_forward_hook(_exit_module, always_call=True))

@@ -1,0 +1,207 @@
+"""Pointwise math: unary functions, arithmetic, comparisons, logic, clamps."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from xlanb.lowering._util import aten, is_float, to_float
+from xlanb.lowering.registry import register
+
+
+def _is_one(v) -> bool:
+    # Skip the multiply only for a literal 1; a lifted 0-d array is always applied.
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == 1
+
+
+def _scaled(y, alpha):
+    return y if _is_one(alpha) else y * alpha
+
+
+# ---- unary ----------------------------------------------------------------
+
+def _float_unary(op, fn):
+    # Integer and bool inputs produce torch's default float dtype.
+    register(op)(lambda x: fn(to_float(x)))
+
+
+for _op, _fn in [
+    (aten.exp, jnp.exp), (aten.exp2, jnp.exp2), (aten.expm1, jnp.expm1),
+    (aten.log, jnp.log), (aten.log2, jnp.log2), (aten.log10, jnp.log10),
+    (aten.log1p, jnp.log1p), (aten.sqrt, jnp.sqrt), (aten.rsqrt, lax.rsqrt),
+    (aten.sin, jnp.sin), (aten.cos, jnp.cos), (aten.tan, jnp.tan),
+    (aten.asin, jnp.arcsin), (aten.acos, jnp.arccos), (aten.atan, jnp.arctan),
+    (aten.sinh, jnp.sinh), (aten.cosh, jnp.cosh), (aten.tanh, jnp.tanh),
+    (aten.asinh, jnp.arcsinh), (aten.acosh, jnp.arccosh), (aten.atanh, jnp.arctanh),
+    (aten.sigmoid, jax.nn.sigmoid), (aten.erf, lax.erf), (aten.erfc, lax.erfc),
+    (aten.erfinv, lax.erf_inv), (aten.lgamma, lax.lgamma), (aten.digamma, lax.digamma),
+    (aten.i0, jnp.i0), (aten.sinc, jnp.sinc), (aten.reciprocal, lambda x: 1 / x),
+]:
+    _float_unary(_op.default, _fn)
+
+
+@register(aten.logit.default)
+def logit(x, eps=None):
+    x = to_float(x)
+    if eps is not None:
+        x = jnp.clip(x, eps, 1 - eps)
+    return jnp.log(x / (1 - x))
+
+
+def _int_identity(fn):
+    # Rounding is the identity on integers (jnp would go through float).
+    return lambda x: x if not is_float(x) else fn(x)
+
+
+register(aten.ceil.default)(_int_identity(jnp.ceil))
+register(aten.floor.default)(_int_identity(jnp.floor))
+register(aten.trunc.default, aten.fix.default)(_int_identity(jnp.trunc))
+register(aten.round.default)(_int_identity(jnp.round))  # half to even, like torch
+register(aten.round.decimals)(lambda x, *, decimals=0: jnp.round(x, decimals))
+register(aten.frac.default)(lambda x: x - jnp.trunc(x))
+register(aten.abs.default)(jnp.abs)
+register(aten.neg.default)(jnp.negative)
+register(aten.sign.default, aten.sgn.default)(jnp.sign)
+register(aten.signbit.default)(jnp.signbit)
+register(aten.bitwise_not.default)(jnp.invert)
+register(aten.logical_not.default)(jnp.logical_not)
+register(aten.isnan.default)(jnp.isnan)
+register(aten.isinf.default)(jnp.isinf)
+register(aten.isfinite.default)(jnp.isfinite)
+register(aten.isposinf.default)(jnp.isposinf)
+register(aten.isneginf.default)(jnp.isneginf)
+register(aten.positive.default)(lambda x: x)
+
+
+@register(aten.nan_to_num.default)
+def nan_to_num(x, nan=None, posinf=None, neginf=None):
+    if not is_float(x):
+        return x
+    return jnp.nan_to_num(x, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
+
+
+# ---- arithmetic -----------------------------------------------------------
+
+@register(aten.add.Tensor, aten.add.Scalar)
+def add(x, y, alpha=1):
+    return x + _scaled(y, alpha)
+
+
+@register(aten.sub.Tensor, aten.sub.Scalar)
+def sub(x, y, alpha=1):
+    return x - _scaled(y, alpha)
+
+
+@register(aten.rsub.Tensor, aten.rsub.Scalar)
+def rsub(x, y, alpha=1):
+    return y - _scaled(x, alpha)
+
+
+register(aten.mul.Tensor, aten.mul.Scalar)(jnp.multiply)
+
+
+def _trunc_div(x, y):
+    dt = jnp.result_type(x, y)
+    if jnp.issubdtype(dt, jnp.integer):
+        # lax.div truncates toward zero on integers (C semantics), like torch.
+        x, y = jnp.broadcast_arrays(jnp.asarray(x, dt), jnp.asarray(y, dt))
+        return lax.div(x, y)
+    return jnp.trunc(jnp.true_divide(x, y))
+
+
+@register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode,
+          aten.true_divide.Tensor, aten.true_divide.Scalar)
+def div(x, y, *, rounding_mode=None):
+    if rounding_mode is None:
+        return jnp.true_divide(x, y)  # ints divide to float, like torch
+    if rounding_mode == "trunc":
+        return _trunc_div(x, y)
+    return jnp.floor_divide(x, y)  # Python floor semantics, like torch
+
+
+register(aten.floor_divide.default, aten.floor_divide.Scalar)(jnp.floor_divide)
+register(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)(
+    jnp.remainder)  # sign of the divisor, like Python and torch
+register(aten.fmod.Tensor, aten.fmod.Scalar)(jnp.fmod)
+
+
+@register(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
+def pow_(x, y):
+    # A Python int exponent stays exact (jnp uses integer_pow for it).
+    return jnp.power(x, y)
+
+
+register(aten.float_power.Tensor_Tensor, aten.float_power.Tensor_Scalar, aten.float_power.Scalar)(
+    lambda x, y: jnp.power(jnp.asarray(x, jnp.float64), jnp.asarray(y, jnp.float64)))
+register(aten.atan2.default)(lambda x, y: jnp.arctan2(to_float(x), to_float(y)))
+register(aten.hypot.default)(jnp.hypot)
+register(aten.copysign.Tensor, aten.copysign.Scalar)(
+    lambda x, y: jnp.copysign(to_float(x), y))
+register(aten.logaddexp.default)(jnp.logaddexp)
+register(aten.logaddexp2.default)(jnp.logaddexp2)
+register(aten.xlogy.Tensor, aten.xlogy.Scalar_Self, aten.xlogy.Scalar_Other)(
+    lambda x, y: jax.scipy.special.xlogy(to_float(jnp.asarray(x)), y))
+register(aten.heaviside.default)(jnp.heaviside)
+register(aten.maximum.default)(jnp.maximum)
+register(aten.minimum.default)(jnp.minimum)
+register(aten.fmax.default)(jnp.fmax)
+register(aten.fmin.default)(jnp.fmin)
+
+
+@register(aten.addcmul.default)
+def addcmul(x, t1, t2, *, value=1):
+    return x + _scaled(t1 * t2, value)
+
+
+@register(aten.addcdiv.default)
+def addcdiv(x, t1, t2, *, value=1):
+    return x + _scaled(t1 / t2, value)
+
+
+@register(aten.lerp.Scalar, aten.lerp.Tensor)
+def lerp(x, end, weight):
+    # torch's two-sided formula keeps lerp exact at both ends.
+    diff = end - x
+    return jnp.where(jnp.abs(weight) < 0.5, x + weight * diff, end - diff * (1 - weight))
+
+
+# ---- clamps and selection -------------------------------------------------
+
+@register(aten.clamp.default, aten.clamp.Tensor, aten.clip.default, aten.clip.Tensor)
+def clamp(x, min=None, max=None):
+    if min is not None:
+        x = jnp.maximum(x, min)
+    if max is not None:
+        x = jnp.minimum(x, max)  # min > max gives max, like torch
+    return x
+
+
+register(aten.clamp_min.default, aten.clamp_min.Tensor)(lambda x, m: jnp.maximum(x, m))
+register(aten.clamp_max.default, aten.clamp_max.Tensor)(lambda x, m: jnp.minimum(x, m))
+register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)(
+    lambda c, x, y: jnp.where(c, x, y))
+
+
+# ---- comparisons and logic ------------------------------------------------
+
+for _name, _fn in [("eq", jnp.equal), ("ne", jnp.not_equal), ("lt", jnp.less),
+                   ("le", jnp.less_equal), ("gt", jnp.greater), ("ge", jnp.greater_equal)]:
+    register(getattr(aten, _name).Tensor, getattr(aten, _name).Scalar)(_fn)
+
+register(aten.logical_and.default)(jnp.logical_and)
+register(aten.logical_or.default)(jnp.logical_or)
+register(aten.logical_xor.default)(jnp.logical_xor)
+
+for _name, _fn in [("bitwise_and", jnp.bitwise_and), ("bitwise_or", jnp.bitwise_or),
+                   ("bitwise_xor", jnp.bitwise_xor),
+                   ("bitwise_left_shift", jnp.left_shift),
+                   ("bitwise_right_shift", jnp.right_shift)]:
+    _packet = getattr(aten, _name)
+    register(*[getattr(_packet, o) for o in ("Tensor", "Tensor_Scalar", "Scalar", "Scalar_Tensor")
+               if o in _packet.overloads()])(_fn)
+
+
+@register(aten.isclose.default)
+def isclose(x, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    return jnp.isclose(x, other, rtol=rtol, atol=atol, equal_nan=equal_nan)
+

@@ -1,0 +1,120 @@
+"""Matrix products and convolutions (forward and backward)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+import torch
+
+from xlanb.lowering._util import aten, ntuple
+from xlanb.lowering.registry import register
+
+
+def _precision():
+    # Follow torch.set_float32_matmul_precision: "highest" (torch's default)
+    # forbids TF32/bf16 passes for float32 products; "high"/"medium" allow them.
+    if torch.get_float32_matmul_precision() == "highest":
+        return lax.Precision.HIGHEST
+    return lax.Precision.DEFAULT
+
+
+def _matmul(a, b):
+    return jnp.matmul(a, b, precision=_precision())
+
+
+def _scaled(x, s):
+    return x if isinstance(s, (int, float)) and s == 1 else x * s
+
+
+def _beta_input(x, beta):
+    # beta == 0 ignores the input entirely (even NaN/inf), like torch.
+    if isinstance(beta, (int, float)) and beta == 0:
+        return None
+    return _scaled(x, beta)
+
+
+register(aten.mm.default, aten.bmm.default, aten.matmul.default, aten.mv.default,
+         aten.dot.default, aten.vdot.default)(_matmul)
+register(aten.outer.default, aten.ger.default)(lambda a, b: jnp.outer(a, b))
+
+
+@register(aten.addmm.default, aten.baddbmm.default, aten.addmv.default)
+def addmm(x, a, b, *, beta=1, alpha=1):
+    out = _scaled(_matmul(a, b), alpha)
+    x = _beta_input(x, beta)
+    return out if x is None else out + x
+
+
+@register(aten.addbmm.default)
+def addbmm(x, a, b, *, beta=1, alpha=1):
+    out = _scaled(jnp.einsum("bij,bjk->ik", a, b, precision=_precision()), alpha)
+    x = _beta_input(x, beta)
+    return out if x is None else out + x
+
+
+@register(aten.addr.default)
+def addr(x, a, b, *, beta=1, alpha=1):
+    out = _scaled(jnp.outer(a, b), alpha)
+    x = _beta_input(x, beta)
+    return out if x is None else out + x
+
+
+# ---- convolution ----------------------------------------------------------
+
+def _conv(x, w, stride, padding, dilation, groups):
+    """Plain (non-transposed) N-d convolution in torch's NC... / OI... layouts."""
+    n = w.ndim - 2
+    return lax.conv_general_dilated(
+        x, w,
+        window_strides=ntuple(stride, n),
+        padding=[(p, p) for p in ntuple(padding, n)],
+        rhs_dilation=ntuple(dilation, n),
+        feature_group_count=groups,
+        precision=_precision(),
+    )
+
+
+def _conv_transpose(x, w, stride, padding, dilation, output_padding, groups):
+    """Transposed convolution = the linear transpose of the plain convolution
+    whose weight has torch's transposed layout (C_in, C_out/groups, *k)."""
+    n = w.ndim - 2
+    stride, padding, dilation = ntuple(stride, n), ntuple(padding, n), ntuple(dilation, n)
+    output_padding = ntuple(output_padding, n)
+    out_spatial = tuple(
+        (i - 1) * s - 2 * p + d * (k - 1) + op + 1
+        for i, s, p, d, k, op in zip(x.shape[2:], stride, padding, dilation, w.shape[2:],
+                                     output_padding))
+    out_shape = (x.shape[0], w.shape[1] * groups) + out_spatial
+    dtype = jnp.result_type(x, w)
+    fwd = lambda y: _conv(y, w.astype(dtype), stride, padding, dilation, groups)  # noqa: E731
+    (out,) = jax.linear_transpose(fwd, jax.ShapeDtypeStruct(out_shape, dtype))(x.astype(dtype))
+    return out
+
+
+def _conv_any(x, w, stride, padding, dilation, transposed, output_padding, groups):
+    if transposed:
+        return _conv_transpose(x, w, stride, padding, dilation, output_padding, groups)
+    return _conv(x, w, stride, padding, dilation, groups)
+
+
+@register(aten.convolution.default)
+def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    out = _conv_any(x, w, stride, padding, dilation, transposed, output_padding, groups)
+    if bias is not None:
+        out = out + bias.reshape((1, -1) + (1,) * (out.ndim - 2))
+    return out
+
+
+@register(aten.convolution_backward.default)
+def convolution_backward(grad_out, x, w, bias_sizes, stride, padding, dilation, transposed,
+                         output_padding, groups, output_mask):
+    def f(x_, w_):
+        return _conv_any(x_, w_, stride, padding, dilation, transposed, output_padding, groups)
+
+    # XLA drops whichever half of the VJP is not used.
+    _, vjp = jax.vjp(f, x, w)
+    gx, gw = vjp(grad_out.astype(jnp.result_type(x, w)))
+    gb = None
+    if output_mask[2]:
+        gb = jnp.sum(grad_out, axis=(0,) + tuple(range(2, grad_out.ndim)))
+    return (gx if output_mask[0] else None, gw if output_mask[1] else None, gb)

@@ -1,0 +1,89 @@
+"""Sync: gather the live tensors with pending IR and compute them.
+
+In lazy mode the pending work runs as one graph through the graph cache; in opbyop mode,
+node by node through the single-op cache. Nodes are only swapped for device data after
+the whole run succeeded, so a failed compile or a KeyboardInterrupt loses nothing.
+"""
+from __future__ import annotations
+
+import weakref
+
+from .executor import run_graph, run_op_by_op
+from .ir import Node, plan_graph, user_frame
+from .modes import state as mode_state
+
+# Storages whose node may be pending. Weak: a tensor nobody holds is never computed.
+_live: "weakref.WeakSet" = weakref.WeakSet()
+# Values computed by peeks, kept until the next sync (node id -> array), with the nodes.
+peek_values: dict = {}
+_peeked_nodes: list = []
+
+
+def track(storage) -> None:
+    _live.add(storage)
+
+
+def pending_roots() -> list[Node]:
+    """The pending nodes of every live tensor, each once."""
+    seen = set()
+    roots = []
+    for s in list(_live):
+        node = s.node
+        if node.data is None and id(node) not in seen:
+            seen.add(id(node))
+            roots.append(node)
+    return roots
+
+
+def clear_peeks() -> None:
+    peek_values.clear()
+    _peeked_nodes.clear()
+
+
+def materialize(roots: list[Node], cause: str) -> None:
+    """Compute ``roots`` (pending nodes) and swap them for device data."""
+    roots = [r for r in roots if r.data is None]
+    if not roots:
+        return
+    src = user_frame()
+    by_device: dict[int, list[Node]] = {}
+    for r in roots:
+        by_device.setdefault(r.info.device, []).append(r)
+    results = []
+    for device, nodes in by_device.items():
+        plan = plan_graph(nodes)
+        if mode_state.mode == "lazy":
+            arrays = run_graph(plan, device, cause, src)
+        else:
+            arrays = run_op_by_op(plan)
+        results.append((plan.roots, arrays))
+    for nodes, arrays in results:
+        for node, arr in zip(nodes, arrays):
+            node.materialize(arr)
+    clear_peeks()
+
+
+def sync(cause: str = "user sync") -> None:
+    """Run all pending work as one graph (per device). Alias: ``mark_step``."""
+    roots = pending_roots()
+    if roots:
+        materialize(roots, cause)
+    else:
+        clear_peeks()
+    for s in list(_live):
+        if s.node.data is not None:
+            _live.discard(s)
+
+
+def peek_node(node: Node):
+    """``node``'s value, computed op by op without changing any pending graph."""
+    if node.data is not None:
+        return node.data
+    got = peek_values.get(id(node))
+    if got is not None:
+        return got
+    plan = plan_graph([node], known=peek_values)
+    (arr,) = run_op_by_op(plan, keep=peek_values)
+    # Keep the peeked nodes alive so their ids stay valid keys until the next sync.
+    _peeked_nodes.extend(plan.op_nodes)
+    return arr

@@ -1,0 +1,108 @@
+"""The torch side of the xla device: ``XlaTensor``, its storage, and views that alias.
+
+An ``XlaTensor`` is a wrapper subclass: torch sees its shape, strides and dtype, and every
+aten op on it (below autograd) arrives in ``__torch_dispatch__``, which hands it to
+``xlanb.dispatch``. Its value lives in a ``Storage``: the IR node holding the base
+tensor's current value. Views share their base's storage and remember the chain of view
+ops that leads from it, so writing through a view updates the base, and reading a view
+after its base changed replays the chain.
+"""
+from __future__ import annotations
+
+import functools
+import weakref
+
+import torch
+
+from .ir import Node, TensorMeta
+
+_TORCH_DEVICES: dict[int, torch.device] = {}
+
+
+def torch_device(index: int) -> torch.device:
+    d = _TORCH_DEVICES.get(index)
+    if d is None:
+        d = _TORCH_DEVICES[index] = torch.device("xla", index)
+    return d
+
+
+class Storage:
+    """The current value of a base tensor, shared by all of its views."""
+
+    __slots__ = ("node", "version", "device", "meta", "__weakref__")
+
+    def __init__(self, node: Node, meta: TensorMeta, device: int):
+        self.node = node
+        self.version = 0          # bumped on every write; views compare against it
+        self.device = device
+        self.meta = meta          # the base tensor's shape/stride/dtype
+
+
+class XlaTensor(torch.Tensor):
+    """A tensor on the ``xla`` device."""
+
+    # No __torch_function__ layer: ops go straight to the aten level.
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, meta: TensorMeta, storage: Storage, view: tuple = (), node: Node | None = None):
+        t = torch.Tensor._make_wrapper_subclass(
+            cls, meta.shape, strides=meta.stride, storage_offset=meta.offset,
+            dtype=meta.dtype, device=torch_device(storage.device), requires_grad=False)
+        t._storage = storage
+        t._view = view             # ((OpInfo, output index | None), ...) from the base value
+        t._meta = meta
+        t._key = (meta.shape, meta.stride, meta.dtype, storage.device)  # signature element
+        t._node = node             # cached value of a view, valid while _ver == storage.version
+        t._ver = storage.version
+        return t
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _dispatch(func, args, kwargs or {})
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        from .display import tensor_repr
+        return tensor_repr(self)
+
+    def __format__(self, spec: str) -> str:
+        if self.dim() == 0 and spec:
+            return format(self.item(), spec)
+        return repr(self)
+
+    def __reduce_ex__(self, protocol):
+        # Pickle (torch.save, deepcopy across processes) through a CPU copy.
+        return (_rebuild_xla, (self.detach().cpu(), self.device.index or 0, self.requires_grad))
+
+    def __deepcopy__(self, memo):
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            new = self.clone()
+        if self.requires_grad:
+            new.requires_grad_(True)
+        if getattr(self, "_is_param", False) or isinstance(self, torch.nn.Parameter):
+            new = torch.nn.Parameter(new, requires_grad=self.requires_grad)
+        memo[id(self)] = new
+        return new
+
+
+def _rebuild_xla(cpu: torch.Tensor, index: int, requires_grad: bool) -> torch.Tensor:
+    t = cpu.to(torch_device(index))
+    return t.requires_grad_(requires_grad) if requires_grad else t
+
+
+def _dispatch(func, args, kwargs):
+    # Bound late: dispatch imports this module.
+    from .dispatch import dispatch
+    global _dispatch
+    _dispatch = dispatch
+    return dispatch(func, args, kwargs)
+
+
+def new_tensor(node: Node, meta: TensorMeta, device: int) -> XlaTensor:
+    """A fresh base tensor whose value is ``node``."""
+    return XlaTensor(meta, Storage(node, meta, device))
