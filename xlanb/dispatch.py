@@ -558,6 +558,8 @@ def dispatch(func, args, kwargs):
         try:
             info = _new_info(plan, func, sig, args, kwargs, tensors, scalars, device)
         except NotImplementedError:
+            if _direct[0] or plan.kind == "view":
+                raise
             from .fallback import cpu_fallback
             return cpu_fallback(func, args, kwargs)
         _infos[sig] = info
