@@ -118,8 +118,7 @@ def _avg_pool(x, n, kernel, stride, padding, ceil_mode, count_include_pad, divis
     ones = np.ones(sizes, np.float32)
     if count_include_pad:
         ones = np.pad(ones, [(p, p) for p in padding], constant_values=1)
-        lo, hi = (0,) * n, [h - p for h, p in zip(hi, padding)]
-        hi = [max(0, h) for h in hi]
+        lo, hi = (0,) * n, [max(0, h - p) for h, p in zip(hi, padding)]
     else:
         lo = padding
     count = _window_sum(jnp.asarray(ones), kernel, stride, lo, hi, outs)
@@ -171,13 +170,6 @@ def _adaptive_avg_pool(x, output_size):
     n = len(output_size)
     return _apply_per_dim(x, [_adaptive_matrix(i, o) for i, o in
                               zip(x.shape[-n:], output_size)])
-
-
-def _adaptive_avg_pool_backward(g, x):
-    n = x.ndim - 2 if x.ndim in (4, 5) and g.ndim == x.ndim else None
-    n = n or (g.ndim - 1)
-    mats = [_adaptive_matrix(i, o).T for i, o in zip(x.shape[-n:], g.shape[-n:])]
-    return _apply_per_dim(g, mats)
 
 
 register(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default,
@@ -233,6 +225,11 @@ def _upsample_linear(x, n, output_size, align_corners, scales):
     return _apply_per_dim(x, mats)
 
 
+def _upsample_linear_vec(x, n, output_size, align_corners, scale_factors):
+    sizes, scales = _out_sizes(x, n, output_size, scale_factors)
+    return _upsample_linear(x, n, sizes, align_corners, scales)
+
+
 def _upsample_linear_backward(g, n, input_size, align_corners, scales):
     mats = [_linear_matrix(i, o, align_corners, s).T for i, o, s in
             zip(input_size[-n:], g.shape[-n:], scales)]
@@ -264,8 +261,7 @@ for _n, _lin in ((1, "linear1d"), (2, "bilinear2d"), (3, "trilinear3d")):
                                    (scales + (None,) * _n)[:_n]))
     register(getattr(aten, f"upsample_{_lin}").vec, static_floats=True)(
         lambda x, output_size, align_corners, scale_factors, _n=_n:
-        _upsample_linear(x, _n, *_swap(_out_sizes(x, _n, output_size, scale_factors),
-                                       align_corners)))
+        _upsample_linear_vec(x, _n, output_size, align_corners, scale_factors))
     register(getattr(aten, f"upsample_{_lin}").default, static_floats=True)(
         lambda x, output_size, align_corners, *scales, _n=_n:
         _upsample_linear(x, _n, output_size, align_corners, (scales + (None,) * _n)[:_n]))
@@ -273,11 +269,6 @@ for _n, _lin in ((1, "linear1d"), (2, "bilinear2d"), (3, "trilinear3d")):
         lambda g, output_size, input_size, align_corners, *scales, _n=_n:
         _upsample_linear_backward(g, _n, input_size, align_corners,
                                   (scales + (None,) * _n)[:_n]))
-
-
-def _swap(sizes_scales, align_corners):
-    sizes, scales = sizes_scales
-    return sizes, align_corners, scales
 
 
 # ---- im2col / col2im (nn.Unfold / nn.Fold) -----------------------------------------
