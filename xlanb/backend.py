@@ -94,6 +94,19 @@ def _copy_from_and_resize(self, dst):
     return _copy_from(self, dst)
 
 
+# Factories whose composite kernels make an empty tensor and then resize it through an
+# out= op: wrapper tensors cannot be resized, so these go straight to dispatch.
+_FACTORIES = ("arange", "arange.start", "arange.start_step", "linspace", "logspace", "eye",
+              "eye.m", "randperm", "scalar_tensor")
+
+
+def _factory_kernel(op):
+    def kernel(*args, **kwargs):
+        from .dispatch import dispatch
+        return dispatch(op, args, kwargs)
+    return kernel
+
+
 def register() -> None:
     """Make ``torch.device("xla")`` real. Idempotent."""
     global _registered, _lib
@@ -109,6 +122,10 @@ def register() -> None:
     _lib.impl("empty_strided", _empty_strided, "PrivateUse1")
     _lib.impl("_copy_from", _copy_from, "PrivateUse1")
     _lib.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
+    for name in _FACTORIES:
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+        _lib.impl(name, _factory_kernel(op), "PrivateUse1")
     # The MHA / TransformerEncoderLayer fast paths call fused CUDA-style kernels when they
     # see a PrivateUse1 backend; the composite path lowers cleanly.
     torch.backends.mha.set_fastpath_enabled(False)

@@ -297,6 +297,9 @@ def _new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device) -> 
     metas = [_meta_tensor(t) for t in tensors]
     # torch's own meta kernel checks the call and gives result shapes and dtypes.
     margs, mkwargs = _fill_call((targs, tkwargs), metas, scalars)
+    if "device" in mkwargs:
+        mkwargs["device"] = "meta"
+    tkwargs = {k: v for k, v in tkwargs.items() if k not in ("device", "pin_memory")}
     with torch._C._DisableTorchDispatch():
         meta_res = op(*margs, **mkwargs)
     if plan.kind in ("inplace", "out", "mutating"):
@@ -550,7 +553,7 @@ def dispatch(func, args, kwargs):
     sig_kwargs = tuple([(k, _sig_of(v, tensors, scalars, lift)) for k, v in kwargs.items()])
     sig = (func, sig_args, sig_kwargs)
     info = _infos.get(sig)
-    device = tensors[0]._storage.device if tensors else 0
+    device = tensors[0]._storage.device if tensors else _factory_device(kwargs)
     if info is None:
         if any(t._storage.device != device for t in tensors):
             raise RuntimeError(f"xlanb: {plan.name} got tensors on different devices: "
@@ -599,6 +602,14 @@ def dispatch(func, args, kwargs):
             write(target, _cast_node(value_node(new), new._meta, target.dtype, device))
     res = outs[:n_ret]
     return res[0] if n_ret == 1 else res
+
+
+def _factory_device(kwargs) -> int:
+    d = kwargs.get("device")
+    if d is None:
+        return 0
+    from .backend import _index
+    return _index(d)
 
 
 def _view_result(func, info: OpInfo, src: XlaTensor):

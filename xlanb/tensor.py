@@ -73,6 +73,10 @@ class XlaTensor(torch.Tensor):
             return format(self.item(), spec)
         return repr(self)
 
+    def tolist(self):
+        from .transfer import to_host
+        return to_host(self, cause="value needed by .tolist()").tolist()
+
     def __reduce_ex__(self, protocol):
         # Pickle (torch.save, deepcopy across processes) through a CPU copy.
         return (_rebuild_xla, (self.detach().cpu(), self.device.index or 0, self.requires_grad))

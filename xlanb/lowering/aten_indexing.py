@@ -1,0 +1,162 @@
+"""Indexing: advanced indexing, gather/scatter, index_* ops and masked ops.
+
+Boolean index masks select a data-dependent number of elements, which cannot
+be traced with static shapes: those lowerings raise NotImplementedError so the
+core runs the op another way.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from xlanb.lowering._util import aten, is_float, wrap
+from xlanb.lowering.registry import register
+
+
+def _is_mask(i):
+    return i is not None and i.dtype in (jnp.bool_, jnp.uint8)
+
+
+def _index_tuple(indices):
+    # numpy's advanced-indexing rules (where the broadcast dims land) match torch's.
+    return tuple(slice(None) if i is None else i for i in indices)
+
+
+@register(aten.index.Tensor, aten._unsafe_index.Tensor)
+def index(x, indices):
+    if any(_is_mask(i) for i in indices):
+        raise NotImplementedError("boolean mask indexing has a data-dependent shape")
+    return x[_index_tuple(indices)]
+
+
+def _masked_put(x, indices, values, accumulate):
+    """``x[mask] = values`` as a select, when the values broadcast over the
+    selected rows (``x[mask] = 0``, ``x[:, mask] = row``); None otherwise."""
+    present = [(p, i) for p, i in enumerate(indices) if i is not None]
+    if len(present) != 1:
+        return None
+    p, mask = present[0]
+    if values.ndim > x.ndim - p - mask.ndim:
+        return None
+    mask = mask.astype(bool).reshape((1,) * p + mask.shape + (1,) * (x.ndim - p - mask.ndim))
+    values = values.astype(x.dtype)
+    if accumulate:
+        return x + jnp.where(mask, values, jnp.zeros((), x.dtype))
+    return jnp.where(mask, values, x)
+
+
+@register(aten.index_put.default, aten._unsafe_index_put.default)
+def index_put(x, indices, values, accumulate=False):
+    if any(_is_mask(i) for i in indices):
+        out = _masked_put(x, indices, values, accumulate)
+        if out is None:
+            raise NotImplementedError("index_put with this boolean mask")
+        return out
+    ref = x.at[_index_tuple(indices)]
+    values = values.astype(x.dtype)
+    return ref.add(values) if accumulate else ref.set(values)
+
+
+@register(aten.index_select.default)
+def index_select(x, dim, index):
+    if x.ndim == 0:
+        return x
+    return jnp.take(x, index.reshape(-1), axis=wrap(dim, x.ndim))
+
+
+@register(aten.gather.default)
+def gather(x, dim, index, *, sparse_grad=False):
+    if x.ndim == 0:
+        return jnp.broadcast_to(x, index.shape)
+    d = wrap(dim, x.ndim)
+    # torch lets index be smaller than x in the other dims: crop x to it.
+    x = x[tuple(slice(None) if i == d else slice(0, n) for i, n in enumerate(index.shape))]
+    return jnp.take_along_axis(x, index, axis=d)
+
+
+def _scatter_ref(x, dim, index):
+    """``x.at[...]`` for the positions torch's scatter along ``dim`` writes to."""
+    if x.ndim == 0:
+        return x.reshape(1).at[index.reshape(-1)], lambda y: y.reshape(())
+    d = wrap(dim, x.ndim)
+    pos = tuple(index if i == d else lax.broadcasted_iota(index.dtype, index.shape, i)
+                for i in range(index.ndim))
+    return x.at[pos], lambda y: y
+
+
+def _src(src, index, dtype):
+    if hasattr(src, "ndim") and src.ndim:
+        src = src[tuple(slice(0, n) for n in index.shape)]  # src may be larger than index
+    return jnp.broadcast_to(jnp.asarray(src, dtype), index.shape)
+
+
+_REDUCE = {"sum": "add", "add": "add", "prod": "multiply", "multiply": "multiply",
+           "amax": "max", "amin": "min", "mean": "add"}
+
+
+@register(aten.scatter.src, aten.scatter.value, aten.scatter.reduce, aten.scatter.value_reduce)
+def scatter(x, dim, index, src, *, reduce=None):
+    ref, back = _scatter_ref(x, dim, index)
+    src = _src(src, index, x.dtype)
+    return back(ref.set(src) if reduce is None else getattr(ref, _REDUCE[reduce])(src))
+
+
+@register(aten.scatter_add.default)
+def scatter_add(x, dim, index, src):
+    return scatter(x, dim, index, src, reduce="add")
+
+
+def _identity(reduce, dtype):
+    if reduce in ("sum", "mean"):
+        return 0
+    if reduce == "prod":
+        return 1
+    if jnp.issubdtype(dtype, jnp.floating):
+        return -jnp.inf if reduce == "amax" else jnp.inf
+    info = jnp.iinfo(dtype)
+    return info.min if reduce == "amax" else info.max
+
+
+@register(aten.scatter_reduce.two)
+def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
+    if not include_self:  # written positions start from the reduction's identity
+        x = scatter(x, dim, index, _identity(reduce, x.dtype))
+    out = scatter(x, dim, index, src, reduce=reduce)
+    if reduce != "mean":
+        return out
+    count = scatter(jnp.zeros(x.shape, x.dtype), dim, index, 1, reduce="add")
+    count = jnp.maximum(count + (1 if include_self else 0), 1)
+    return out / count if is_float(x) else out // count
+
+
+def _dim_ref(x, dim, index):
+    return x.at[(slice(None),) * wrap(dim, x.ndim) + (index,)]
+
+
+@register(aten.index_add.default)
+def index_add(x, dim, index, source, *, alpha=1):
+    return _dim_ref(x, dim, index).add((source * alpha).astype(x.dtype))
+
+
+@register(aten.index_copy.default)
+def index_copy(x, dim, index, source):
+    return _dim_ref(x, dim, index).set(source.astype(x.dtype))
+
+
+@register(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def index_fill(x, dim, index, value):
+    return _dim_ref(x, dim, index).set(jnp.asarray(value, x.dtype))
+
+
+@register(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(x, mask, value):
+    return jnp.where(mask, jnp.asarray(value, x.dtype), x)
+
+
+@register(aten.masked_scatter.default)
+def masked_scatter(x, mask, source):
+    # The k-th True position takes source.flatten()[k]: a cumsum finds k.
+    mask = jnp.broadcast_to(mask, x.shape).reshape(-1)
+    k = jnp.clip(jnp.cumsum(mask) - 1, 0, max(source.size - 1, 0))
+    taken = source.reshape(-1)[k].astype(x.dtype)
+    return jnp.where(mask, taken, x.reshape(-1)).reshape(x.shape)
