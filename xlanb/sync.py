@@ -12,22 +12,24 @@ from .executor import run_graph, run_op_by_op
 from .ir import Node, plan_graph, user_frame
 from .modes import state as mode_state
 
-# Storages whose node may be pending. Weak: a tensor nobody holds is never computed.
-_live: "weakref.WeakSet" = weakref.WeakSet()
+# Storages whose node may be pending, in the order they were first written: graph
+# structure (and so the cache key) must not depend on set iteration order. Weak: a
+# tensor nobody holds is never computed.
+_live: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
 # Values computed by peeks, kept until the next sync (node id -> array), with the nodes.
 peek_values: dict = {}
 _peeked_nodes: list = []
 
 
 def track(storage) -> None:
-    _live.add(storage)
+    _live[id(storage)] = storage
 
 
 def pending_roots() -> list[Node]:
     """The pending nodes of every live tensor, each once."""
     seen = set()
     roots = []
-    for s in list(_live):
+    for s in list(_live.values()):
         node = s.node
         if node.data is None and id(node) not in seen:
             seen.add(id(node))
@@ -70,9 +72,9 @@ def sync(cause: str = "user sync") -> None:
         materialize(roots, cause)
     else:
         clear_peeks()
-    for s in list(_live):
+    for key, s in list(_live.items()):
         if s.node.data is not None:
-            _live.discard(s)
+            _live.pop(key, None)
 
 
 def peek_node(node: Node):

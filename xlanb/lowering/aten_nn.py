@@ -252,8 +252,8 @@ def nll_loss_forward(x, target, weight, reduction, ignore_index):
     picked = jnp.squeeze(jnp.take_along_axis(upcast(x), jnp.expand_dims(t, cdim), axis=cdim), cdim)
     losses = jnp.where(valid, -picked * w, 0)
     total = jnp.sum(w)
-    if reduction == 0:
-        return losses, jnp.zeros((), total.dtype)
+    if reduction == 0:  # torch reports a total weight only for a single (1-d) sample
+        return losses, total if x.ndim == 1 else jnp.zeros((), total.dtype)
     loss = jnp.sum(losses)
     return (loss / total if reduction == 1 else loss), total  # all ignored: 0/0 = nan, as torch
 

@@ -100,7 +100,8 @@ for _n in (2, 3):
 
 def _window_sum(x, kernel, stride, lo, hi, outs):
     lead = x.ndim - len(kernel)
-    out = lax.reduce_window(x, jnp.zeros((), x.dtype), lax.add, (1,) * lead + kernel,
+    # A concrete (numpy) zero lets JAX see a differentiable window sum.
+    out = lax.reduce_window(x, np.zeros((), x.dtype), lax.add, (1,) * lead + kernel,
                             (1,) * lead + stride, [(0, 0)] * lead + list(zip(lo, hi)))
     return out[(Ellipsis,) + tuple(slice(0, o) for o in outs)]
 

@@ -1,0 +1,128 @@
+"""Shared fixtures for the xlanb acceptance tests.
+
+Every test starts with no pending work, cleared metrics and the session's starting mode,
+and is left that way: a test that switches modes, or leaves lazy work pending, cannot
+change what the next test compiles or counts.
+
+``mode`` parametrizes a test over lazy, eager and opbyop.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import xlanb
+
+MODES = tuple(xlanb.MODES)
+_START_MODE = xlanb.get_mode()
+
+
+def _drain_pending() -> None:
+    """Run whatever is pending so the next test starts clean.
+
+    If the pending work cannot run (a test failed while a broken graph was alive and its
+    traceback keeps the tensors alive), forget that work instead of failing every later
+    test on the same graph.
+    """
+    try:
+        xlanb.sync()
+        return
+    except Exception:
+        pass
+    gc.collect()  # drop dead tensors first (slow: only on this path)
+    try:
+        xlanb.sync()
+    except Exception:
+        sync_mod = sys.modules.get("xlanb.sync")
+        live = getattr(sync_mod, "_live", None)
+        if live is not None:
+            live.clear()
+
+
+@pytest.fixture(autouse=True)
+def _xlanb_clean_state():
+    _drain_pending()
+    if xlanb.get_mode() != _START_MODE:
+        xlanb.set_mode(_START_MODE)
+    xlanb.metrics.clear()
+    yield
+    _drain_pending()
+    if xlanb.get_mode() != _START_MODE:
+        try:
+            xlanb.set_mode(_START_MODE)
+        except Exception:
+            _drain_pending()
+            xlanb.set_mode(_START_MODE)
+
+
+@pytest.fixture(params=MODES)
+def mode(request):
+    """Run the test in each execution mode; the autouse fixture restores the mode."""
+    xlanb.set_mode(request.param)
+    assert xlanb.get_mode() == request.param
+    yield request.param
+
+
+def counter(name: str) -> int:
+    """A metrics counter, 0 when it was never bumped."""
+    return xlanb.metrics.counter_value(name) or 0
+
+
+@pytest.fixture
+def count():
+    return counter
+
+
+def assert_same(xla_t: torch.Tensor, cpu_t: torch.Tensor, *, exact: bool = False,
+                atol: float = 1e-4, rtol: float = 1e-4) -> None:
+    """``xla_t`` is on the xla device and equals ``cpu_t`` (CPU torch's answer)."""
+    assert xla_t.device.type == "xla", xla_t.device
+    got = xla_t.cpu()
+    assert got.device.type == "cpu"
+    assert got.dtype == cpu_t.dtype, (got.dtype, cpu_t.dtype)
+    assert tuple(got.shape) == tuple(cpu_t.shape), (tuple(got.shape), tuple(cpu_t.shape))
+    if exact:
+        torch.testing.assert_close(got, cpu_t, atol=0, rtol=0, equal_nan=True)
+    else:
+        torch.testing.assert_close(got, cpu_t, atol=atol, rtol=rtol, equal_nan=True)
+
+
+@pytest.fixture
+def same():
+    return assert_same
+
+
+def _child_env(extra: dict | None) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("XLANB_") and not k.startswith("JAX_COMPILATION_CACHE")}
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    env.update(extra or {})
+    return env
+
+
+def run_python(code: str, env: dict | None = None, *, timeout: float = 180) -> str:
+    """Run ``code`` in a fresh interpreter (with XLANB_* from the parent removed and
+    ``env`` added); fail with its stderr if it fails; return its stdout."""
+    proc = subprocess.run([sys.executable, "-c", code], env=_child_env(env),
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+def last_json_line(stdout: str):
+    for line in reversed(stdout.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            return json.loads(line)
+    raise AssertionError(f"no JSON line in child output:\n{stdout}")
+
+
+@pytest.fixture
+def python_child():
+    return run_python

@@ -1,0 +1,207 @@
+"""Compile behaviour, asserted through the metrics counters.
+
+Graph and single-op executables are cached for the whole process, so every test here
+uses shapes that no other test uses: what it counts is its own compiles only.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+import xlanb
+from xlanb import metrics
+
+
+def c(name: str) -> int:
+    return metrics.counter_value(name) or 0
+
+
+def _adamw_with_state(model, lr):
+    """AdamW whose state exists already (as after a first step), so that setup work,
+    not the first counted step, creates it."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    for p in model.parameters():
+        opt.state[p] = {"step": torch.tensor(0.0),
+                        "exp_avg": torch.zeros_like(p),
+                        "exp_avg_sq": torch.zeros_like(p)}
+    return opt
+
+
+def test_lazy_training_steps_compile_once_despite_changing_lr():
+    xlanb.set_mode("lazy")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(11, 23), nn.ReLU(), nn.Linear(23, 3)).to("xla")
+    opt = _adamw_with_state(model, lr=1e-3)
+    x = torch.randn(9, 11).to("xla")
+    y = torch.randint(0, 3, (9,)).to("xla")
+    loss_fn = nn.CrossEntropyLoss()
+    xlanb.sync()  # the setup work is not part of the step graph
+    metrics.clear()
+
+    losses = []
+    for step in range(5):
+        for g in opt.param_groups:
+            g["lr"] = 1e-3 * (step + 1) * 0.7  # a new Python float every step
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        xlanb.sync()
+        losses.append(loss.item())  # after the sync: reading computes nothing new
+    assert c("UncachedCompile") == 1, metrics.short_report()
+    assert c("CachedCompile") == 4, metrics.short_report()
+    assert not [n for n in metrics.counter_names() if n.startswith("aten::")], metrics.short_report()
+    assert losses[-1] < losses[0]
+
+
+def test_lazy_step_graph_matches_cpu_with_changing_lr():
+    # The lifted learning rate is really used: the parameters track CPU torch.
+    xlanb.set_mode("lazy")
+    torch.manual_seed(1)
+    cpu = nn.Sequential(nn.Linear(5, 13), nn.Tanh(), nn.Linear(13, 2))
+    dev = copy.deepcopy(cpu).to("xla")
+    opt_c = torch.optim.SGD(cpu.parameters(), lr=0.1)
+    opt_x = torch.optim.SGD(dev.parameters(), lr=0.1)
+    x = torch.randn(6, 5)
+    xx = x.to("xla")
+    xlanb.sync()
+    metrics.clear()
+    for step, lr in enumerate([0.1, 0.5, 0.05, 1.0]):
+        for o in (opt_c, opt_x):
+            o.param_groups[0]["lr"] = lr
+            o.zero_grad()
+        cpu(x).pow(2).mean().backward()
+        dev(xx).pow(2).mean().backward()
+        opt_c.step()
+        opt_x.step()
+        xlanb.sync()
+    assert c("UncachedCompile") == 1 and c("CachedCompile") == 3, metrics.short_report()
+    for pc, px in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(px.detach().cpu(), pc.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_lazy_values_never_recompile():
+    xlanb.set_mode("lazy")
+    for v in (1.0, -3.0, 42.0):
+        a = torch.full((17, 3), v).to("xla")  # device data: only its value differs
+        b = (a * 2 + a.sum()).relu()
+        xlanb.sync()
+        assert torch.allclose(b.cpu(), (torch.full((17, 3), v) * 2 + v * 51).relu())
+    assert c("UncachedCompile") == 1 and c("CachedCompile") == 2, metrics.short_report()
+
+
+def test_lazy_random_in_loop_does_not_recompile():
+    xlanb.set_mode("lazy")
+    seen = []
+    uncached_after = []
+    for _ in range(4):
+        r = torch.randn(13, 7, device="xla") * 2 + torch.rand(13, 7, device="xla")
+        xlanb.sync()
+        uncached_after.append(c("UncachedCompile"))
+        seen.append(r.cpu())
+    assert uncached_after == [1, 1, 1, 1], uncached_after
+    assert c("CachedCompile") == 3
+    for i in range(1, 4):
+        assert not torch.equal(seen[0], seen[i])  # fresh values each step
+
+
+def test_peek_does_not_change_next_compile():
+    xlanb.set_mode("lazy")
+    a = torch.ones(19, 2, device="xla")
+    xlanb.sync()
+    metrics.clear()
+
+    def step():
+        h = (a * 3).exp()
+        return h, h.sum(0)
+
+    h, s = step()
+    xlanb.peek(h)  # op by op, through the single-op cache; graph untouched
+    repr(s)
+    xlanb.sync()
+    h2, s2 = step()
+    xlanb.sync()
+    assert c("UncachedCompile") == 1 and c("CachedCompile") == 1, metrics.short_report()
+    assert torch.allclose(s2.cpu(), torch.full((2,), 19 * torch.exp(torch.tensor(3.0)).item()))
+
+
+def _mlp_step(model, x, y):
+    model.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    return loss
+
+
+def test_eager_second_identical_forward_backward_compiles_nothing():
+    xlanb.set_mode("eager")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(14, 29), nn.ReLU(), nn.Linear(29, 6)).to("xla")
+    x = torch.randn(10, 14).to("xla")
+    y = torch.randint(0, 6, (10,)).to("xla")
+    metrics.clear()
+    l1 = _mlp_step(model, x, y)
+    first = c("OpCompile")
+    assert first > 0
+    hits = c("OpCacheHit")
+    l2 = _mlp_step(model, x, y)
+    assert c("OpCompile") == first, metrics.short_report()
+    assert c("OpCacheHit") > hits
+    assert c("UncachedCompile") == 0 and c("CachedCompile") == 0
+    assert l1.item() == l2.item()
+
+
+def test_opbyop_sync_compiles_each_distinct_signature_once():
+    xlanb.set_mode("opbyop")
+    torch.manual_seed(0)
+    w = torch.randn(21, 21).to("xla")
+    b = torch.randn(21).to("xla")
+    x0 = torch.randn(3, 21).to("xla")
+    xlanb.sync()
+    metrics.clear()
+
+    def step():
+        h = x0
+        for _ in range(4):  # the same three signatures four times: mm, add, tanh
+            h = torch.tanh(torch.mm(h, w) + b)
+        return h
+
+    h = step()
+    assert c("OpCompile") == 0  # recorded, nothing ran yet
+    xlanb.sync()
+    assert c("OpCompile") == 3, metrics.short_report()
+    assert c("OpCacheHit") == 9, metrics.short_report()
+    assert c("UncachedCompile") == 0 and c("CachedCompile") == 0
+
+    ref = x0.cpu()
+    for _ in range(4):
+        ref = torch.tanh(ref @ w.cpu() + b.cpu())
+    torch.testing.assert_close(h.cpu(), ref, atol=1e-5, rtol=1e-5)
+
+    h2 = step()
+    xlanb.sync()
+    assert c("OpCompile") == 3 and c("UncachedCompile") == 0, metrics.short_report()
+    assert c("OpCacheHit") == 9 + 12
+    assert torch.equal(h2.cpu(), h.cpu())
+
+
+def test_opbyop_training_step_second_time_compiles_nothing():
+    xlanb.set_mode("opbyop")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(15, 31), nn.ReLU(), nn.Linear(31, 4)).to("xla")
+    x = torch.randn(5, 15).to("xla")
+    y = torch.randint(0, 4, (5,)).to("xla")
+    opt = _adamw_with_state(model, lr=1e-3)
+    xlanb.sync()
+    metrics.clear()
+    for i in range(2):
+        opt.zero_grad()
+        _mlp_step(model, x, y)
+        opt.step()
+        xlanb.sync()
+        if i == 0:
+            first = c("OpCompile")
+            assert first > 0
+    assert c("OpCompile") == first, metrics.short_report()
+    assert c("UncachedCompile") == 0 and c("CachedCompile") == 0

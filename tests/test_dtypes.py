@@ -1,0 +1,183 @@
+"""Dtypes are torch's: exact round trips, 64-bit values through ops, torch's type
+promotion; and xlanb leaves JAX's global x64 setting alone for the user's own JAX code."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import xlanb
+
+ROUND_TRIP = {
+    torch.int64: [-(2**63), 2**63 - 1, 2**40 + 7, 2**53 + 1, -1, 0],
+    torch.float64: [1 / 3, 1e-300, 1e300, -0.0, 1 + 2**-52, math.inf, -math.inf, math.nan],
+    torch.float32: [1 / 3, 1e-38, 3e38, -0.0, 1 + 2**-23, math.inf, math.nan],
+    torch.float16: [1 / 3, 6e-5, 65504.0, -0.0, 1 + 2**-10, math.inf],
+    torch.bfloat16: [1 / 3, 1e-38, 3e38, -0.0, 1 + 2**-7, -math.inf],
+    torch.int8: [-128, 127, -1, 0, 5],
+    torch.int16: [-(2**15), 2**15 - 1, -1, 0],
+    torch.int32: [-(2**31), 2**31 - 1, -1, 0],
+    torch.uint8: [0, 255, 128, 1],
+    torch.bool: [True, False, True],
+}
+
+
+def _exact(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.device.type == "cpu"
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, atol=0, rtol=0, equal_nan=True)
+    if want.is_floating_point():  # -0.0 stays -0.0
+        assert torch.equal(torch.signbit(got), torch.signbit(want))
+
+
+@pytest.mark.parametrize("dtype", list(ROUND_TRIP), ids=lambda d: str(d).split(".")[-1])
+def test_round_trip_exact(mode, dtype):
+    t = torch.tensor(ROUND_TRIP[dtype], dtype=dtype)
+    x = t.to("xla")
+    assert x.dtype == dtype
+    _exact(x.cpu(), t)
+    # Through device ops too: a copy, a view, and a reshape keep every bit.
+    _exact(x.clone().cpu(), t)
+    _exact(x[1:].cpu(), t[1:])
+    _exact(x.reshape(1, -1).cpu(), t.reshape(1, -1))
+    _exact(torch.stack([x, x]).cpu(), torch.stack([t, t]))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float64])
+def test_64bit_dtype_of_results(mode, dtype):
+    x = torch.ones(3, dtype=dtype, device="xla")
+    for y in (x + x, x * 2, x.sum(), x.cumsum(0), torch.zeros(2, dtype=dtype, device="xla")):
+        assert y.dtype == dtype
+        assert y.cpu().dtype == dtype
+
+
+def test_int64_beyond_2_pow_40_survives_ops(mode):
+    t = torch.tensor([2**40 + 1, 2**53 + 1, -(2**62) + 3, 2**62 - 5], dtype=torch.int64)
+    x = t.to("xla")
+    cases = {
+        "add": (x + 1, t + 1),
+        "sub": (x - 2**41, t - 2**41),
+        "mul": (x[:2] * 3, t[:2] * 3),
+        "floordiv": (x // 7, t // 7),
+        "remainder": (x % 1000, t % 1000),
+        "neg": (-x, -t),
+        "sum": (x[:2].sum(), t[:2].sum()),
+        "max": (x.max(), t.max()),
+        "argmax": (x.argmax(), t.argmax()),
+        "eq": (x == t.to("xla"), x.cpu() == t),
+        "bitwise_and": (x & (2**45 - 1), t & (2**45 - 1)),
+        "cumsum": (x[:2].cumsum(0), t[:2].cumsum(0)),
+    }
+    for name, (got, want) in cases.items():
+        assert got.dtype == want.dtype, name
+        assert torch.equal(got.cpu(), want), (name, got.cpu(), want)
+
+
+def test_float64_precision_survives_ops(mode):
+    t = torch.tensor([1 + 1e-12, 1 / 3, 2.0 ** 0.5, 1e-200], dtype=torch.float64)
+    x = t.to("xla")
+    tight = dict(atol=0, rtol=1e-14)
+    for name, got, want in [
+        ("sub", x - 1, t - 1),
+        ("mul", x * x, t * t),
+        ("div", x / 3, t / 3),
+        ("sum", x.sum(), t.sum()),
+        ("exp", torch.exp(x[:3]), torch.exp(t[:3])),
+        ("sqrt", torch.sqrt(x), torch.sqrt(t)),
+        ("matmul", x[:3] @ x[:3], t[:3] @ t[:3]),
+    ]:
+        got = got.cpu()
+        assert got.dtype == torch.float64, name
+        torch.testing.assert_close(got, want, **tight, msg=name)
+    diff = (x - 1)[0].item()
+    assert diff != 0.0 and abs(diff - 1e-12) < 1e-15  # 1e-12 is lost in float32
+
+
+PROMOTION = [
+    # (id, function, CPU inputs); xla and CPU results must have the same dtype and values
+    ("int64+float32", lambda a, b: a + b,
+     (torch.tensor([1, 2, 3]), torch.tensor([0.5, 0.25, 0.125]))),
+    ("int64+pyfloat", lambda a: a + 1.5, (torch.tensor([1, 2, 3]),)),
+    ("int32*pyfloat", lambda a: a * 2.5, (torch.tensor([1, 2, 3], dtype=torch.int32),)),
+    ("int32+int64", lambda a, b: a + b,
+     (torch.tensor([1, 2], dtype=torch.int32), torch.tensor([2**40, 5]))),
+    ("float16+float32", lambda a, b: a + b,
+     (torch.tensor([1.5, 2.0], dtype=torch.float16), torch.tensor([0.1, 0.2]))),
+    ("bfloat16+float16", lambda a, b: a + b,
+     (torch.tensor([1.5, 2.0], dtype=torch.bfloat16), torch.tensor([0.25, 4.0], dtype=torch.float16))),
+    ("float32+float64", lambda a, b: a + b,
+     (torch.tensor([1.0, 2.0]), torch.tensor([1e-10, 3.0], dtype=torch.float64))),
+    ("float32+0dim_float64", lambda a, b: a + b,
+     (torch.tensor([1.0, 2.0]), torch.tensor(0.5, dtype=torch.float64))),
+    ("uint8+int8", lambda a, b: a + b,
+     (torch.tensor([200, 3], dtype=torch.uint8), torch.tensor([-100, 4], dtype=torch.int8))),
+    ("bool+bool", lambda a, b: a + b, (torch.tensor([True, False, True]), torch.tensor([True, False, False]))),
+    ("bool*int", lambda a: a * 3, (torch.tensor([True, False]),)),
+    ("bool+float32", lambda a, b: a + b, (torch.tensor([True, False]), torch.tensor([0.5, 0.5]))),
+    ("bool.sum", lambda a: a.sum(), (torch.tensor([True, False, True]),)),
+    ("int/int", lambda a, b: a / b, (torch.tensor([1, 7, -3]), torch.tensor([2, 2, 4]))),
+    ("int/pyint", lambda a: a / 4, (torch.tensor([1, 7, -3]),)),
+    ("int.mean_float", lambda a: a.float().mean(), (torch.tensor([1, 2, 4]),)),
+    ("int32.sum", lambda a: a.sum(), (torch.tensor([1, 2], dtype=torch.int32),)),
+    ("int8.cumsum", lambda a: a.cumsum(0), (torch.tensor([100, 100], dtype=torch.int8),)),
+    ("int<float_cmp", lambda a, b: a < b, (torch.tensor([1, 2]), torch.tensor([1.5, 1.5]))),
+    ("where_mixed", lambda c, a, b: torch.where(c, a, b),
+     (torch.tensor([True, False]), torch.tensor([1, 2]), torch.tensor([0.5, 0.25]))),
+]
+
+
+@pytest.mark.parametrize("fn,inputs", [(f, i) for _, f, i in PROMOTION], ids=[p[0] for p in PROMOTION])
+def test_type_promotion_matches_torch(mode, fn, inputs):
+    want = fn(*inputs)
+    got = fn(*[t.to("xla") for t in inputs])
+    assert got.dtype == want.dtype
+    got = got.cpu()
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+def _jax_default_int_dtype():
+    import jax.numpy as jnp
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Explicitly requested dtype int64 ... truncated"
+        return str(jnp.zeros(2, dtype="int64").dtype), str(jnp.asarray(1.5, dtype="float64").dtype)
+
+
+def test_jax_x64_not_enabled_globally():
+    import jax
+    # Use xlanb in every mode, with 64-bit dtypes, compiles, peeks and fallbacks included.
+    for m in xlanb.MODES:
+        with xlanb.mode(m):
+            x = torch.tensor([2**40, 3], device="xla")
+            y = (x * 2 + torch.ones(2, dtype=torch.float64, device="xla")).sum()
+            xlanb.peek(y)
+            assert y.item() == 2**41 + 6 + 2
+            xlanb.sync()
+    assert _jax_default_int_dtype() == ("int32", "float32")
+    assert not jax.config.jax_enable_x64
+    # ... and the user's own jitted code still runs in 32 bits
+    out = jax.jit(lambda a: a + 1)(jax.numpy.arange(3))
+    assert str(out.dtype) == "int32"
+
+
+def test_jax_x64_not_enabled_globally_fresh_process(python_child):
+    code = """
+import warnings, json
+warnings.simplefilter("ignore")
+import torch, xlanb, jax, jax.numpy as jnp
+for m in xlanb.MODES:
+    xlanb.set_mode(m)
+    x = torch.tensor([2**40, 3], device="xla") + 1
+    assert x.tolist() == [2**40 + 1, 4], x.tolist()
+xlanb.sync()
+print(json.dumps({"int": str(jnp.zeros(2, dtype="int64").dtype),
+                  "float": str(jnp.ones(2, dtype="float64").dtype),
+                  "x64": bool(jax.config.jax_enable_x64)}))
+"""
+    out = python_child(code)
+    import json
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got == {"int": "int32", "float": "float32", "x64": False}
