@@ -281,12 +281,40 @@ def _check_traceable(fn, tensors, scalars) -> None:
 
 class _InfoExtra:
     """Per-kind data an OpInfo carries besides its evaluator."""
-    __slots__ = ("plan", "in_metas", "view_raw")
+    __slots__ = ("plan", "in_metas", "view_raw", "template")
 
-    def __init__(self, plan, in_metas, view_raw=None):
+    def __init__(self, plan, in_metas, view_raw=None, template=None):
         self.plan = plan
         self.in_metas = in_metas
         self.view_raw = view_raw
+        self.template = template  # (args, kwargs) with _In/_Sc slots, for display
+
+
+def format_call(info: OpInfo, input_names: list, scalars) -> str:
+    """``info``'s arguments as text, tensors named by ``input_names``."""
+    extra = info.extra
+    template = extra.template if extra is not None else None
+    if template is None:
+        return ", ".join(input_names)
+    args, kwargs = _fill_call(template, [_Name(n) for n in input_names], list(scalars))
+    parts = [_fmt_arg(a) for a in args] + [f"{k}={_fmt_arg(v)}" for k, v in kwargs.items()]
+    return ", ".join(parts)
+
+
+class _Name(str):
+    pass
+
+
+def _fmt_arg(a) -> str:
+    if isinstance(a, _Name):
+        return str(a)
+    if isinstance(a, (list, tuple)):
+        return "[" + ", ".join(_fmt_arg(e) for e in a) + "]"
+    if isinstance(a, float):
+        return f"{a:g}"
+    if isinstance(a, np.ndarray):
+        return "<rng key>"
+    return repr(a) if not isinstance(a, torch.dtype) else str(a).replace("torch.", "")
 
 
 def _new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device) -> OpInfo:
@@ -321,7 +349,7 @@ def _new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device) -> 
     info = OpInfo(plan.name, sig, fn, out, op=plan.fop, n_in=len(tensors),
                   scalar_specs=specs, device=device)
     view_raw = _view_raw_fn(plan, template) if plan.kind == "view" else None
-    info.extra = _InfoExtra(plan, tuple(t._meta for t in tensors), view_raw)
+    info.extra = _InfoExtra(plan, tuple(t._meta for t in tensors), view_raw, template)
     return info
 
 
@@ -329,7 +357,7 @@ def getitem_info(info: OpInfo, i: int) -> OpInfo:
     key = (info.uid, i)
     gi = _getitem_infos.get(key)
     if gi is None:
-        gi = OpInfo(GETITEM, key, lambda ins, scs: ins[0][i], info.out[i], n_in=1,
+        gi = OpInfo(GETITEM, (GETITEM, info.sig, i), lambda ins, scs: ins[0][i], info.out[i], n_in=1,
                     device=info.device)
         gi.extra = _InfoExtra(None, (None,))
         _getitem_infos[key] = gi
@@ -474,7 +502,8 @@ def _view_scatter_info(base_meta: TensorMeta, view_meta: TensorMeta, chain, devi
                 jnp.broadcast_to(value.astype(base.dtype), idx_arr.shape).reshape(-1))
             return flat.reshape(shape)
 
-        info = OpInfo("view_scatter", ("view_scatter",) + key, scatter, base_meta, n_in=2,
+        sig = ("view_scatter", base_meta, view_meta, tuple((i.sig, k) for i, k in chain), device)
+        info = OpInfo("view_scatter", sig, scatter, base_meta, n_in=2,
                       device=device)
         info.extra = _InfoExtra(None, (base_meta, view_meta))
         _scatter_infos[key] = info

@@ -12,7 +12,7 @@ import numpy as np
 from . import metrics
 from .devices import jax_device
 from .dtypes import to_jax_dtype
-from .ir import GETITEM, GraphPlan, Node, OpInfo, format_src, plan_graph, user_frame
+from .ir import GETITEM, GraphPlan, Node, OpInfo, leaf_meta, format_src, stable_hash
 from .runtime import compile_jitted
 
 _F64 = np.dtype(np.float64)
@@ -106,26 +106,42 @@ def _graph_fn(plan: GraphPlan):
     return run
 
 
-def _graph_hash(key) -> str:
-    return f"{hash(key) & 0xFFFFFFFFFFFF:012x}"
+def graph_specs(plan: GraphPlan, device: int):
+    """The abstract arguments of ``plan``'s graph function: leaf arrays, lifted scalars."""
+    return ([_tensor_spec(leaf_meta(n), device) for n in plan.leaves],
+            [_scalar_spec(k, device) for info, _ in plan.steps for k in info.scalar_specs])
 
 
-def run_graph(plan: GraphPlan, device: int, cause: str, src) -> list:
-    """Compile (or find) the graph of ``plan`` and run it; returns the roots' arrays."""
+def lower_graph(plan: GraphPlan, device: int):
+    """``plan`` lowered by JAX (a ``jax.stages.Lowered``), without compiling it."""
+    from .runtime import jax_context
+    with jax_context():
+        return jax.jit(_graph_fn(plan)).lower(*graph_specs(plan, device))
+
+
+def compiled_graph(plan: GraphPlan, device: int, cause: str, src) -> tuple[CompiledGraph, bool]:
+    """The cached executable of ``plan``'s structure, compiling it on a miss.
+    Returns it and whether it was compiled just now."""
     key = (device, plan.key)
     rec = _graph_cache.get(key)
     if rec is None:
-        specs = ([_tensor_spec(_leaf_meta(n), device) for n in plan.leaves],
-                 [_scalar_spec(k, device) for info, _ in plan.steps for k in info.scalar_specs])
+        specs = graph_specs(plan, device)
         t0 = time.perf_counter()
         exe = compile_jitted(_graph_fn(plan), specs, metric="CompileTime")
         metrics.counter("UncachedCompile")
-        rec = CompiledGraph(_graph_hash(key), device, len(plan.steps), len(plan.leaves),
+        rec = CompiledGraph(stable_hash(plan, device), device, len(plan.steps), len(plan.leaves),
                             len(plan.roots), cause, format_src(src), time.perf_counter() - t0,
                             exe, ops=tuple(info.name for info, _ in plan.steps))
         _graph_cache[key] = rec
         graph_log.append(rec)
-    else:
+        return rec, True
+    return rec, False
+
+
+def run_graph(plan: GraphPlan, device: int, cause: str, src) -> list:
+    """Compile (or find) the graph of ``plan`` and run it; returns the roots' arrays."""
+    rec, fresh = compiled_graph(plan, device, cause, src)
+    if not fresh:
         metrics.counter("CachedCompile")
         rec.hits += 1
     t0 = time.perf_counter()
@@ -136,11 +152,6 @@ def run_graph(plan: GraphPlan, device: int, cause: str, src) -> list:
     rec.run_time += dt
     metrics.record("ExecuteTime", dt)
     return outs
-
-
-def _leaf_meta(node: Node):
-    info = node.info
-    return info.out if not info.multi else info.out[0]
 
 
 def run_op_by_op(plan: GraphPlan, keep: dict | None = None) -> list:

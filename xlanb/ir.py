@@ -10,6 +10,7 @@ A node with ``data`` set is materialized: graphs treat it as an input (a leaf).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import os
 import sys
@@ -158,6 +159,32 @@ def plan_graph(roots: list[Node], known: dict | None = None) -> GraphPlan:
     root_pos = tuple(pos[id(r)] for r in roots)
     key_parts.append(root_pos)
     return GraphPlan(tuple(key_parts), leaves, scalars, steps, op_nodes, roots, root_pos)
+
+
+_digests: dict[int, bytes] = {}
+
+
+def _digest(info: OpInfo) -> bytes:
+    d = _digests.get(info.uid)
+    if d is None:
+        d = _digests[info.uid] = hashlib.blake2b(repr(info.sig).encode(), digest_size=8).digest()
+    return d
+
+
+def stable_hash(plan: GraphPlan, device: int) -> str:
+    """A graph hash that is the same in every process (uids are not)."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(repr((device, [(leaf_meta(n).shape, str(leaf_meta(n).dtype)) for n in plan.leaves],
+                   plan.root_pos)).encode())
+    for info, ins in plan.steps:
+        h.update(_digest(info))
+        h.update(repr(ins).encode())
+    return h.hexdigest()
+
+
+def leaf_meta(node: Node) -> TensorMeta:
+    info = node.info
+    return info.out if not info.multi else info.out[0]
 
 
 def _leaf_key(node: Node) -> int:
