@@ -18,6 +18,7 @@ from .config import config  # noqa: E402
 from .devices import device_count  # noqa: E402
 from .executor import CompiledGraph  # noqa: E402
 from .executor import graphs  # noqa: E402
+from .inspection import hlo, pending_ir  # noqa: E402
 from .ir import install_scope_hooks as _install_scope_hooks  # noqa: E402
 from .modes import MODES, get_mode, mode, set_mode  # noqa: E402
 from .sync import sync  # noqa: E402
@@ -26,7 +27,7 @@ from .tensor import XlaTensor  # noqa: E402
 _install_scope_hooks()
 
 __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "sync",
-           "mark_step", "peek", "graphs", "metrics", "config", "XlaTensor", "CompiledGraph",
+           "mark_step", "peek", "pending_ir", "hlo", "graphs", "metrics", "config", "XlaTensor", "CompiledGraph",
            "manual_seed"]
 
 __version__ = "0.1.0"

@@ -1,0 +1,89 @@
+"""Executables persist across processes through JAX's persistent compilation cache: a
+second process running the same script reads them (whole graphs and single-op
+executables), and the metrics say so. ``XLANB_CACHE_DIR=""`` turns it off."""
+from __future__ import annotations
+
+import json
+import os
+
+SCRIPT = """
+import json, warnings
+warnings.simplefilter("ignore")
+import torch, xlanb
+from xlanb import metrics
+torch.manual_seed(0)
+w = torch.randn(6, 5)
+x = torch.randn(3, 6)
+metrics.clear()
+xlanb.set_mode("lazy")                      # one whole graph
+a = torch.tanh(x.to("xla") @ w.to("xla")).sum(0)
+xlanb.sync()
+xlanb.set_mode("eager")                     # single-op executables
+b = (x.to("xla") * 3).exp()
+xlanb.set_mode("opbyop")                    # single-op executables via a sync
+c = (x.to("xla") - 1).abs().sum()
+xlanb.sync()
+names = ("PersistentCacheHit", "PersistentCacheMiss", "UncachedCompile", "OpCompile")
+print(json.dumps({"counters": {n: metrics.counter_value(n) or 0 for n in names},
+                  "a": a.tolist(), "b": b.tolist(), "c": c.item()}))
+"""
+
+
+def _run(python_child, env):
+    out = python_child(SCRIPT, env)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _files_under(path) -> list[str]:
+    found = []
+    for root, _dirs, files in os.walk(path):
+        found += [os.path.join(root, f) for f in files]
+    return found
+
+
+def test_second_process_reads_persistent_cache(python_child, tmp_path):
+    cache = tmp_path / "cache"
+    env = {"XLANB_CACHE_DIR": str(cache), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    first = _run(python_child, env)
+    c1 = first["counters"]
+    assert c1["UncachedCompile"] >= 1 and c1["OpCompile"] >= 1, c1
+    assert c1["PersistentCacheMiss"] >= 1 and c1["PersistentCacheHit"] == 0, c1
+    written = _files_under(cache)
+    assert written, "nothing written to XLANB_CACHE_DIR"
+    # single-op executables are stored too: at least one entry per compile
+    assert len(written) >= c1["UncachedCompile"] + c1["OpCompile"], (len(written), c1)
+    assert not _files_under(tmp_path / "xdg"), "wrote to the default cache dir as well"
+
+    second = _run(python_child, env)
+    c2 = second["counters"]
+    assert c2["PersistentCacheHit"] > 0, c2
+    # the same script compiles the same things, and every one of them is read back
+    assert c2["UncachedCompile"] == c1["UncachedCompile"] and c2["OpCompile"] == c1["OpCompile"]
+    assert c2["PersistentCacheMiss"] == 0, c2
+    assert c2["PersistentCacheHit"] == c2["UncachedCompile"] + c2["OpCompile"], c2
+    # and the values are the same
+    assert (second["a"], second["b"], second["c"]) == (first["a"], first["b"], first["c"])
+
+
+def test_empty_cache_dir_turns_cache_off(python_child, tmp_path):
+    home = tmp_path / "home"
+    xdg = tmp_path / "xdg"
+    home.mkdir()
+    env = {"XLANB_CACHE_DIR": "", "XDG_CACHE_HOME": str(xdg), "HOME": str(home)}
+    for _ in range(2):
+        got = _run(python_child, env)
+        c = got["counters"]
+        assert c["PersistentCacheHit"] == 0 and c["PersistentCacheMiss"] == 0, c
+        assert c["UncachedCompile"] >= 1 and c["OpCompile"] >= 1, c
+    assert not _files_under(tmp_path), _files_under(tmp_path)
+
+
+def test_cache_on_by_default_in_user_cache_dir(python_child, tmp_path):
+    xdg = tmp_path / "xdg"
+    env = {"XDG_CACHE_HOME": str(xdg), "HOME": str(tmp_path / "home")}
+    first = _run(python_child, env)["counters"]
+    assert first["PersistentCacheMiss"] >= 1, first
+    written = _files_under(xdg)
+    assert written and all(f.startswith(str(xdg / "xlanb")) for f in written), written
+    second = _run(python_child, env)["counters"]
+    assert second["PersistentCacheHit"] > 0, second
