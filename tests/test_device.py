@@ -185,8 +185,11 @@ def test_model_to_xla(mode, same):
 
 def _saved_state_dict():
     src = _tiny_model().to("xla")
-    with torch.no_grad():  # make the BatchNorm buffers non-default too
-        src.train()(torch.randn(8, 4, device="xla"))
+    bn = src[3]
+    with torch.no_grad():  # non-default buffers, an int64 one included
+        bn.running_mean.copy_(torch.tensor([0.5, -1.0, 2.0]))
+        bn.running_var.add_(torch.tensor([0.25, 1.0, 3.0]).to("xla"))
+        bn.num_batches_tracked.fill_(2**40 + 3)
     expected = {k: v.cpu() for k, v in src.state_dict().items()}
     buf = io.BytesIO()
     torch.save(src.state_dict(), buf)

@@ -190,6 +190,25 @@ def test_three_training_steps_same_losses_in_all_modes(which):
         assert per_mode[m][0] == pytest.approx(per_mode["lazy"][0], rel=1e-5, abs=1e-5), m
 
 
+@pytest.mark.parametrize("use_output", [True, False])
+def test_batchnorm_train_updates_running_stats(mode, use_output):
+    # Training-mode BatchNorm writes its running stats even when nobody reads its output.
+    torch.manual_seed(0)
+    bn_c = nn.BatchNorm2d(3).train()
+    bn_x = copy.deepcopy(bn_c).to("xla")
+    x = torch.randn(4, 3, 5, 5) * 2 + 1
+    with torch.no_grad():
+        out_c = bn_c(x)
+        out_x = bn_x(x.to("xla"))
+    if use_output:
+        torch.testing.assert_close(out_x.cpu(), out_c, **TOL)
+    del out_x
+    xlanb.sync()
+    torch.testing.assert_close(bn_x.running_mean.cpu(), bn_c.running_mean, **TOL)
+    torch.testing.assert_close(bn_x.running_var.cpu(), bn_c.running_var, **TOL)
+    assert bn_x.num_batches_tracked.item() == 1
+
+
 def test_dropout_train_mode_is_random_but_scaled(mode):
     torch.manual_seed(11)
     x = torch.ones(64, 64, device="xla")

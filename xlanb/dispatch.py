@@ -317,25 +317,26 @@ def _fmt_arg(a) -> str:
     return repr(a) if not isinstance(a, torch.dtype) else str(a).replace("torch.", "")
 
 
-def _new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device) -> OpInfo:
+def _new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device, outs=()) -> OpInfo:
+    """Build the OpInfo of one signature. For out= ops, ``kwargs`` and ``tensors`` exclude
+    the out tensors, which are passed as ``outs`` (in ``plan.mutated`` order)."""
     lift = plan.lift
     counters = [0, 0]
     targs = [_template_of(a, counters, lift) for a in args]
     tkwargs = {k: _template_of(v, counters, lift) for k, v in kwargs.items()}
-    metas = [_meta_tensor(t) for t in tensors]
-    # torch's own meta kernel checks the call and gives result shapes and dtypes.
-    margs, mkwargs = _fill_call((targs, tkwargs), metas, scalars)
+    # torch's own meta kernel checks the call as made (in-place, out= included)...
+    margs, mkwargs = _fill_call((targs, tkwargs), [_meta_tensor(t) for t in tensors], scalars)
     if "device" in mkwargs:
         mkwargs["device"] = "meta"
+    for name, o in zip(plan.mutated if plan.kind == "out" else (), outs):
+        mkwargs[name] = _meta_tensor(o)
     tkwargs = {k: v for k, v in tkwargs.items() if k not in ("device", "pin_memory")}
     with torch._C._DisableTorchDispatch():
         meta_res = op(*margs, **mkwargs)
-    if plan.kind in ("inplace", "out", "mutating"):
-        if plan.kind == "out":
-            tkwargs = {k: v for k, v in tkwargs.items() if k not in plan.mutated}
-        fm_args, fm_kwargs = _fill_call((targs, tkwargs), [_meta_tensor(t) for t in tensors], scalars)
-        with torch._C._DisableTorchDispatch():
-            meta_res = plan.fop(*fm_args, **fm_kwargs)
+        # ...and the functional op that nodes record gives the result shapes and dtypes.
+        if plan.fop is not op:
+            fargs, fkwargs = _fill_call((targs, tkwargs), [_meta_tensor(t) for t in tensors], scalars)
+            meta_res = plan.fop(*fargs, **fkwargs)
     out = _metas(meta_res)
     template = (targs, tkwargs)
     if plan.lowering is not None:
@@ -576,19 +577,25 @@ def dispatch(func, args, kwargs):
         from .fallback import cpu_fallback
         return cpu_fallback(func, args, kwargs)
     lift = plan.lift
+    kind = plan.kind
+    outs = ()
+    if kind == "out":
+        outs = [kwargs[name] for name in plan.mutated]
+        kwargs = {k: v for k, v in kwargs.items() if k not in plan.mutated}
     tensors: list = []
     scalars: list = []
     sig_args = tuple([_sig_of(a, tensors, scalars, lift) for a in args])
     sig_kwargs = tuple([(k, _sig_of(v, tensors, scalars, lift)) for k, v in kwargs.items()])
-    sig = (func, sig_args, sig_kwargs)
+    sig = (func, sig_args, sig_kwargs, tuple(o._key for o in outs)) if outs else (func, sig_args, sig_kwargs)
     info = _infos.get(sig)
-    device = tensors[0]._storage.device if tensors else _factory_device(kwargs)
+    device = tensors[0]._storage.device if tensors else (
+        outs[0]._storage.device if outs else _factory_device(kwargs))
     if info is None:
         if any(t._storage.device != device for t in tensors):
             raise RuntimeError(f"xlanb: {plan.name} got tensors on different devices: "
                                + ", ".join(str(t.device) for t in tensors))
         try:
-            info = _new_info(plan, func, sig, args, kwargs, tensors, scalars, device)
+            info = _new_info(plan, func, sig, args, kwargs, tensors, scalars, device, outs)
         except NotImplementedError:
             if _direct[0] or plan.kind == "view":
                 raise
@@ -597,15 +604,10 @@ def dispatch(func, args, kwargs):
         _infos[sig] = info
     if plan.random:
         scalars.append(rng.next_key())
-    kind = plan.kind
     if kind == "view":
         return _view_result(func, info, tensors[0])
+    node = run_node(info, tuple([value_node(t) for t in tensors]), tuple(scalars))
     if kind == "out":
-        n_in = info.n_in
-        # Out tensors were collected with the rest; the functional node takes the others.
-        outs = [kwargs[name] for name in plan.mutated]
-        ins = [t for t in tensors if not any(t is o for o in outs)]
-        node = run_node(info, tuple(value_node(t) for t in ins), tuple(scalars))
         results = [node] if not info.multi else [output_node(node, info, i) for i in range(len(info.out))]
         metas = [info.out] if not info.multi else list(info.out)
         for o, n, m in zip(outs, results, metas):
@@ -614,7 +616,6 @@ def dispatch(func, args, kwargs):
                                    f"result has {m.shape}; resizing out= tensors is not supported")
             write(o, _cast_node(n, m, o.dtype, device))
         return outs[0] if len(outs) == 1 else tuple(outs)
-    node = run_node(info, tuple(value_node(t) for t in tensors), tuple(scalars))
     if kind == "functional":
         return _wrap(node, info, device)
     if kind == "inplace":
@@ -720,7 +721,16 @@ def _is_same_size(func, args, kwargs):
     return tuple(args[0].shape) == tuple(args[1].shape)
 
 
+def _native_batch_norm(func, args, kwargs):
+    # The CPU kernel updates running stats in place although the schema does not say so;
+    # the _legit op says so, and has a functional variant.
+    if len(args) > 5 and args[5] and args[3] is not None:
+        return dispatch(aten._native_batch_norm_legit.default, args, kwargs)
+    return NotImplemented
+
+
 _SPECIAL = {
+    aten.native_batch_norm.default: _native_batch_norm,
     aten.copy_.default: _copy_,
     aten._to_copy.default: _to_copy,
     aten._local_scalar_dense.default: _local_scalar_dense,

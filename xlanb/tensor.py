@@ -78,8 +78,10 @@ class XlaTensor(torch.Tensor):
         return to_host(self, cause="value needed by .tolist()").tolist()
 
     def __reduce_ex__(self, protocol):
-        # Pickle (torch.save, deepcopy across processes) through a CPU copy.
-        return (_rebuild_xla, (self.detach().cpu(), self.device.index or 0, self.requires_grad))
+        # Pickle (torch.save) through a CPU copy, with torch's own rebuild function, which
+        # torch.load's weights_only unpickler already trusts.
+        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
+                (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad))
 
     def __deepcopy__(self, memo):
         if id(self) in memo:
@@ -92,11 +94,6 @@ class XlaTensor(torch.Tensor):
             new = torch.nn.Parameter(new, requires_grad=self.requires_grad)
         memo[id(self)] = new
         return new
-
-
-def _rebuild_xla(cpu: torch.Tensor, index: int, requires_grad: bool) -> torch.Tensor:
-    t = cpu.to(torch_device(index))
-    return t.requires_grad_(requires_grad) if requires_grad else t
 
 
 def _dispatch(func, args, kwargs):

@@ -4,8 +4,11 @@ Statistics are computed in float32 for half/bfloat16 inputs, as torch does.
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from xlanb.lowering._util import aten, upcast, wrap
@@ -326,3 +329,51 @@ def embedding_dense_backward(g, indices, num_weights, padding_idx, scale_grad_by
 @register(aten.native_dropout_backward.default)
 def native_dropout_backward(g, mask, scale):
     return g * mask * scale
+
+
+# ---- pairwise distances ---------------------------------------------------------
+
+def _pnorm(d, p):
+    """p-norm over the last axis; zero distances get zero gradients, like torch."""
+    a = d * jnp.sign(d)  # |d| whose gradient at 0 is 0 (sign), not 1
+    if p == 0:
+        return jnp.sum(d != 0, axis=-1).astype(d.dtype)
+    if p == math.inf:
+        return jnp.max(a, axis=-1)
+    if p == 1:
+        return jnp.sum(a, axis=-1)
+    s = jnp.sum(d * d if p == 2 else a ** p, axis=-1)
+    nonzero = s > 0
+    return jnp.where(nonzero, jnp.where(nonzero, s, 1) ** (1 / p), 0)
+
+
+def _cdist(x1, x2, p):
+    return _pnorm(upcast(x1)[..., :, None, :] - upcast(x2)[..., None, :, :], p)
+
+
+def _pdist(x, p):
+    i, j = np.triu_indices(x.shape[0], 1)
+    x = upcast(x)
+    return _pnorm(x[i] - x[j], p)
+
+
+@register(aten._cdist_forward.default, static_floats=True)
+def _cdist_forward(x1, x2, p, compute_mode=None):
+    return _cdist(x1, x2, p)
+
+
+@register(aten._cdist_backward.default, static_floats=True)
+def _cdist_backward(g, x1, x2, p, cdist):
+    out, vjp = jax.vjp(lambda a: _cdist(a, x2, p), x1)
+    return vjp(g.astype(out.dtype))[0]
+
+
+@register(aten._pdist_forward.default, static_floats=True)
+def _pdist_forward(x, p=2.0):
+    return _pdist(x, p)
+
+
+@register(aten._pdist_backward.default, static_floats=True)
+def _pdist_backward(g, x, p, pdist):
+    out, vjp = jax.vjp(lambda a: _pdist(a, p), x)
+    return vjp(g.astype(out.dtype))[0]

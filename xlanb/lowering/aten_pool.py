@@ -290,3 +290,59 @@ def col2im(cols, output_size, kernel_size, dilation, padding, stride):
     shape = cols.shape[:-2] + (cols.shape[-2] // k,) + tuple(output_size)
     fwd = lambda v: im2col(v, kernel_size, dilation, padding, stride)  # noqa: E731
     return jax.linear_transpose(fwd, jax.ShapeDtypeStruct(shape, cols.dtype))(cols)[0]
+
+
+# ---- grid_sample ---------------------------------------------------------------------
+
+def _reflect(c, twice_low, twice_high):
+    """Fold coordinates into [low, high] by mirroring, like torch's reflect_coordinates."""
+    if twice_low == twice_high:
+        return jnp.zeros_like(c)
+    low, span = twice_low / 2, (twice_high - twice_low) / 2
+    c = jnp.abs(c - low)
+    extra, flips = jnp.fmod(c, span), jnp.floor(c / span)
+    return jnp.where(flips % 2 == 0, extra + low, span - extra + low)
+
+
+def _source_coord(g, size, padding_mode, align_corners):
+    c = (g + 1) / 2 * (size - 1) if align_corners else ((g + 1) * size - 1) / 2
+    if padding_mode == 2:  # reflection
+        c = _reflect(c, 0, 2 * (size - 1)) if align_corners else _reflect(c, -1, 2 * size - 1)
+    if padding_mode in (1, 2):  # border, and reflection's final clip
+        c = jnp.clip(c, 0, size - 1)
+    return c
+
+
+def _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners):
+    if interpolation_mode == 2:
+        raise NotImplementedError("bicubic grid_sample")
+    n, c, h, w = x.shape
+    ix = _source_coord(grid[..., 0], w, padding_mode, align_corners)
+    iy = _source_coord(grid[..., 1], h, padding_mode, align_corners)
+    flat = x.reshape(n, c, h * w)
+
+    def tap(yy, xx):  # values at integer positions; zero outside the input
+        inside = (xx >= 0) & (xx < w) & (yy >= 0) & (yy < h)
+        idx = (jnp.clip(yy, 0, h - 1) * w + jnp.clip(xx, 0, w - 1)).astype(jnp.int32)
+        idx = jnp.broadcast_to(idx.reshape(n, 1, -1), (n, c, idx[0].size))
+        v = jnp.take_along_axis(flat, idx, axis=2).reshape((n, c) + yy.shape[1:])
+        return jnp.where(inside[:, None], v, 0)
+
+    if interpolation_mode == 1:  # nearest, ties to even like torch's nearbyint
+        return tap(jnp.round(iy), jnp.round(ix))
+    x0, y0 = jnp.floor(ix), jnp.floor(iy)
+    wx, wy = (ix - x0)[:, None], (iy - y0)[:, None]
+    return (tap(y0, x0) * (1 - wx) * (1 - wy) + tap(y0, x0 + 1) * wx * (1 - wy)
+            + tap(y0 + 1, x0) * (1 - wx) * wy + tap(y0 + 1, x0 + 1) * wx * wy)
+
+
+register(aten.grid_sampler_2d.default)(_grid_sample)
+
+
+@register(aten.grid_sampler_2d_backward.default)
+def grid_sampler_2d_backward(g, x, grid, interpolation_mode, padding_mode, align_corners,
+                             output_mask):
+    out, vjp = jax.vjp(lambda a, b: _grid_sample(a, b, interpolation_mode, padding_mode,
+                                                 align_corners), x, grid)
+    gx, ggrid = vjp(g.astype(out.dtype))
+    return (gx if output_mask[0] else None), ggrid

@@ -259,3 +259,25 @@ def kthvalue(x, k, dim=-1, keepdim=False):
     val = lax.slice_in_dim(val, k - 1, k, axis=dim)
     idx = lax.slice_in_dim(idx, k - 1, k, axis=dim)
     return (val, idx) if keepdim else (jnp.squeeze(val, dim), jnp.squeeze(idx, dim))
+
+
+@register(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
+def searchsorted(seq, x, *, out_int32=False, right=False, side=None, sorter=None):
+    side = side or ("right" if right else "left")
+    if sorter is not None:
+        seq = jnp.take_along_axis(seq, sorter, axis=-1)
+    x = jnp.asarray(x)
+    if seq.ndim <= 1:
+        out = jnp.searchsorted(seq, x, side=side)
+    else:  # one search per row of the leading dims
+        rows = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))
+        out = rows(seq.reshape(-1, seq.shape[-1]), x.reshape(-1, x.shape[-1])).reshape(x.shape)
+    return out.astype(jnp.int32 if out_int32 else jnp.int64)
+
+
+@register(aten.bucketize.Tensor, aten.bucketize.Scalar)
+def bucketize(x, boundaries, *, out_int32=False, right=False):
+    # right=False puts x == boundary in the lower bucket: a left search.
+    side = "right" if right else "left"
+    out = jnp.searchsorted(boundaries, jnp.asarray(x), side=side)
+    return out.astype(jnp.int32 if out_int32 else jnp.int64)
