@@ -22,10 +22,13 @@ def mlp():
 class SmallCNN(nn.Module):
     def __init__(self):
         super().__init__()
-        self.conv1 = nn.Conv2d(3, 6, 3, padding=1)
+        # No conv biases before BatchNorm: their gradient is ~0 (BN removes the mean), so
+        # an Adam step on them would amplify float noise and nothing could be compared.
+        self.conv1 = nn.Conv2d(3, 6, 3, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(6)
-        self.conv2 = nn.Conv2d(6, 8, 3, stride=1)
+        self.conv2 = nn.Conv2d(6, 8, 3, stride=1, bias=False)
         self.bn2 = nn.BatchNorm2d(8)
+        self.conv3 = nn.Conv2d(8, 8, 1)  # with a bias
         self.pool = nn.MaxPool2d(2)
         self.drop = nn.Dropout(0.25)
         self.fc = nn.Linear(8 * 3 * 3, 4)
@@ -33,13 +36,21 @@ class SmallCNN(nn.Module):
     def forward(self, x):
         x = self.pool(torch.relu(self.bn1(self.conv1(x))))      # 10x10 -> 5x5
         x = torch.relu(self.bn2(self.conv2(x)))                 # 5x5 -> 3x3
-        x = self.drop(x)
+        x = self.drop(torch.relu(self.conv3(x)))
         return self.fc(x.flatten(1))
 
 
 def cnn():
     torch.manual_seed(0)
     return SmallCNN()
+
+
+def cnn_train():
+    """Training mode for BatchNorm; dropout stays off (its masks are random: CPU torch and
+    the device draw different ones)."""
+    model = cnn().train()
+    model.drop.eval()
+    return model
 
 
 def cnn_input():
@@ -135,7 +146,7 @@ def _cnn_batch():
 
 @pytest.mark.parametrize("which", ["mlp", "cnn"])
 def test_forward_backward_adamw_step(mode, which):
-    model_c = mlp() if which == "mlp" else cnn().train()
+    model_c = mlp() if which == "mlp" else cnn_train()
     x, y = _mlp_batch() if which == "mlp" else _cnn_batch()
     model_x = copy.deepcopy(model_c).to("xla")
     loss_fn = nn.CrossEntropyLoss()
@@ -159,7 +170,7 @@ def test_forward_backward_adamw_step(mode, which):
 
 
 def _three_step_losses(device, which):
-    model = mlp() if which == "mlp" else cnn().train()
+    model = mlp() if which == "mlp" else cnn_train()
     x, y = _mlp_batch() if which == "mlp" else _cnn_batch()
     model = model.to(device)
     x, y = x.to(device), y.to(device)

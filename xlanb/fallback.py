@@ -24,14 +24,21 @@ def _op_name(func) -> str:
     return f"aten::{func.overloadpacket.__name__}" if hasattr(func, "overloadpacket") else str(func)
 
 
+def _sparse_error(func, layout, dtype) -> RuntimeError:
+    return RuntimeError(f"xlanb: {_op_name(func)} with layout {layout} and dtype {dtype} is not "
+                        f"supported on the xla device: only strided (dense) tensors are")
+
+
 def _check_supported(func, args, kwargs):
-    for v in list(args) + list(kwargs.values()):
+    values = list(args) + list(kwargs.values())
+    dtype = kwargs.get("dtype") or next(
+        (v.dtype for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()),
+        next((v.dtype for v in values if isinstance(v, torch.Tensor)), torch.get_default_dtype()))
+    for v in values:
         if isinstance(v, torch.layout) and v in _UNSUPPORTED_LAYOUTS:
-            raise RuntimeError(f"xlanb: {_op_name(func)} with layout {v} is not supported on "
-                               f"the xla device (only strided tensors are)")
+            raise _sparse_error(func, v, dtype)
         if isinstance(v, torch.Tensor) and v.layout in _UNSUPPORTED_LAYOUTS:
-            raise RuntimeError(f"xlanb: {_op_name(func)} got a {v.layout} tensor of dtype "
-                               f"{v.dtype}; sparse tensors are not supported on the xla device")
+            raise _sparse_error(func, v.layout, v.dtype)
 
 
 def cpu_fallback(func, args, kwargs):
@@ -77,6 +84,8 @@ def cpu_fallback(func, args, kwargs):
                 _copy_(None, (x, host_of[id(x)]), {})
 
     def back(o):
+        if isinstance(o, torch.Tensor) and o.layout in _UNSUPPORTED_LAYOUTS:
+            raise _sparse_error(func, o.layout, o.dtype)
         if isinstance(o, torch.Tensor):
             orig = originals.get(id(o))
             return orig if orig is not None else to_device(o, device)
