@@ -766,6 +766,14 @@ def test_arange(args, dtype):
     check(aten.arange.start_step, *args, dtype=dtype)
 
 
+def test_linspace_logspace():
+    check(aten.linspace.default, 0, 1, 5)
+    check(aten.linspace.default, -3, 7, 6, dtype=torch.int64)
+    check(aten.linspace.default, 0.5, -2.5, 7, dtype=torch.float64)
+    check(aten.linspace.default, 2, 3, 1)
+    check(aten.logspace.default, -1, 2, 4, 2.0, rtol=1e-6, atol=1e-6)
+
+
 def test_copies_and_casts():
     x = r(3, 4) * 5
     check(aten._to_copy.default, x, dtype=torch.int64)  # truncates toward zero

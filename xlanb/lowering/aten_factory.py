@@ -104,6 +104,25 @@ def arange_end(end, *, dtype=None, **_):
     return arange(0, end, 1, dtype=dtype)
 
 
+def _linspace64(start, end, steps):
+    # torch's two-sided formula: exact at both ends; computed in double, then cast.
+    i = jnp.arange(steps, dtype=jnp.float64)
+    if steps == 1:
+        return jnp.full((1,), start, jnp.float64)
+    step = (end - start) / max(steps - 1, 1)
+    return jnp.where(i < steps // 2, start + step * i, end - step * (steps - 1 - i))
+
+
+@register(aten.linspace.default, static_floats=True)
+def linspace(start, end, steps, *, dtype=None, **_):
+    return _linspace64(start, end, steps).astype(jdtype(dtype, default_float()))
+
+
+@register(aten.logspace.default, static_floats=True)
+def logspace(start, end, steps, base=10.0, *, dtype=None, **_):
+    return (base ** _linspace64(start, end, steps)).astype(jdtype(dtype, default_float()))
+
+
 @register(aten.eye.default, aten.eye.m)
 def eye(n, m=None, *, dtype=None, **_):
     return jnp.eye(n, m, dtype=jdtype(dtype, default_float()))

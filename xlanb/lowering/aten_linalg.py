@@ -10,12 +10,19 @@ from xlanb.lowering._util import aten, ntuple
 from xlanb.lowering.registry import register
 
 
+# float32 products follow torch's own knobs, read at trace time: "highest" means
+# full float32, "high" allows TF32 / 3-pass bf16, "medium" a single bf16 pass.
+_PRECISION = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH,
+              "medium": lax.Precision.DEFAULT}
+
+
 def _precision():
-    # Follow torch.set_float32_matmul_precision: "highest" (torch's default)
-    # forbids TF32/bf16 passes for float32 products; "high"/"medium" allow them.
-    if torch.get_float32_matmul_precision() == "highest":
-        return lax.Precision.HIGHEST
-    return lax.Precision.DEFAULT
+    return _PRECISION[torch.get_float32_matmul_precision()]
+
+
+def _conv_precision():
+    # torch lets cuDNN use TF32 for convolutions unless told otherwise.
+    return lax.Precision.HIGH if torch.backends.cudnn.allow_tf32 else lax.Precision.HIGHEST
 
 
 def _matmul(a, b):
@@ -70,7 +77,7 @@ def _conv(x, w, stride, padding, dilation, groups):
         padding=[(p, p) for p in ntuple(padding, n)],
         rhs_dilation=ntuple(dilation, n),
         feature_group_count=groups,
-        precision=_precision(),
+        precision=_conv_precision(),
     )
 
 

@@ -191,9 +191,12 @@ def _native_batch_norm_legit_no_stats(x, weight, bias, training, momentum, eps):
 @register(aten.native_batch_norm.default)
 def native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
     if training and running_mean is not None:
-        # This op updates the running stats in place without saying so in its
-        # schema; let the core decompose it into ops whose mutation is explicit.
-        raise NotImplementedError("native_batch_norm with running stats in training mode")
+        # This op updates the running stats in place without saying so in its schema,
+        # which a functional lowering cannot do.
+        raise NotImplementedError(
+            "aten.native_batch_norm in training mode updates running_mean/running_var in "
+            "place although its schema does not say so: run it as "
+            "_native_batch_norm_legit_functional and write the new stats back")
     return _bn(x, weight, bias, running_mean, running_var, training, momentum, eps)[:3]
 
 
