@@ -28,7 +28,7 @@ _install_scope_hooks()
 
 __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "sync",
            "mark_step", "peek", "pending_ir", "hlo", "graphs", "metrics", "config", "XlaTensor", "CompiledGraph",
-           "manual_seed"]
+           "manual_seed", "set_trace", "load_ipython_extension", "unload_ipython_extension"]
 
 __version__ = "0.1.0"
 
@@ -60,6 +60,25 @@ def peek(t: torch.Tensor) -> torch.Tensor:
     with torch._C._DisableTorchDispatch():
         host = array_to_host(peek_node(value_node(t)))
     return host
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext xlanb``: the magics, rich display and status line."""
+    from .extensions.ipython import load_ipython_extension as load
+    load(ipython)
+
+
+def unload_ipython_extension(ipython) -> None:
+    from .extensions.ipython import unload_ipython_extension as unload
+    unload(ipython)
+
+
+def set_trace(*, header: str | None = None) -> None:
+    """A pdb with xla commands (xla, xpeek, xpending, xhlo, xsync, xmode, xgraphs), stopped
+    in the caller's frame. ``PYTHONBREAKPOINT=xlanb.set_trace`` makes ``breakpoint()`` use it."""
+    import sys
+    from .extensions.pdb import XlaPdb
+    XlaPdb().set_trace(sys._getframe(1))
 
 
 def manual_seed(seed: int) -> None:
