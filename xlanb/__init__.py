@@ -73,7 +73,7 @@ def unload_ipython_extension(ipython) -> None:
     unload(ipython)
 
 
-def set_trace(*, header: str | None = None) -> None:
+def set_trace() -> None:
     """A pdb with xla commands (xla, xpeek, xpending, xhlo, xsync, xmode, xgraphs), stopped
     in the caller's frame. ``PYTHONBREAKPOINT=xlanb.set_trace`` makes ``breakpoint()`` use it."""
     import sys
