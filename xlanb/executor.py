@@ -12,6 +12,7 @@ import numpy as np
 from . import metrics
 from .devices import jax_device
 from .dtypes import to_jax_dtype
+from .explain import explain, summarize
 from .ir import GETITEM, GraphPlan, Node, OpInfo, leaf_meta, format_src, stable_hash
 from .runtime import compile_jitted
 
@@ -84,7 +85,57 @@ class CompiledGraph:
     executable: object = field(repr=False)
     hits: int = 0
     run_time: float = 0.0
-    ops: tuple = field(default=(), repr=False)  # op names in topological order
+    explanation: str = ""  # why it compiled: how it differs from the last graph from here
+    summary: object = field(default=None, repr=False)  # explain.GraphSummary
+
+    @property
+    def ops(self) -> tuple:
+        """Op names in topological order."""
+        return tuple(o.name for o in self.summary.ops) if self.summary else ()
+
+    def cost_analysis(self) -> dict:
+        """XLA's cost estimate (flops, bytes accessed...), where the backend provides it."""
+        try:
+            return dict(self.executable.cost_analysis() or {})
+        except Exception:  # not every backend implements it
+            return {}
+
+    def memory_analysis(self):
+        """XLA's memory use of the executable, where the backend provides it."""
+        try:
+            return self.executable.memory_analysis()
+        except Exception:
+            return None
+
+
+class GraphList(list):
+    """``xlanb.graphs()``: compiled graphs, oldest first, printable as a table."""
+
+    _COLUMNS = ("#", "hash", "nodes", "in", "out", "compile", "hits", "run", "cause", "source")
+
+    def rows(self) -> list[tuple]:
+        return [(str(i), g.hash[:12], str(g.n_nodes), str(g.n_inputs), str(g.n_outputs),
+                 f"{g.compile_time:.2f}s", str(g.hits), f"{g.run_time:.3f}s", g.cause, g.src)
+                for i, g in enumerate(self)]
+
+    def __str__(self) -> str:
+        if not self:
+            return "no compiled graphs"
+        rows = [self._COLUMNS] + self.rows()
+        widths = [max(len(r[c]) for r in rows) for c in range(len(self._COLUMNS))]
+        lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+        for i, g in enumerate(self):
+            if g.explanation:
+                lines.append(f"  #{i} recompiled: {g.explanation}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        import html
+        head = "".join(f"<th>{c}</th>" for c in self._COLUMNS + ("why",))
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r)
+                       + f"<td>{html.escape(g.explanation)}</td></tr>"
+                       for r, g in zip(self.rows(), self))
+        return f"<table class='xlanb-graphs'><tr>{head}</tr>{body}</table>"
 
 
 _graph_cache: dict = {}
@@ -129,9 +180,13 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src) -> tuple[Compi
         t0 = time.perf_counter()
         exe = compile_jitted(_graph_fn(plan), specs, metric="CompileTime")
         metrics.counter("UncachedCompile")
+        where = format_src(src)
+        summary = summarize(plan)
+        prev = next((g for g in reversed(graph_log) if g.src == where and g.device == device), None)
         rec = CompiledGraph(stable_hash(plan, device), device, len(plan.steps), len(plan.leaves),
-                            len(plan.roots), cause, format_src(src), time.perf_counter() - t0,
-                            exe, ops=tuple(info.name for info, _ in plan.steps))
+                            len(plan.roots), cause, where, time.perf_counter() - t0, exe,
+                            explanation=explain(prev.summary, summary) if prev else "",
+                            summary=summary)
         _graph_cache[key] = rec
         graph_log.append(rec)
         return rec, True
@@ -182,8 +237,9 @@ def run_op_by_op(plan: GraphPlan, keep: dict | None = None) -> list:
     return [vals[p] for p in plan.root_pos]
 
 
-def graphs() -> list[CompiledGraph]:
-    return list(graph_log)
+def graphs() -> GraphList:
+    """Every compiled graph with its cause, source line, times, hits and explanation."""
+    return GraphList(graph_log)
 
 
 def clear_graph_cache() -> None:

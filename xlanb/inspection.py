@@ -42,17 +42,40 @@ def _plan(tensors) -> GraphPlan:
     return plan_graph(roots_of(tensors))
 
 
-def ir_text(plan: GraphPlan) -> str:
+def _shown(plan: GraphPlan, depth: int | None) -> set[int] | None:
+    """Positions of ops at most ``depth`` hops before the roots (None: all)."""
+    if depth is None:
+        return None
+    n_leaves = len(plan.leaves)
+    dist = {p: 0 for p in plan.root_pos}
+    for j in range(len(plan.steps) - 1, -1, -1):
+        p = n_leaves + j
+        if p in dist:
+            for q in plan.steps[j][1]:
+                d = dist[p] + 1
+                if d < dist.get(q, d + 1):
+                    dist[q] = d
+    return {p for p, d in dist.items() if d < depth}
+
+
+def ir_text(plan: GraphPlan, depth: int | None = None) -> str:
     from .dispatch import format_call
     lines = []
     n_leaves = len(plan.leaves)
+    shown = _shown(plan, depth)
+    hidden = len(plan.steps) - len([p for p in shown if p >= n_leaves]) if shown is not None else 0
+    if hidden:
+        lines.append(f"# {hidden} earlier ops not shown (depth={depth})")
     for i, leaf in enumerate(plan.leaves):
-        lines.append(f"%{i} = {_aval_text(leaf_meta(leaf))} device_data")
+        if shown is None or i in shown:
+            lines.append(f"%{i} = {_aval_text(leaf_meta(leaf))} device_data")
     k = 0
     for j, ((info, ins), node) in enumerate(zip(plan.steps, plan.op_nodes)):
         n = len(info.scalar_specs)
         call = format_call(info, [f"%{p}" for p in ins], plan.scalars[k:k + n])
         k += n
+        if shown is not None and n_leaves + j not in shown:
+            continue
         line = f"%{n_leaves + j} = {_aval_text(info.out)} {info.name}({call})"
         where = format_src(node.src)
         if where or node.scope:
@@ -102,12 +125,16 @@ def ir_dot(plan: GraphPlan) -> str:
     return "\n".join(out)
 
 
-def pending_ir(*tensors, fmt: str = "text") -> str:
-    """The pending IR of ``tensors`` (all live pending tensors when none are given)."""
+def pending_ir(*tensors, fmt: str = "text", depth: int | None = None) -> str:
+    """The pending IR of ``tensors`` (all live pending tensors when none are given).
+
+    ``depth`` keeps only the ops at most that many hops before the outputs (text form)."""
     if fmt not in ("text", "dot"):
         raise ValueError(f"fmt must be 'text' or 'dot', got {fmt!r}")
+    if depth is not None and depth < 1:
+        raise ValueError(f"depth must be a positive integer, got {depth!r}")
     plan = _plan(tensors)
-    return ir_text(plan) if fmt == "text" else ir_dot(plan)
+    return ir_text(plan, depth) if fmt == "text" else ir_dot(plan)
 
 
 def hlo(*tensors, dialect: str = "stablehlo", optimized: bool = False) -> str:
@@ -128,3 +155,27 @@ def hlo(*tensors, dialect: str = "stablehlo", optimized: bool = False) -> str:
         rec, _ = compiled_graph(plan, device, "xlanb.hlo(optimized=True)", user_frame())
         return rec.executable.as_text()
     return lower_graph(plan, device).as_text(dialect=dialect)
+
+
+def pending_count(*tensors) -> int:
+    """How many ops are pending for ``tensors`` (all live tensors when none are given)."""
+    return len(_plan(tensors).steps)
+
+
+INSTALL_DOT_HINT = ("Graphviz's `dot` is not installed: apt-get install graphviz "
+                    "(Debian/Ubuntu), brew install graphviz (macOS) or conda install graphviz")
+
+
+def render_svg(dot_source: str, timeout: float = 60.0) -> str:
+    """DOT text rendered to SVG by Graphviz's ``dot``; a RuntimeError with an install hint
+    when ``dot`` is not on PATH."""
+    import shutil
+    import subprocess
+    exe = shutil.which("dot")
+    if exe is None:
+        raise RuntimeError(INSTALL_DOT_HINT)
+    res = subprocess.run([exe, "-Tsvg"], input=dot_source.encode(), capture_output=True,
+                         timeout=timeout)
+    if res.returncode != 0:
+        raise RuntimeError(f"dot failed: {res.stderr.decode(errors='replace').strip()}")
+    return res.stdout.decode()

@@ -36,10 +36,15 @@ def array_to_host(arr) -> torch.Tensor:
 
 def to_host(t, *, cause: str) -> torch.Tensor:
     """``t``'s value as a CPU tensor; computes pending work if it must (``cause`` says why)."""
+    from .debugging import debugger_active
     from .dispatch import value_node
     from .executor import node_array
+    from .sync import peek_node
     node = value_node(t)
-    host = array_to_host(node_array(node, cause=cause))
+    if node.data is None and debugger_active():
+        host = array_to_host(peek_node(node))  # looking from a breakpoint never cuts the graph
+    else:
+        host = array_to_host(node_array(node, cause=cause))
     if host.dtype != t.dtype:  # e.g. 0-size or exotic arrays
         host = host.to(t.dtype)
     return host
