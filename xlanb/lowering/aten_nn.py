@@ -295,7 +295,8 @@ def mse_loss_backward(g, x, target, reduction):
 def binary_cross_entropy(x, target, weight=None, reduction=1):
     x, target = upcast(x), upcast(target)
     # torch clamps the logs at -100 so that 0 and 1 inputs stay finite.
-    loss = -(target * jnp.maximum(jnp.log(x), -100) + (1 - target) * jnp.maximum(jnp.log1p(-x), -100))
+    log_x, log_1mx = jnp.maximum(jnp.log(x), -100), jnp.maximum(jnp.log1p(-x), -100)
+    loss = -(target * log_x + (1 - target) * log_1mx)
     if weight is not None:
         loss = loss * weight
     return _reduce(loss, reduction)
