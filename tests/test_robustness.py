@@ -13,18 +13,20 @@ from xlanb import metrics
 executor = sys.modules["xlanb.executor"]
 
 
-def _pending_pair():
-    a = torch.arange(6.0).reshape(2, 3).to("xla")
+def _pending_pair(cols=3):
+    # A shape per test: a graph compiled by an earlier test would hit the cache instead.
+    a = torch.arange(2.0 * cols).reshape(2, cols).to("xla")
     xlanb.sync()
     b = (a * 3 + 1).relu()
     c = b.sum(dim=0)
     return a, b, c
 
 
-@pytest.mark.parametrize("exc", [RuntimeError("XLA compile failed"), KeyboardInterrupt()])
-def test_failed_compile_keeps_pending_work(monkeypatch, exc):
-    a, b, c = _pending_pair()
-    expect_b = (torch.arange(6.0).reshape(2, 3) * 3 + 1).relu()
+@pytest.mark.parametrize("exc,cols", [(RuntimeError("XLA compile failed"), 5),
+                                      (KeyboardInterrupt(), 7)])
+def test_failed_compile_keeps_pending_work(monkeypatch, exc, cols):
+    a, b, c = _pending_pair(cols)
+    expect_b = (torch.arange(2.0 * cols).reshape(2, cols) * 3 + 1).relu()
 
     def broken(*args, **kwargs):
         raise exc

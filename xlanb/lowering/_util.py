@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 import torch
 
 from xlanb.dtypes import to_jax_dtype
@@ -25,14 +24,6 @@ def is_float(x) -> bool:
     return jnp.issubdtype(jnp.result_type(x), jnp.floating)
 
 
-def is_int(x) -> bool:
-    return jnp.issubdtype(jnp.result_type(x), jnp.integer)
-
-
-def is_bool(x) -> bool:
-    return jnp.result_type(x) == jnp.bool_
-
-
 def upcast(x):
     """Half/bfloat16 -> float32: torch computes reductions and norms in float32
     ("opmath") for these; the caller casts the result back."""
@@ -46,8 +37,7 @@ def to_float(x):
 
 def wrap(dim: int, ndim: int) -> int:
     """Torch dim wrapping; 0-d tensors accept dim 0 and -1."""
-    n = max(ndim, 1)
-    return dim % n if ndim else 0
+    return dim % ndim if ndim else 0
 
 
 def dims(dim, ndim: int):
@@ -67,11 +57,3 @@ def ntuple(v, n: int):
         return (v,) * n
     v = tuple(v)
     return v * n if len(v) == 1 else v
-
-
-def as_array(v, dtype):
-    return jnp.asarray(v, dtype=dtype)
-
-
-def numel(shape) -> int:
-    return int(np.prod(shape, dtype=np.int64))

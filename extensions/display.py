@@ -1,0 +1,797 @@
+"""Rich display objects for xlanb's notebook and IPython front end.
+
+Every object here carries ``_repr_mimebundle_`` with ``text/plain`` always present, plus
+HTML or SVG where it helps; ``repr()`` is the plain text, so the same object reads well in
+a terminal, a notebook and a log. Nothing here imports IPython, so the objects can be
+built and tested anywhere; they use only xlanb's public API.
+
+Also here: a ``Probe`` that measures what a stretch of code compiled and ran (metrics diff
+plus the compiled-graph log), and the helpers that render DOT to SVG and highlight HLO.
+"""
+from __future__ import annotations
+
+import html
+import linecache
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+import xlanb
+
+INSTALL_DOT_HINT = ("Graphviz's `dot` is not installed, so the graph is shown as text. "
+                    "Install it with `apt-get install graphviz` (Debian/Ubuntu), "
+                    "`brew install graphviz` (macOS) or `conda install graphviz`.")
+
+# Graphs with more ops than this are shown as text unless a --depth limits them: dot
+# takes a long time on big graphs and the picture is unreadable anyway.
+SVG_MAX_OPS = 1500
+
+_CSS_MONO = "font-family: var(--jp-code-font-family, monospace); font-size: 12px;"
+
+
+# --------------------------------------------------------------------------- small helpers
+
+def fmt_time(seconds: float | None) -> str:
+    """``2.1 s``, ``25 ms``, ``310 µs``: short, for summaries."""
+    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
+        return "-"
+    a = abs(seconds)
+    if a >= 100:
+        return f"{seconds:.0f} s"
+    if a >= 1:
+        return f"{seconds:.2g} s" if a < 10 else f"{seconds:.1f} s"
+    if a >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    if a == 0:
+        return "0 s"
+    return f"{seconds * 1e6:.3g} µs"
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+def is_xla_tensor(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.device.type == "xla"
+
+
+def pending_count(*tensors) -> int:
+    """Ops a sync of ``tensors`` (all live tensors when none) would run now."""
+    fn = getattr(xlanb, "pending_count", None)
+    if fn is not None:
+        return fn(*tensors)
+    return sum(1 for line in xlanb.pending_ir(*tensors).splitlines()
+               if _IR_LINE.match(line) and not line.rstrip().endswith(" device_data"))
+
+
+def escape(text: str) -> str:
+    return html.escape(text, quote=False)
+
+
+# --------------------------------------------------------------------------- source lines
+
+class SourceResolver:
+    """Turns the ``"file.py:LINE func"`` strings xlanb records into something a reader
+    can find: ``In[5] line 3`` for notebook cells, plus the line of code itself.
+
+    ``cell_names`` maps a cell's code name (what ``co_filename`` says) to its execution
+    count; the IPython extension fills it from the shell's compiler."""
+
+    _SRC = re.compile(r"(?P<file>[^\s:]+(?:\.py|>)):(?P<line>\d+)(?: (?P<func>[\w<>.]+))?")
+
+    def __init__(self, cell_names: Callable[[], dict] | None = None) -> None:
+        self._cell_names = cell_names or (lambda: {})
+
+    def _lookup(self, base: str) -> tuple[str | None, int | None]:
+        """(full filename, cell number or None) for a basename."""
+        for full, number in list(self._cell_names().items()):
+            if os.path.basename(full) == base:
+                return full, number
+        for full in list(linecache.cache):
+            if os.path.basename(full) == base:
+                return full, None
+        for mod in list(sys.modules.values()):
+            f = getattr(mod, "__file__", None)
+            if f and os.path.basename(f) == base:
+                return f, None
+        return None, None
+
+    def resolve(self, src: str) -> tuple[str, str]:
+        """(label, code) for ``src``; code is "" when the line cannot be found."""
+        if not src:
+            return "", ""
+        m = self._SRC.fullmatch(src.strip())
+        if not m:
+            return src, ""
+        base, line = m["file"], int(m["line"])
+        full, number = self._lookup(base)
+        code = linecache.getline(full, line).strip() if full else ""
+        if number is not None:
+            label = f"In[{number}] line {line}"
+        else:
+            label = f"{base}:{line}" + (f" {m['func']}" if m["func"] else "")
+        return label, code
+
+    def label(self, src: str) -> str:
+        return self.resolve(src)[0]
+
+    def relabel(self, text: str) -> str:
+        """``text`` with every notebook-cell source reference replaced by its label."""
+        if not text:
+            return text
+        names = self._cell_names()
+        if not names:
+            return text
+
+        def sub(m: re.Match) -> str:
+            full, number = self._lookup(m["file"])
+            if number is None:
+                return m.group(0)
+            return f"In[{number}] line {m['line']}"
+        return self._SRC.sub(sub, text)
+
+
+DEFAULT_RESOLVER = SourceResolver()
+
+
+# --------------------------------------------------------------------------- base object
+
+class Rich:
+    """Base: ``text()`` always, ``html()`` / ``svg()`` optionally."""
+
+    def text(self) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def html(self) -> str | None:
+        return None
+
+    def svg(self) -> str | None:
+        return None
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        def wanted(mime: str) -> bool:
+            return (include is None or mime in include) and not (exclude and mime in exclude)
+        bundle = {"text/plain": self.text()}
+        if wanted("image/svg+xml"):
+            svg = self.svg()
+            if svg:
+                bundle["image/svg+xml"] = svg
+        if wanted("text/html"):
+            h = self.html()
+            if h:
+                bundle["text/html"] = h
+        return bundle
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    __str__ = __repr__
+
+
+def _table_text(header: tuple, rows: list[tuple], right: set[int] = frozenset()) -> str:
+    rows = [tuple(str(c) for c in r) for r in rows]
+    all_rows = [tuple(header)] + rows
+    widths = [max(len(r[i]) for r in all_rows) for i in range(len(header))]
+
+    def fmt(r):
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+    return "\n".join([fmt(all_rows[0]), fmt(tuple("-" * w for w in widths))] + [fmt(r) for r in rows])
+
+
+def _table_html(header: tuple, rows: list[tuple], right: set[int] = frozenset(),
+                cls: str = "xlanb-table") -> str:
+    def cell(tag, i, v):
+        align = "right" if i in right else "left"
+        return f"<{tag} style='text-align:{align}'>{escape(str(v))}</{tag}>"
+    head = "".join(cell("th", i, h) for i, h in enumerate(header))
+    body = "".join("<tr>" + "".join(cell("td", i, v) for i, v in enumerate(r)) + "</tr>"
+                   for r in rows)
+    return f"<table class='{cls}'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+# --------------------------------------------------------------------------- what ran
+
+@dataclass
+class Activity:
+    """What ran between a ``Probe``'s start and ``finish()``."""
+    new_graphs: list = field(default_factory=list)      # CompiledGraph, compiled just now
+    hit_graphs: list = field(default_factory=list)      # (CompiledGraph, times reused)
+    counters: dict = field(default_factory=dict)        # counter deltas
+    metrics: dict = field(default_factory=dict)         # name -> {"count", "total"} deltas
+
+    def count(self, name: str) -> int:
+        return max(self.counters.get(name, 0), 0)
+
+    def total(self, name: str) -> float:
+        return max(self.metrics.get(name, {}).get("total", 0.0), 0.0)
+
+    def samples(self, name: str) -> int:
+        return max(self.metrics.get(name, {}).get("count", 0), 0)
+
+    @property
+    def compiles(self) -> int:
+        return self.count("UncachedCompile")
+
+    @property
+    def cache_hits(self) -> int:
+        return self.count("CachedCompile")
+
+    @property
+    def op_compiles(self) -> int:
+        return self.count("OpCompile")
+
+    @property
+    def op_hits(self) -> int:
+        return self.count("OpCacheHit")
+
+    @property
+    def fallbacks(self) -> dict:
+        return {k: v for k, v in self.counters.items() if k.startswith("aten::") and v > 0}
+
+    @property
+    def transfers_from_device(self) -> int:
+        return self.samples("TransferFromDeviceTime")
+
+    @property
+    def idle(self) -> bool:
+        return not (self.compiles or self.cache_hits or self.op_compiles or self.op_hits
+                    or self.fallbacks or self.samples("ExecuteTime"))
+
+
+class Probe:
+    """Measure what some code compiles and runs: ``p = Probe(); ...; p.finish()``."""
+
+    def __init__(self) -> None:
+        self.snapshot = xlanb.metrics.snapshot()
+        gs = list(xlanb.graphs())
+        self.n_graphs = len(gs)
+        self.hits = {id(g): g.hits for g in gs}
+
+    def finish(self) -> Activity:
+        d = xlanb.metrics.diff(self.snapshot)
+        gs = list(xlanb.graphs())
+        new = gs[self.n_graphs:] if len(gs) >= self.n_graphs else gs
+        hit = [(g, g.hits - self.hits[id(g)]) for g in gs[:self.n_graphs]
+               if id(g) in self.hits and g.hits > self.hits[id(g)]]
+        return Activity(new, hit, d.get("counters", {}), d.get("metrics", {}))
+
+
+def graph_why(g, resolver: SourceResolver = DEFAULT_RESOLVER) -> str:
+    """Why ``g`` compiled: its recompile explanation, or that it is the first graph seen
+    from its source line."""
+    expl = getattr(g, "explanation", "") or ""
+    if expl:
+        return "recompile: " + resolver.relabel(expl)
+    where = resolver.label(g.src)
+    return f"new graph at {where}" if where else "new graph"
+
+
+# --------------------------------------------------------------------------- %xla_pending
+
+_IR_LINE = re.compile(r"^%(\d+) = ")
+_REF = re.compile(r"%(\d+)")
+
+
+def filter_ir_text(text: str, depth: int) -> str:
+    """Keep only the IR lines at most ``depth - 1`` hops before the outputs (roots are
+    depth 0), for when the core does not take ``depth`` itself."""
+    defs, order, outputs = {}, [], []
+    for line in text.splitlines():
+        m = _IR_LINE.match(line)
+        if m:
+            pos = int(m[1])
+            body = line.split("  #", 1)[0]
+            defs[pos] = [int(r) for r in _REF.findall(body)[1:]]
+            order.append((pos, line))
+        elif line.startswith("outputs:"):
+            outputs = [int(r) for r in _REF.findall(line)]
+    dist = {p: 0 for p in outputs}
+    for pos, _ in reversed(order):
+        if pos in dist:
+            for q in defs[pos]:
+                d = dist[pos] + 1
+                if d < dist.get(q, d + 1):
+                    dist[q] = d
+    shown = {p for p, d in dist.items() if d < depth}
+    kept = [line for pos, line in order if pos in shown]
+    hidden = sum(1 for pos, line in order
+                 if pos not in shown and not line.rstrip().endswith(" device_data"))
+    out = ([f"# {hidden} earlier ops not shown (depth={depth})"] if hidden else []) + kept
+    out += [line for line in text.splitlines() if line.startswith("outputs:")]
+    return "\n".join(out)
+
+
+_DOT_NODE = re.compile(r"^\s*n(\d+) \[")
+_DOT_EDGE = re.compile(r"^\s*n(\d+) -> n(\d+);")
+
+
+def filter_dot(dot: str, depth: int) -> str:
+    """The DOT graph cut to nodes fewer than ``depth`` hops before the outputs (drawn
+    with a thick border); cut inputs become a small '…' stub."""
+    lines = dot.splitlines()
+    edges = [(int(m[1]), int(m[2])) for m in map(_DOT_EDGE.match, lines) if m]
+    nodes = [int(m[1]) for m in map(_DOT_NODE.match, lines) if m]
+    has_out = {a for a, _ in edges}
+    roots = [n for n in nodes if "penwidth=2" in next(
+        (ln for ln in lines if ln.lstrip().startswith(f"n{n} [")), "")] or \
+        [n for n in nodes if n not in has_out]
+    preds: dict[int, list[int]] = {}
+    for a, b in edges:
+        preds.setdefault(b, []).append(a)
+    dist = {r: 0 for r in roots}
+    frontier = list(roots)
+    while frontier:
+        nxt = []
+        for n in frontier:
+            for p in preds.get(n, ()):
+                if p not in dist:
+                    dist[p] = dist[n] + 1
+                    nxt.append(p)
+        frontier = nxt
+    shown = {n for n, d in dist.items() if d < depth}
+    out, stubs = [], set()
+    for ln in lines:
+        m, e = _DOT_NODE.match(ln), _DOT_EDGE.match(ln)
+        if m and int(m[1]) not in shown:
+            continue
+        if e:
+            a, b = int(e[1]), int(e[2])
+            if b not in shown:
+                continue
+            if a not in shown:
+                stubs.add(a)
+                ln = f"  cut{a} -> n{b} [style=dashed];"
+        if ln.strip() == "}" and ln == lines[-1]:
+            for a in sorted(stubs):
+                out.append(f'  cut{a} [label="…", shape=plaintext, tooltip="%{a} and earlier '
+                           f'ops not shown (depth={depth})"];')
+        out.append(ln)
+    return "\n".join(out)
+
+
+def dot_available() -> bool:
+    return shutil.which("dot") is not None
+
+
+def render_svg(dot_source: str, timeout: float = 60.0) -> str:
+    """DOT rendered to SVG through the ``graphviz`` package (or ``dot`` directly when
+    that package is missing). Raises RuntimeError with an install hint when Graphviz's
+    ``dot`` is missing."""
+    if not dot_available():
+        raise RuntimeError(INSTALL_DOT_HINT)
+    try:
+        import graphviz
+    except ImportError:
+        graphviz = None
+    if graphviz is not None:
+        try:
+            return graphviz.Source(dot_source).pipe(format="svg", encoding="utf-8")
+        except graphviz.ExecutableNotFound as e:
+            raise RuntimeError(INSTALL_DOT_HINT) from e
+        except graphviz.CalledProcessError as e:
+            raise RuntimeError(f"dot failed: {e}") from e
+    res = subprocess.run([shutil.which("dot"), "-Tsvg"], input=dot_source.encode(),
+                         capture_output=True, timeout=timeout)
+    if res.returncode != 0:
+        raise RuntimeError(f"dot failed: {res.stderr.decode(errors='replace').strip()}")
+    return res.stdout.decode()
+
+
+class PendingGraph(Rich):
+    """The pending IR: text, DOT source, or an SVG picture (with the text as plain)."""
+
+    def __init__(self, text: str, n_ops: int, *, dot: str | None = None,
+                 svg: str | None = None, show_dot: bool = False, note: str = "",
+                 title: str = "") -> None:
+        self.ir_text, self.n_ops, self.dot, self._svg = text, n_ops, dot, svg
+        self.show_dot, self.note, self.title = show_dot, note, title
+
+    def _header(self) -> str:
+        mode = xlanb.get_mode()
+        what = f" of {self.title}" if self.title else ""
+        return f"pending{what}: {plural(self.n_ops, 'op')} (mode {mode})"
+
+    def text(self) -> str:
+        if self.n_ops == 0 and not self.show_dot:
+            return (f"no pending ops{' for ' + self.title if self.title else ''} "
+                    f"(mode {xlanb.get_mode()})")
+        body = self.dot if self.show_dot and self.dot else self.ir_text
+        parts = [self._header(), body]
+        if self.note:
+            parts.append(self.note)
+        return "\n".join(parts)
+
+    def svg(self) -> str | None:
+        return self._svg
+
+    def html(self) -> str | None:
+        if self._svg:
+            return None  # the SVG says it all
+        note = f"<div style='color:#a15c00'>{escape(self.note)}</div>" if self.note else ""
+        body = self.dot if self.show_dot and self.dot else self.ir_text
+        if self.n_ops == 0 and not self.show_dot:
+            return f"<i>{escape(self.text())}</i>"
+        return (f"<div class='xlanb-pending'><b>{escape(self._header())}</b>{note}"
+                f"<pre style='{_CSS_MONO}'>{escape(body)}</pre></div>")
+
+
+# --------------------------------------------------------------------------- %xla_hlo
+
+_HLO_TOKENS = re.compile(r"""
+    (?P<comment>//[^\n]*|\#loc[^\n]*|loc\([^\n)]*\))
+  | (?P<string>"(?:[^"\\\n]|\\.)*")
+  | (?P<keyword>\b(?:HloModule|ENTRY|ROOT|module|func\.func|func\.return|return|public|private|attributes)\b)
+  | (?P<op>\b(?:stablehlo|mhlo|chlo|sdy|func|tensor|arith)\.[\w.]+)
+  | (?P<type>tensor<[^>\n]*>|\b(?:pred|[fsuc]\d+|bf16)(?:\[[\d,]*\](?:\{[\d,]*\})?)?(?=[\s,)\]>]))
+  | (?P<value>%[\w.\-#]+|@[\w.\-]+)
+  | (?P<number>\b-?\d+(?:\.\d+)?(?:e[+-]?\d+)?\b)
+""", re.VERBOSE)
+
+_HLO_COLORS = {"comment": "#8a8a8a", "string": "#a31515", "keyword": "#0000c0;font-weight:bold",
+               "op": "#7a3e9d;font-weight:bold", "type": "#267f99", "value": "#001080",
+               "number": "#098658"}
+
+
+def highlight_hlo(text: str) -> str:
+    """HLO / StableHLO text as HTML with inline colours (no CSS needed)."""
+    out, pos = [], 0
+    for m in _HLO_TOKENS.finditer(text):
+        out.append(escape(text[pos:m.start()]))
+        kind = m.lastgroup
+        out.append(f"<span style='color:{_HLO_COLORS[kind]}'>{escape(m.group(0))}</span>")
+        pos = m.end()
+    out.append(escape(text[pos:]))
+    return "".join(out)
+
+
+class HloView(Rich):
+    """HLO or StableHLO text, highlighted in notebooks."""
+
+    def __init__(self, text: str, dialect: str, optimized: bool, n_ops: int) -> None:
+        self.hlo, self.dialect, self.optimized, self.n_ops = text, dialect, optimized, n_ops
+
+    def _title(self) -> str:
+        kind = "optimized HLO (compiled; the next sync reuses it)" if self.optimized else self.dialect
+        return f"{kind} of {plural(self.n_ops, 'pending op')}"
+
+    def text(self) -> str:
+        return f"// {self._title()}\n{self.hlo}"
+
+    def html(self) -> str:
+        return (f"<div class='xlanb-hlo'><b>{escape(self._title())}</b>"
+                f"<pre style='{_CSS_MONO} line-height:1.3'>{highlight_hlo(self.hlo)}</pre></div>")
+
+
+# --------------------------------------------------------------------------- %xla_metrics
+
+# Compiles first, then execution, transfers, caches; fallbacks follow, then anything else.
+KNOWN_NAMES = (
+    ("UncachedCompile", "counter", "whole graphs compiled"),
+    ("CachedCompile", "counter", "whole graphs found in the compile cache"),
+    ("CompileTime", "metric", "time compiling whole graphs"),
+    ("OpCompile", "counter", "single-op executables compiled"),
+    ("OpCacheHit", "counter", "single-op executables reused"),
+    ("OpCompileTime", "metric", "time compiling single-op executables"),
+    ("ExecuteTime", "metric", "time running graphs and ops"),
+    ("TransferToDeviceTime", "metric", "host -> device copies"),
+    ("TransferFromDeviceTime", "metric", "device -> host copies"),
+    ("PersistentCacheHit", "counter", "found in the on-disk compilation cache"),
+    ("PersistentCacheMiss", "counter", "not found in the on-disk compilation cache"),
+)
+
+
+def _metric_names() -> list[str]:
+    fn = getattr(xlanb.metrics, "metric_names", None)
+    if fn is not None:
+        return list(fn())
+    return sorted(xlanb.metrics.snapshot().get("metrics", {}))
+
+
+class MetricsTable(Rich):
+    """Counters and timing metrics as one table: compiles first."""
+
+    HEADER = ("name", "count", "total", "mean", "p50", "max", "what")
+    RIGHT = {1, 2, 3, 4, 5}
+
+    def __init__(self, show_all: bool = False, note: str = "") -> None:
+        self.note = note
+        known = {n for n, _, _ in KNOWN_NAMES}
+        counters = set(xlanb.metrics.counter_names())
+        mets = set(_metric_names())
+        rows = []
+        for name, kind, what in KNOWN_NAMES:
+            present = name in (counters if kind == "counter" else mets)
+            if present or show_all:
+                rows.append(self._row(name, kind, what))
+        fallbacks = sorted(n for n in counters if n.startswith("aten::"))
+        for name in fallbacks:
+            rows.append(self._row(name, "counter", "ran on CPU torch: no lowering"))
+        if show_all:
+            for name in sorted(counters - known - set(fallbacks)):
+                rows.append(self._row(name, "counter", ""))
+            for name in sorted(mets - known):
+                rows.append(self._row(name, "metric", ""))
+        self.rows = rows
+        self.summary = self._summary()
+
+    @staticmethod
+    def _row(name: str, kind: str, what: str) -> tuple:
+        if kind == "counter":
+            v = xlanb.metrics.counter_value(name) or 0
+            return (name, str(v), "", "", "", "", what)
+        d = xlanb.metrics.metric_data(name)
+        if d is None or not d.count:
+            return (name, "0", "", "", "", "", what)
+        return (name, str(d.count), fmt_time(d.total), fmt_time(d.mean),
+                fmt_time(d.percentile(50)), fmt_time(d.max), what)
+
+    @staticmethod
+    def _summary() -> str:
+        m = xlanb.metrics
+        c = m.counter_value
+        compile_t = m.metric_data("CompileTime")
+        exe = m.metric_data("ExecuteTime")
+        parts = [f"{plural(c('UncachedCompile') or 0, 'graph compile')}"
+                 + (f" ({fmt_time(compile_t.total)})" if compile_t and compile_t.count else ""),
+                 f"{plural(c('CachedCompile') or 0, 'cache hit')}",
+                 f"{plural(c('OpCompile') or 0, 'op compile')}"]
+        if exe and exe.count:
+            parts.append(f"{plural(exe.count, 'execution')} ({fmt_time(exe.total)})")
+        fb = sum(c(n) or 0 for n in m.counter_names() if n.startswith("aten::"))
+        if fb:
+            parts.append(f"{plural(fb, 'CPU fallback')}")
+        return " · ".join(parts)
+
+    def text(self) -> str:
+        if not self.rows:
+            body = "no counters or metrics recorded yet"
+        else:
+            body = _table_text(self.HEADER, self.rows, self.RIGHT)
+        return "\n".join(x for x in (f"xla metrics: {self.summary}", body, self.note) if x)
+
+    def html(self) -> str:
+        note = f"<div><i>{escape(self.note)}</i></div>" if self.note else ""
+        table = (_table_html(self.HEADER, self.rows, self.RIGHT, "xlanb-metrics") if self.rows
+                 else "<i>no counters or metrics recorded yet</i>")
+        return f"<div><b>xla metrics</b>: {escape(self.summary)}{table}{note}</div>"
+
+
+# --------------------------------------------------------------------------- %xla_graphs
+
+class GraphsTable(Rich):
+    """Compiled graphs, oldest first, with their causes and recompile explanations."""
+
+    HEADER = ("#", "hash", "ops", "in", "out", "compile", "hits", "run", "cause", "source", "why")
+    RIGHT = {0, 2, 3, 4, 5, 6, 7}
+
+    def __init__(self, graphs: list, resolver: SourceResolver = DEFAULT_RESOLVER,
+                 first_index: int = 0) -> None:
+        self.graphs = graphs
+        self.rows = []
+        for i, g in enumerate(graphs, first_index):
+            expl = getattr(g, "explanation", "") or ""
+            self.rows.append((str(i), g.hash[:12], str(g.n_nodes), str(g.n_inputs),
+                              str(g.n_outputs), fmt_time(g.compile_time), str(g.hits),
+                              fmt_time(g.run_time), g.cause, resolver.label(g.src),
+                              resolver.relabel(expl) if expl else "first from this line"))
+        by_src: dict[str, int] = {}
+        for g in graphs:
+            by_src[g.src] = by_src.get(g.src, 0) + 1
+        self.hot = {s: n for s, n in by_src.items() if n > 1}
+        self.resolver = resolver
+
+    def _footer(self) -> str:
+        if not self.hot:
+            return ""
+        worst = max(self.hot, key=self.hot.get)
+        label, code = self.resolver.resolve(worst)
+        return (f"{self.hot[worst]} graphs were compiled from {label}"
+                + (f"  ({code})" if code else "")
+                + ": a graph that changes from step to step recompiles every step.")
+
+    def text(self) -> str:
+        if not self.graphs:
+            return "no compiled graphs yet"
+        main = _table_text(self.HEADER[:-1], [r[:-1] for r in self.rows], self.RIGHT)
+        why = [f"  #{r[0]}: {r[-1]}" for r in self.rows]
+        return "\n".join([main, "why each compiled:"] + why + ([self._footer()] if self.hot else []))
+
+    def html(self) -> str:
+        if not self.graphs:
+            return "<i>no compiled graphs yet</i>"
+        foot = f"<div style='color:#a15c00'>{escape(self._footer())}</div>" if self.hot else ""
+        return _table_html(self.HEADER, self.rows, self.RIGHT, "xlanb-graphs") + foot
+
+
+# --------------------------------------------------------------------------- %xla_sync
+
+class SyncSummary(Rich):
+    """What one ``%xla_sync`` did."""
+
+    def __init__(self, activity: Activity, n_ops: int, mode: str,
+                 resolver: SourceResolver = DEFAULT_RESOLVER) -> None:
+        self.a, self.n_ops, self.mode, self.resolver = activity, n_ops, mode, resolver
+
+    def lines(self) -> list[str]:
+        a = self.a
+        if self.n_ops == 0 and a.idle:
+            return [f"xla sync ({self.mode}): nothing was pending"]
+        run = fmt_time(a.total("ExecuteTime"))
+        out = []
+        if a.new_graphs or a.hit_graphs:
+            for g in a.new_graphs:
+                out.append(f"xla sync ({self.mode}): {plural(g.n_nodes, 'op')} -> graph "
+                           f"{g.hash[:12]} · new compile {fmt_time(g.compile_time)}")
+                out.append(f"  why: {graph_why(g, self.resolver)}")
+            for g, n in a.hit_graphs:
+                out.append(f"xla sync ({self.mode}): {plural(g.n_nodes, 'op')} -> graph "
+                           f"{g.hash[:12]} · cache hit (run {g.hits} "
+                           f"time{'s' if g.hits != 1 else ''} before from the cache)")
+                out.append(f"  first compiled at {self.resolver.label(g.src) or '?'} "
+                           f"({fmt_time(g.compile_time)})")
+            out.append(f"  run: {run}")
+        else:
+            out.append(f"xla sync ({self.mode}): {plural(self.n_ops, 'op')} run one by one · "
+                       f"{plural(a.op_compiles, 'op compile')} "
+                       f"({fmt_time(a.total('OpCompileTime'))}), "
+                       f"{plural(a.op_hits, 'op cache hit')} · run {run}")
+        if a.fallbacks:
+            out.append("  CPU fallbacks: " + ", ".join(f"{k} ×{v}" for k, v in a.fallbacks.items()))
+        return out
+
+    def text(self) -> str:
+        return "\n".join(self.lines())
+
+    def html(self) -> str:
+        ls = self.lines()
+        return (f"<div class='xlanb-sync'><b>{escape(ls[0])}</b>"
+                + "".join(f"<br>&nbsp;&nbsp;{escape(x.strip())}" for x in ls[1:]) + "</div>")
+
+
+# --------------------------------------------------------------------------- %%xla_explain
+
+class ExplainReport(Rich):
+    """What a cell compiled and executed, and why, with source lines."""
+
+    def __init__(self, activity: Activity, pending_after: int, mode: str,
+                 resolver: SourceResolver = DEFAULT_RESOLVER, wall: float | None = None) -> None:
+        self.a, self.pending, self.mode, self.resolver, self.wall = (
+            activity, pending_after, mode, resolver, wall)
+
+    def _where(self, src: str) -> str:
+        label, code = self.resolver.resolve(src)
+        return f"{label}: {code}" if code else (label or "?")
+
+    def sections(self) -> list[tuple[str, list[str]]]:
+        a = self.a
+        secs: list[tuple[str, list[str]]] = []
+        if a.new_graphs:
+            items = []
+            by_src: dict[str, int] = {}
+            for g in a.new_graphs:
+                by_src[g.src] = by_src.get(g.src, 0) + 1
+                items.append(f"graph {g.hash[:12]}: {plural(g.n_nodes, 'op')}, "
+                             f"compiled in {fmt_time(g.compile_time)}, cause: {g.cause}")
+                items.append(f"    synced at  {self._where(g.src)}")
+                items.append(f"    why        {graph_why(g, self.resolver)}")
+            secs.append((f"{plural(len(a.new_graphs), 'graph')} compiled "
+                         f"({fmt_time(a.total('CompileTime'))})", items))
+            hot = {s: n for s, n in by_src.items() if n > 1}
+            if hot:
+                s = max(hot, key=hot.get)
+                secs.append(("recompiles", [
+                    f"{hot[s]} different graphs were compiled from {self._where(s)}.",
+                    "The graph changes between syncs (a shape that grows, an op that depends "
+                    "on data, a Python value baked in), so every step compiles again.",
+                    "The 'why' lines above name the first difference."]))
+        if a.hit_graphs:
+            items = [f"graph {g.hash[:12]} ×{n} ({plural(g.n_nodes, 'op')}, first compiled at "
+                     f"{self.resolver.label(g.src) or '?'})" for g, n in a.hit_graphs]
+            secs.append((f"{plural(a.cache_hits, 'graph')} reused from the cache", items))
+        if a.op_compiles or a.op_hits:
+            secs.append(("single-op executables", [
+                f"{a.op_compiles} compiled ({fmt_time(a.total('OpCompileTime'))}), "
+                f"{a.op_hits} reused from the op cache"]))
+        n_exec = a.samples("ExecuteTime")
+        if n_exec:
+            secs.append(("executed", [f"{plural(n_exec, 'run')}, {fmt_time(a.total('ExecuteTime'))} "
+                                      "on the device"]))
+        xfer = [f"{a.samples(n)} {w} ({fmt_time(a.total(n))})"
+                for n, w in (("TransferToDeviceTime", "host -> device"),
+                             ("TransferFromDeviceTime", "device -> host")) if a.samples(n)]
+        if xfer:
+            secs.append(("transfers", [", ".join(xfer)]))
+        if a.fallbacks:
+            secs.append(("CPU fallbacks (no lowering; each one cuts the graph)",
+                         [f"{k} ×{v}" for k, v in a.fallbacks.items()]))
+        tail = [f"{plural(self.pending, 'op')} still pending (mode {self.mode})"]
+        if self.pending and self.mode != "eager":
+            tail.append("they compile at the next sync (xlanb.sync(), %xla_sync, or a value "
+                        "that is needed on the host)")
+        secs.append(("after the cell", tail))
+        return secs
+
+    def headline(self) -> str:
+        a = self.a
+        if a.idle:
+            head = "nothing compiled or executed"
+        else:
+            head = (f"{plural(a.compiles, 'compile')}, {plural(a.cache_hits, 'cache hit')}, "
+                    f"{plural(a.op_compiles, 'op compile')}")
+        wall = f" in {fmt_time(self.wall)}" if self.wall is not None else ""
+        return f"xla explain ({self.mode}){wall}: {head}"
+
+    def text(self) -> str:
+        out = [self.headline()]
+        for title, items in self.sections():
+            out.append(f"- {title}")
+            out.extend(f"    {x}" for x in items)
+        return "\n".join(out)
+
+    def html(self) -> str:
+        parts = [f"<div class='xlanb-explain'><b>{escape(self.headline())}</b><ul>"]
+        for title, items in self.sections():
+            parts.append(f"<li>{escape(title)}<pre style='{_CSS_MONO} margin:2px 0'>"
+                         + escape("\n".join(items)) + "</pre></li>")
+        parts.append("</ul></div>")
+        return "".join(parts)
+
+
+# --------------------------------------------------------------------------- status line
+
+def status_line(activity: Activity | None, resolver: SourceResolver = DEFAULT_RESOLVER) -> str:
+    """``xla: lazy · 214 pending ops · 1 compile (2.1 s, new graph: ...)``."""
+    parts = [f"xla: {xlanb.get_mode()}"]
+    try:
+        parts.append(plural(pending_count(), "pending op"))
+    except Exception:  # a broken graph must not break the prompt
+        parts.append("? pending ops")
+    a = activity
+    if a is not None:
+        if a.compiles:
+            detail = [fmt_time(a.total("CompileTime"))]
+            if a.new_graphs:
+                detail.append(graph_why(a.new_graphs[-1], resolver))
+            parts.append(f"{plural(a.compiles, 'compile')} ({', '.join(detail)})")
+        if a.cache_hits:
+            parts.append(plural(a.cache_hits, "cached graph run", "cached graph runs"))
+        if a.op_compiles:
+            parts.append(f"{plural(a.op_compiles, 'op compile')} "
+                         f"({fmt_time(a.total('OpCompileTime'))})")
+        if a.samples("ExecuteTime"):
+            parts.append(f"run {fmt_time(a.total('ExecuteTime'))}")
+        if a.fallbacks:
+            parts.append("CPU fallback: " + ", ".join(a.fallbacks))
+    return " · ".join(parts)
+
+
+# --------------------------------------------------------------------------- tensors
+
+def tensor_html(t: torch.Tensor) -> str:
+    """A notebook repr for an xla tensor: a one-line header, then the values as
+    ``repr`` shows them (by peek unless ``xlanb.config.inspect`` says otherwise), so
+    displaying a tensor never cuts the pending graph."""
+    how = getattr(xlanb.config, "inspect", "peek")
+    try:
+        n = pending_count(t)
+    except Exception:
+        n = None
+    dtype = str(t.dtype).replace("torch.", "")
+    head = [f"{t.device}", f"{dtype}{list(t.shape)}"]
+    if n is not None:
+        head.append(plural(n, "pending op") if n else "on device")
+    head.append(f"mode {xlanb.get_mode()}")
+    head.append({"peek": "values by peek (the graph is not cut)",
+                 "sync": "values by sync (config.inspect='sync')",
+                 "meta": "values hidden (config.inspect='meta')"}.get(how, how))
+    return (f"<div class='xlanb-tensor'><div style='color:#666;font-size:85%'>"
+            f"{escape(' · '.join(head))}</div><pre style='{_CSS_MONO} margin:0'>"
+            f"{escape(repr(t))}</pre></div>")
