@@ -111,8 +111,11 @@ class SourceResolver:
         if not m:
             return src, ""
         base, line = m["file"], int(m["line"])
+        if base == "ipython.py" and (m["func"] or "").startswith("xla_"):
+            return f"%{m['func']}", ""  # synced by one of our magics
         full, number = self._lookup(base)
         code = linecache.getline(full, line).strip() if full else ""
+        code = re.sub(r"\s+#[^'\"]*$", "", code)  # a trailing comment
         if number is not None:
             label = f"In[{number}] line {line}"
         else:
@@ -126,11 +129,9 @@ class SourceResolver:
         """``text`` with every notebook-cell source reference replaced by its label."""
         if not text:
             return text
-        names = self._cell_names()
-        if not names:
-            return text
-
         def sub(m: re.Match) -> str:
+            if m["file"] == "ipython.py" and (m["func"] or "").startswith("xla_"):
+                return f"%{m['func']}"
             full, number = self._lookup(m["file"])
             if number is None:
                 return m.group(0)
@@ -452,6 +453,34 @@ def highlight_hlo(text: str) -> str:
     return "".join(out)
 
 
+_HLO_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+_HLO_NOISE = (
+    re.compile(r", metadata=\{[^{}\n]*\}"),                                  # op_name, stack frame
+    re.compile(r", frontend_attributes=\{xla\.sdy\.sharding=\"[^\"\n]*\"\}"),  # 1-device sharding
+    re.compile(r" \{sdy\.sharding = #sdy\.sharding<@empty_mesh, [^>\n]*>\}"),
+)
+
+
+def tidy_hlo(text: str) -> str:
+    """Drop what says nothing about the computation on one device: JAX's stack-frame
+    tables and per-op ``metadata`` (they point into xlanb's lowering code, not yours) and
+    single-device sharding annotations."""
+    out, skipping = [], False
+    for line in text.splitlines():
+        if line.strip() in _HLO_TABLES:
+            skipping = True
+            continue
+        if skipping:
+            if not line.strip():
+                skipping = False
+            continue
+        for pat in _HLO_NOISE:
+            line = pat.sub("", line)
+        out.append(line)
+    tidy = "\n".join(out)
+    return re.sub(r"\n{3,}", "\n\n", tidy).strip("\n") + "\n"
+
+
 class HloView(Rich):
     """HLO or StableHLO text, highlighted in notebooks."""
 
@@ -633,10 +662,10 @@ class SyncSummary(Rich):
                 out.append(f"  why: {graph_why(g, self.resolver)}")
             for g, n in a.hit_graphs:
                 out.append(f"xla sync ({self.mode}): {plural(g.n_nodes, 'op')} -> graph "
-                           f"{g.hash[:12]} · cache hit (run {g.hits} "
-                           f"time{'s' if g.hits != 1 else ''} before from the cache)")
-                out.append(f"  first compiled at {self.resolver.label(g.src) or '?'} "
-                           f"({fmt_time(g.compile_time)})")
+                           f"{g.hash[:12]} · cache hit (no compile; reused "
+                           f"{plural(g.hits, 'time')} so far)")
+                out.append(f"  compiled earlier at {self.resolver.label(g.src) or '?'} "
+                           f"in {fmt_time(g.compile_time)}")
             out.append(f"  run: {run}")
         else:
             out.append(f"xla sync ({self.mode}): {plural(self.n_ops, 'op')} run one by one · "
@@ -694,7 +723,9 @@ class ExplainReport(Rich):
                     "The 'why' lines above name the first difference."]))
         if a.hit_graphs:
             items = [f"graph {g.hash[:12]} ×{n} ({plural(g.n_nodes, 'op')}, first compiled at "
-                     f"{self.resolver.label(g.src) or '?'})" for g, n in a.hit_graphs]
+                     f"{self.resolver.label(g.src) or '?'})" for g, n in a.hit_graphs[:8]]
+            if len(a.hit_graphs) > 8:
+                items.append(f"... and {len(a.hit_graphs) - 8} more")
             secs.append((f"{plural(a.cache_hits, 'graph')} reused from the cache", items))
         if a.op_compiles or a.op_hits:
             secs.append(("single-op executables", [

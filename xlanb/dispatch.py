@@ -22,7 +22,11 @@ from .dtypes import to_jax_dtype
 from .ir import GETITEM, Node, OpInfo, TensorMeta, current_scope, user_frame
 from .lowering import registry
 from .modes import state as mode_state
-from .tensor import Storage, XlaTensor, new_tensor
+from .executor import node_array, op_executable
+from .sync import track
+from .tensor import Storage, XlaTensor, new_tensor, sig_key_meta
+
+_x64 = functools.partial(jax.enable_x64, True)
 
 aten = torch.ops.aten
 
@@ -49,17 +53,31 @@ _FLOAT = "<float>"  # stands for a lifted float in a signature
 
 def _sig_of(x, tensors, scalars, lift):
     """Signature element of one argument; collects tensors and lifted floats on the way."""
+    tx = type(x)
+    if tx is XlaTensor:
+        tensors.append(x)
+        return x._key
     if isinstance(x, torch.Tensor):
         if not isinstance(x, XlaTensor):
             x = _from_host_arg(x)
         tensors.append(x)
         return x._key
-    tx = type(x)
     if tx is float and lift:
         scalars.append(x)
         return _FLOAT
     if tx is list or tx is tuple:
         return tuple([_sig_of(e, tensors, scalars, lift) for e in x])
+    return x
+
+
+def _readable_sig(x, lift):
+    """The signature with tensors spelled out: stable across processes (for hashes)."""
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), tuple(x.stride()), x.dtype)
+    if type(x) is float and lift:
+        return _FLOAT
+    if type(x) in (list, tuple):
+        return tuple(_readable_sig(e, lift) for e in x)
     return x
 
 
@@ -113,10 +131,12 @@ def _metas(out):
 # Op plans: what kind of op this is and how to lower it (one per OpOverload)
 
 class OpPlan:
-    __slots__ = ("op", "kind", "fop", "lowering", "decomp", "mutated", "lift", "random", "name")
+    __slots__ = ("op", "kind", "fop", "lowering", "decomp", "mutated", "lift", "random", "name",
+                 "special")
 
     def __init__(self, op, kind, fop, mutated):
         self.op = op
+        self.special = None       # a handler that replaces the generic path (see _SPECIAL)
         self.kind = kind          # functional | view | inplace | out | mutating
         self.fop = fop            # the functional op that nodes record
         self.mutated = mutated    # positions (int) or kwarg names (str) written to
@@ -169,9 +189,12 @@ def _functional_variant(op, kind, schema):
                 return f
         return None
     if kind == "mutating":
-        p = getattr(aten, name + "_functional", None)
-        if p is not None and overload in p.overloads():
-            return getattr(p, overload)
+        # _foo_functional returns results then new values; foo_ (e.g. _foreach_mul_ with
+        # a list argument) has the plain functional foo.
+        for pname in (name + "_functional", name[:-1] if name.endswith("_") else None):
+            p = getattr(aten, pname, None) if pname else None
+            if p is not None and overload in p.overloads():
+                return getattr(p, overload)
         return None
     return op
 
@@ -184,7 +207,7 @@ _plans: dict = {}
 
 
 def _plan(op) -> OpPlan:
-    plan = _plans.get(op)
+    plan = _plans.get(id(op))  # id: OpOverload.__hash__ is Python code, called per op
     if plan is None:
         schema = op._schema
         written = [(i, a) for i, a in enumerate(schema.arguments) if _is_written(a)]
@@ -200,7 +223,8 @@ def _plan(op) -> OpPlan:
         else:
             kind, mutated = "mutating", tuple(i for i, _ in written)
         fop = _functional_variant(op, kind, schema)
-        plan = _plans[op] = OpPlan(op, kind, fop, mutated)
+        plan = _plans[id(op)] = OpPlan(op, kind, fop, mutated)
+        plan.special = _SPECIAL.get(op)
     return plan
 
 
@@ -266,13 +290,15 @@ def _view_raw_fn(plan: OpPlan, template):
     return raw
 
 
-def _check_traceable(fn, tensors, scalars) -> None:
-    """Trace a decomposition once on abstract values; NotImplementedError if it cannot
-    lower (an op inside it has no lowering), so the caller falls back to CPU."""
+def _check_traceable(fn, tensors, scalars, random) -> None:
+    """Trace ``fn`` once on abstract values; NotImplementedError if it cannot lower (an
+    op inside a decomposition has no lowering, or a lowering refuses these inputs), so
+    the caller falls back to CPU."""
     specs = [jax.ShapeDtypeStruct(t._meta.shape, to_jax_dtype(t._meta.dtype)) for t in tensors]
+    scs = list(scalars) + ([np.zeros(2, np.uint32)] if random else [])
     try:
         with jax.enable_x64(True):
-            jax.eval_shape(lambda *a: fn(a, scalars), *specs)
+            jax.eval_shape(lambda *a: fn(a, scs), *specs)
     except NotImplementedError:
         raise
     except Exception as e:
@@ -341,9 +367,11 @@ def _new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device, out
     template = (targs, tkwargs)
     if plan.lowering is not None:
         fn = _lowered_fn(plan, template, out)
+        if plan.lowering.may_refuse:
+            _check_traceable(fn, tensors, scalars, plan.random)
     else:
         fn = _decomposed_fn(plan, template, out)
-        _check_traceable(fn, tensors, scalars)
+        _check_traceable(fn, tensors, scalars, False)
     specs = ("f",) * len(scalars) if lift else ()
     if plan.random:
         specs = specs + ("key",)
@@ -405,15 +433,15 @@ def _contiguous_strides(shape) -> tuple:
 
 def run_node(info: OpInfo, inputs: tuple, scalars: tuple) -> Node:
     """Record (lazy/opbyop) or run now (eager, direct) one op; returns its node."""
+    if mode_state.recording and not _direct[0]:
+        return Node(info, inputs, scalars, None, user_frame(), current_scope())
     if _direct[0]:
-        return Node(info, data=info.fn([n.data for n in inputs], scalars))
-    if mode_state.recording:
-        return Node(info, inputs, scalars, src=user_frame(), scope=current_scope())
-    from .executor import op_executable, node_array
+        return Node(info, (), (), info.fn([n.data for n in inputs], scalars))
     exe = op_executable(info)
-    with jax.enable_x64(True):
-        data = exe(*[node_array(n) for n in inputs], *scalars)
-    return Node(info, data=data)
+    arrays = [n.data if n.data is not None else node_array(n) for n in inputs]
+    with _x64():
+        data = exe(*arrays, *scalars)
+    return Node(info, (), (), data)
 
 
 def output_node(parent: Node, info: OpInfo, i: int) -> Node:
@@ -524,7 +552,6 @@ def write(t: XlaTensor, node: Node) -> None:
         s.node = node
         s.version += 1
     if mode_state.recording and s.node.data is None:
-        from .sync import track
         track(s)
 
 
@@ -534,7 +561,6 @@ def _wrap(node: Node, info: OpInfo, device: int):
     if not info.multi:
         t = new_tensor(node, out, device)
         if node.data is None and not _direct[0]:
-            from .sync import track
             track(t._storage)
         return t
     res = []
@@ -558,18 +584,11 @@ def _cast_node(node: Node, src_meta: TensorMeta, dtype: torch.dtype, device: int
 # The dispatch entry
 
 def dispatch(func, args, kwargs):
-    if func in _IDENTITY_VIEWS:
-        # detach/alias: a new tensor over the same storage and view chain, no node.
-        src = args[0]
-        t = XlaTensor(src._meta, src._storage, src._view, src._node)
-        t._ver = src._ver
-        return t
-    special = _SPECIAL.get(func)
-    if special is not None:
-        res = special(func, args, kwargs)
+    plan = _plans.get(id(func)) or _plan(func)
+    if plan.special is not None:
+        res = plan.special(func, args, kwargs)
         if res is not NotImplemented:
             return res
-    plan = _plan(func)
     if plan.lowering is None and plan.decomp is None:
         if _direct[0] or plan.kind == "view":
             # A view computed on the host would stop aliasing its base: never fall back.
@@ -586,7 +605,7 @@ def dispatch(func, args, kwargs):
     scalars: list = []
     sig_args = tuple([_sig_of(a, tensors, scalars, lift) for a in args])
     sig_kwargs = tuple([(k, _sig_of(v, tensors, scalars, lift)) for k, v in kwargs.items()])
-    sig = (func, sig_args, sig_kwargs, tuple(o._key for o in outs)) if outs else (func, sig_args, sig_kwargs)
+    sig = (plan, sig_args, sig_kwargs, tuple([o._key for o in outs])) if outs else (plan, sig_args, sig_kwargs)
     info = _infos.get(sig)
     device = tensors[0]._storage.device if tensors else (
         outs[0]._storage.device if outs else _factory_device(kwargs))
@@ -595,7 +614,10 @@ def dispatch(func, args, kwargs):
             raise RuntimeError(f"xlanb: {plan.name} got tensors on different devices: "
                                + ", ".join(str(t.device) for t in tensors))
         try:
-            info = _new_info(plan, func, sig, args, kwargs, tensors, scalars, device, outs)
+            readable = (func, _readable_sig(args, lift),
+                        tuple((k, _readable_sig(v, lift)) for k, v in kwargs.items()),
+                        _readable_sig(outs, lift))
+            info = _new_info(plan, func, readable, args, kwargs, tensors, scalars, device, outs)
         except NotImplementedError:
             if _direct[0] or plan.kind == "view":
                 raise
@@ -622,14 +644,22 @@ def dispatch(func, args, kwargs):
         self_t = args[0]
         write(self_t, _cast_node(node, info.out, self_t.dtype, device))
         return self_t
-    # mutating: the functional op returns the op's results, then the mutated args' new values
-    n_ret = len(func._schema.returns)
+    # mutating: the functional op returns the op's results, then the mutated args' new
+    # values (a list argument, as in _foreach_add_, takes one value per element)
+    schema = func._schema
+    n_ret = len(schema.returns)
     outs = _wrap(node, info, device)
     outs = outs if isinstance(outs, tuple) else (outs,)
-    for pos, new in zip(plan.mutated, outs[n_ret:]):
-        target = args[pos] if isinstance(pos, int) else kwargs[pos]
-        if target is not None:
-            write(target, _cast_node(value_node(new), new._meta, target.dtype, device))
+    k = n_ret
+    for pos in plan.mutated:
+        target = args[pos] if pos < len(args) else kwargs.get(schema.arguments[pos].name)
+        for t in (target if isinstance(target, (list, tuple)) else (target,)):
+            new = outs[k]
+            k += 1
+            if t is not None:
+                write(t, _cast_node(value_node(new), new._meta, t.dtype, device))
+    if n_ret == 0:
+        return None
     res = outs[:n_ret]
     return res[0] if n_ret == 1 else res
 
@@ -655,7 +685,12 @@ def _view_result(func, info: OpInfo, src: XlaTensor):
     return res if func._schema.returns[0].type.kind() == "ListType" else tuple(res)
 
 
-_IDENTITY_VIEWS = {aten.detach.default, aten.alias.default}
+def _identity_view(func, args, kwargs):
+    # detach/alias: a new tensor over the same storage and view chain, no node.
+    src = args[0]
+    t = XlaTensor(src._meta, src._storage, src._view, src._node)
+    t._ver = src._ver
+    return t
 
 
 # ---------------------------------------------------------------------------------------
@@ -730,6 +765,8 @@ def _native_batch_norm(func, args, kwargs):
 
 
 _SPECIAL = {
+    aten.detach.default: _identity_view,
+    aten.alias.default: _identity_view,
     aten.native_batch_norm.default: _native_batch_norm,
     aten.copy_.default: _copy_,
     aten._to_copy.default: _to_copy,

@@ -80,8 +80,9 @@ def cpu_fallback(func, args, kwargs):
     for i, a in enumerate(schema.arguments):
         if a.alias_info is not None and a.alias_info.is_write:
             x = args[i] if i < len(args) else kwargs.get(a.name)
-            if isinstance(x, XlaTensor):
-                _copy_(None, (x, host_of[id(x)]), {})
+            for t in (x if isinstance(x, (list, tuple)) else (x,)):
+                if isinstance(t, XlaTensor):
+                    _copy_(None, (t, host_of[id(t)]), {})
 
     def back(o):
         if isinstance(o, torch.Tensor) and o.layout in _UNSUPPORTED_LAYOUTS:

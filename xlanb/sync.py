@@ -14,24 +14,45 @@ from .modes import state as mode_state
 
 # Storages whose node may be pending, in the order they were first written: graph
 # structure (and so the cache key) must not depend on set iteration order. Weak: a
-# tensor nobody holds is never computed.
-_live: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+# tensor nobody holds is never computed. A list of weakrefs, because tracking happens on
+# every recorded op; duplicates and dead entries are dropped when it is read or compacted.
+_live: list = []
+_compact_at = [4096]
 # Values computed by peeks, kept until the next sync (node id -> array), with the nodes.
 peek_values: dict = {}
 _peeked_nodes: list = []
 
 
 def track(storage) -> None:
-    _live[id(storage)] = storage
+    _live.append(weakref.ref(storage))
+    if len(_live) > _compact_at[0]:
+        _compact()
+
+
+def _live_storages() -> list:
+    """Live storages with pending nodes, each once, in first-write order."""
+    seen = set()
+    out = []
+    for ref in _live:
+        s = ref()
+        if s is not None and s.node.data is None and id(s) not in seen:
+            seen.add(id(s))
+            out.append(s)
+    return out
+
+
+def _compact() -> None:
+    _live[:] = [weakref.ref(s) for s in _live_storages()]
+    _compact_at[0] = max(4096, 2 * len(_live))
 
 
 def pending_roots() -> list[Node]:
     """The pending nodes of every live tensor, each once."""
     seen = set()
     roots = []
-    for s in list(_live.values()):
+    for s in _live_storages():
         node = s.node
-        if node.data is None and id(node) not in seen:
+        if id(node) not in seen:
             seen.add(id(node))
             roots.append(node)
     return roots
@@ -72,9 +93,7 @@ def sync(cause: str = "user sync") -> None:
         materialize(roots, cause)
     else:
         clear_peeks()
-    for key, s in list(_live.items()):
-        if s.node.data is not None:
-            _live.pop(key, None)
+    _compact()
 
 
 def peek_node(node: Node):

@@ -26,6 +26,21 @@ def torch_device(index: int) -> torch.device:
     return d
 
 
+# Signature elements are small ints: (shape, stride, dtype, device) is interned once per
+# tensor, so hashing an op's signature on every call hashes ints, not nested tuples.
+_sig_keys: dict[tuple, int] = {}
+sig_key_meta: list[tuple] = []  # int -> (shape, stride, dtype, device), for readable sigs
+
+
+def sig_key(meta: TensorMeta, device: int) -> int:
+    full = (meta.shape, meta.stride, meta.dtype, device)
+    k = _sig_keys.get(full)
+    if k is None:
+        k = _sig_keys[full] = len(sig_key_meta)
+        sig_key_meta.append(full)
+    return k
+
+
 class Storage:
     """The current value of a base tensor, shared by all of its views."""
 
@@ -52,7 +67,7 @@ class XlaTensor(torch.Tensor):
         t._storage = storage
         t._view = view             # ((OpInfo, output index | None), ...) from the base value
         t._meta = meta
-        t._key = (meta.shape, meta.stride, meta.dtype, storage.device)  # signature element
+        t._key = sig_key(meta, storage.device)  # this tensor's signature element
         t._node = node             # cached value of a view, valid while _ver == storage.version
         t._ver = storage.version
         return t
@@ -72,6 +87,18 @@ class XlaTensor(torch.Tensor):
         if self.dim() == 0 and spec:
             return format(self.item(), spec)
         return repr(self)
+
+    # The traceable-subclass protocol makes nn.Module.to("xla") swap each parameter in
+    # place (torch.utils.swap_tensors) instead of wrapping a new Parameter per module, so
+    # tied weights (BERT's decoder and word embeddings) stay one Parameter on the device.
+    # XlaTensor holds no inner tensors: its value lives in the IR.
+    def __tensor_flatten__(self):
+        return [], (self._meta, self._storage, self._view)
+
+    @staticmethod
+    def __tensor_unflatten__(inner_tensors, ctx, outer_size, outer_stride):
+        meta, storage, view = ctx
+        return XlaTensor(meta, storage, view)
 
     def tolist(self):
         from .transfer import to_host

@@ -54,7 +54,7 @@ def linalg_inv_ex(a, *, check_errors=False):
     return jnp.linalg.inv(a), _info(a)
 
 
-@register(aten.linalg_lu_factor_ex.default)
+@register(aten.linalg_lu_factor_ex.default, may_refuse=True)
 def linalg_lu_factor_ex(a, *, pivot=True, check_errors=False):
     if not pivot:
         raise NotImplementedError("LU without pivoting")
@@ -62,7 +62,7 @@ def linalg_lu_factor_ex(a, *, pivot=True, check_errors=False):
     return lu, piv, _info(a)
 
 
-@register(aten.linalg_lu.default)
+@register(aten.linalg_lu.default, may_refuse=True)
 def linalg_lu(a, *, pivot=True):
     if not pivot:
         raise NotImplementedError("LU without pivoting")

@@ -22,7 +22,7 @@ def _index_tuple(indices):
     return tuple(slice(None) if i is None else i for i in indices)
 
 
-@register(aten.index.Tensor, aten._unsafe_index.Tensor)
+@register(aten.index.Tensor, aten._unsafe_index.Tensor, may_refuse=True)
 def index(x, indices):
     if any(_is_mask(i) for i in indices):
         raise NotImplementedError("boolean mask indexing has a data-dependent shape")
@@ -45,7 +45,7 @@ def _masked_put(x, indices, values, accumulate):
     return jnp.where(mask, values, x)
 
 
-@register(aten.index_put.default, aten._unsafe_index_put.default)
+@register(aten.index_put.default, aten._unsafe_index_put.default, may_refuse=True)
 def index_put(x, indices, values, accumulate=False):
     if any(_is_mask(i) for i in indices):
         out = _masked_put(x, indices, values, accumulate)

@@ -188,7 +188,7 @@ def _native_batch_norm_legit_no_stats(x, weight, bias, training, momentum, eps):
     return _bn(x, weight, bias, None, None, True, momentum, eps)[:3]
 
 
-@register(aten.native_batch_norm.default)
+@register(aten.native_batch_norm.default, may_refuse=True)
 def native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
     if training and running_mean is not None:
         # This op updates the running stats in place without saying so in its schema,

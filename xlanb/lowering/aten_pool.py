@@ -336,10 +336,10 @@ def _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners):
             + tap(y0 + 1, x0) * (1 - wx) * wy + tap(y0 + 1, x0 + 1) * wx * wy)
 
 
-register(aten.grid_sampler_2d.default)(_grid_sample)
+register(aten.grid_sampler_2d.default, may_refuse=True)(_grid_sample)
 
 
-@register(aten.grid_sampler_2d_backward.default)
+@register(aten.grid_sampler_2d_backward.default, may_refuse=True)
 def grid_sampler_2d_backward(g, x, grid, interpolation_mode, padding_mode, align_corners,
                              output_mask):
     out, vjp = jax.vjp(lambda a, b: _grid_sample(a, b, interpolation_mode, padding_mode,

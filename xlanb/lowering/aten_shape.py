@@ -30,7 +30,7 @@ def view(x, size, *stride):
     return jnp.reshape(x, tuple(size))
 
 
-@register(aten.view.dtype, aten.view_copy.dtype)
+@register(aten.view.dtype, aten.view_copy.dtype, may_refuse=True)
 def view_dtype(x, dtype):
     new = to_jax_dtype(dtype)
     old_size, new_size = np.dtype(x.dtype).itemsize, np.dtype(new).itemsize

@@ -16,6 +16,10 @@ Rules every lowering follows:
   dtype (computed from torch's meta kernels), so promotion details are forgiven
   but shapes are not.
 - ``random=True`` lowerings get a keyword ``rng``: a JAX PRNG key, fresh per call.
+- A lowering that raises NotImplementedError for some static inputs (a bool index
+  mask, say) is registered with ``may_refuse=True``: the core then traces it once per
+  signature before recording it, so a refusal becomes a CPU fallback instead of a
+  failed sync.
 """
 from __future__ import annotations
 
@@ -32,17 +36,18 @@ class Lowering:
     fn: Callable
     static_floats: bool = False  # floats decide shapes or Python control flow
     random: bool = False  # fn takes rng=<PRNG key>
+    may_refuse: bool = False  # may raise NotImplementedError for some static inputs
 
 
 # Keyed by OpOverload, or by OpOverloadPacket to cover every overload.
 LOWERINGS: dict[object, Lowering] = {}
 
 
-def register(*ops, static_floats: bool = False, random: bool = False):
+def register(*ops, static_floats: bool = False, random: bool = False, may_refuse: bool = False):
     """Decorator: ``@register(aten.add.Tensor, aten.add.Scalar)``."""
 
     def deco(fn):
-        low = Lowering(fn, static_floats=static_floats, random=random)
+        low = Lowering(fn, static_floats=static_floats, random=random, may_refuse=may_refuse)
         for op in ops:
             LOWERINGS[op] = low
         return fn

@@ -1,0 +1,426 @@
+"""``%load_ext xlanb``: xlanb's IPython magics, rich display and per-cell status line.
+
+Line magics (``%xla_mode?`` and friends give help)::
+
+    %xla_mode [lazy|eager|opbyop]        show or switch the execution mode
+    %xla_pending [names] [--text|--dot|--svg] [--depth N]
+                                         the pending IR graph (SVG in notebooks)
+    %xla_sync                            sync, then say what compiled or was reused, and why
+    %xla_hlo [names] [--dialect stablehlo|hlo] [--optimized]
+                                         the module the next sync would compile
+    %xla_peek expr                       the value of an xla tensor, without cutting the graph
+    %xla_metrics [--reset] [--all]       counters and timings as a table
+    %xla_graphs [--last N]               compiled graphs with causes and recompile reasons
+    %xla_status [on|off]                 a status line after each cell
+
+Cell magic::
+
+    %%xla_explain                        run the cell, then report what it compiled and
+                                         executed, and why, with source lines
+
+Built like IPython's own extensions: a ``Magics`` class, ``magic_arguments`` for parsing
+and help, ``UsageError`` for bad input. Bad input never touches the pending graph.
+"""
+from __future__ import annotations
+
+import ast
+import re
+import time
+
+import torch
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+
+import xlanb
+
+from . import display as xd
+
+_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+_MAGIC_NAMES = {"line": ("xla_mode", "xla_pending", "xla_sync", "xla_hlo", "xla_peek",
+                         "xla_metrics", "xla_graphs", "xla_status"),
+                "cell": ("xla_explain",)}
+
+
+def _flatten_tensors(value, name: str) -> list:
+    """The xla tensors in ``value`` (a tensor, or a list/tuple/dict of them)."""
+    if isinstance(value, torch.Tensor):
+        if value.device.type != "xla":
+            raise UsageError(f"{name} is a tensor on {value.device}, not on the xla device")
+        return [value]
+    if isinstance(value, (list, tuple)) or isinstance(value, dict):
+        items = value.values() if isinstance(value, dict) else value
+        ts = [v for v in items if isinstance(v, torch.Tensor) and v.device.type == "xla"]
+        if ts:
+            return ts
+    raise UsageError(f"{name} is a {type(value).__name__}, not a tensor on the xla device")
+
+
+@magics_class
+class XlaMagics(Magics):
+    """The ``%xla_*`` magics. One instance per shell, registered by ``%load_ext xlanb``."""
+
+    def __init__(self, shell) -> None:
+        super().__init__(shell)
+        self.resolver = xd.SourceResolver(self._cell_names)
+        self.status_on = False
+        self._probe: xd.Probe | None = None
+
+    # ------------------------------------------------------------------ helpers
+
+    def _cell_names(self) -> dict:
+        comp = getattr(self.shell, "compile", None)
+        return dict(getattr(comp, "_filename_map", {}) or {})
+
+    def _rich(self) -> set:
+        """Mime types this frontend shows (a terminal: text/plain only)."""
+        fmt = getattr(self.shell, "display_formatter", None)
+        return set(getattr(fmt, "active_types", None) or ["text/plain"])
+
+    def _show(self, obj) -> None:
+        display(obj, include=sorted(self._rich()))
+
+    def _lookup(self, names: list[str]) -> list:
+        tensors = []
+        for name in names:
+            if not _NAME.fullmatch(name):
+                raise UsageError(f"{name!r} is not a name: give the names of tensors in the "
+                                 "notebook, e.g. %xla_pending loss logits")
+            first, *rest = name.split(".")
+            if first not in self.shell.user_ns:
+                raise UsageError(f"name {first!r} is not defined")
+            value = self.shell.user_ns[first]
+            for attr in rest:
+                try:
+                    value = getattr(value, attr)
+                except AttributeError:
+                    raise UsageError(f"{name}: {type(value).__name__} has no attribute "
+                                     f"{attr!r}") from None
+            tensors.extend(_flatten_tensors(value, name))
+        return tensors
+
+    # ------------------------------------------------------------------ %xla_mode
+
+    @magic_arguments()
+    @argument("mode", nargs="?", help="lazy, eager or opbyop; without it, show the mode")
+    @line_magic
+    def xla_mode(self, line: str = ""):
+        """Show the execution mode, or switch it.
+
+        lazy records a graph and compiles it once per structure; eager runs each op at
+        once through a cache of single-op executables; opbyop records, then runs node by
+        node through that cache. Leaving lazy or opbyop for eager syncs pending work first.
+        """
+        args = parse_argstring(self.xla_mode, line)
+        old = xlanb.get_mode()
+        if args.mode is None:
+            print(f"xla mode: {old}  (choices: {', '.join(xlanb.MODES)})")
+            return
+        if args.mode not in xlanb.MODES:
+            raise UsageError(f"unknown mode {args.mode!r}; valid modes are: "
+                             f"{', '.join(xlanb.MODES)}")
+        pending = xd.pending_count() if old != "eager" and args.mode == "eager" else 0
+        try:
+            xlanb.set_mode(args.mode)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        note = f" (synced {xd.plural(pending, 'pending op')} first)" if pending else ""
+        print(f"xla mode: {old} -> {args.mode}{note}" if old != args.mode
+              else f"xla mode: {old} (unchanged)")
+
+    # ------------------------------------------------------------------ %xla_pending
+
+    @magic_arguments()
+    @argument("names", nargs="*", help="tensors in the notebook's namespace (a dotted name, "
+              "or a list/tuple/dict of tensors, works too); default: every live tensor")
+    @argument("--text", dest="fmt", action="store_const", const="text",
+              help="the IR as text (the default in a terminal)")
+    @argument("--dot", dest="fmt", action="store_const", const="dot",
+              help="the Graphviz DOT source")
+    @argument("--svg", dest="fmt", action="store_const", const="svg",
+              help="an SVG picture drawn by Graphviz (the default in a notebook)")
+    @argument("--depth", type=int, default=None, metavar="N",
+              help="only the ops fewer than N steps before the outputs")
+    @line_magic
+    def xla_pending(self, line: str = ""):
+        """Show the pending IR graph: what the next sync would compile.
+
+        Each op shows its result type and the source line that recorded it. Nothing is run
+        and the graph is left as it was.
+        """
+        args = parse_argstring(self.xla_pending, line)
+        if args.depth is not None and args.depth < 1:
+            raise UsageError(f"--depth must be a positive integer, got {args.depth}")
+        tensors = self._lookup(args.names)
+        title = " ".join(args.names)
+        fmt = args.fmt
+        if fmt is None:
+            fmt = "svg" if "image/svg+xml" in self._rich() else "text"
+        try:
+            n_ops = xd.pending_count(*tensors)
+            text = self.resolver.relabel(self._ir_text(tensors, args.depth))
+        except (TypeError, ValueError) as e:
+            raise UsageError(str(e)) from None
+        dot = svg = None
+        note = ""
+        if fmt in ("dot", "svg") and n_ops:
+            dot = xlanb.pending_ir(*tensors, fmt="dot")
+            if args.depth is not None:
+                dot = xd.filter_dot(dot, args.depth)
+        if fmt == "svg" and n_ops:
+            if n_ops > xd.SVG_MAX_OPS and args.depth is None:
+                note = (f"{n_ops} ops is too many to draw: showing text. Use --depth N to draw "
+                        "the last N levels.")
+            else:
+                try:
+                    svg = xd.render_svg(dot)
+                except Exception as e:  # no dot, or dot failed: text plus the reason
+                    note = str(e)
+        self._show(xd.PendingGraph(text, n_ops, dot=dot, svg=svg, show_dot=fmt == "dot",
+                                   note=note, title=title))
+
+    @staticmethod
+    def _ir_text(tensors: list, depth: int | None) -> str:
+        if depth is None:
+            return xlanb.pending_ir(*tensors, fmt="text")
+        try:
+            return xlanb.pending_ir(*tensors, fmt="text", depth=depth)
+        except TypeError:  # a core without depth=
+            return xd.filter_ir_text(xlanb.pending_ir(*tensors, fmt="text"), depth)
+
+    # ------------------------------------------------------------------ %xla_sync
+
+    @magic_arguments()
+    @line_magic
+    def xla_sync(self, line: str = ""):
+        """Run all pending work now, then say what happened: the graph's hash, whether it
+        was a new compile or a cache hit, compile and run times, and why it compiled."""
+        parse_argstring(self.xla_sync, line)
+        mode = xlanb.get_mode()
+        n_ops = xd.pending_count()
+        probe = xd.Probe()
+        xlanb.sync()
+        self._show(xd.SyncSummary(probe.finish(), n_ops, mode, self.resolver))
+
+    # ------------------------------------------------------------------ %xla_hlo
+
+    @magic_arguments()
+    @argument("names", nargs="*", help="tensors in the notebook's namespace; default: every "
+              "live tensor")
+    @argument("--dialect", default="stablehlo", help="stablehlo (default) or hlo")
+    @argument("--optimized", action="store_true",
+              help="compile (through the graph cache) and show XLA's optimized HLO")
+    @argument("--raw", action="store_true",
+              help="the text exactly as JAX gives it (with stack-frame tables, op metadata "
+                   "and sharding annotations)")
+    @line_magic
+    def xla_hlo(self, line: str = ""):
+        """Show the module the next sync would compile, highlighted. Nothing runs; with
+        --optimized the graph is compiled and cached, so the next sync reuses it."""
+        args = parse_argstring(self.xla_hlo, line)
+        if args.dialect not in ("stablehlo", "hlo"):
+            raise UsageError(f"unknown dialect {args.dialect!r}; use stablehlo or hlo")
+        tensors = self._lookup(args.names)
+        n_ops = xd.pending_count(*tensors)
+        if not n_ops:
+            what = " ".join(args.names) or "any live tensor"
+            raise UsageError(f"nothing is pending for {what}, so there is no graph to show "
+                             f"(mode {xlanb.get_mode()}); record some ops first")
+        try:
+            text = xlanb.hlo(*tensors, dialect=args.dialect, optimized=args.optimized)
+        except (TypeError, ValueError) as e:
+            raise UsageError(str(e)) from None
+        if not args.raw:
+            text = xd.tidy_hlo(text)
+        self._show(xd.HloView(text, "optimized HLO" if args.optimized else args.dialect,
+                              args.optimized, n_ops))
+
+    # ------------------------------------------------------------------ %xla_peek
+
+    @line_magic
+    def xla_peek(self, line: str = ""):
+        """%xla_peek expr -- the CPU value of an xla tensor expression, computed op by op
+        without cutting (or changing) the pending graph. Lists/tuples of tensors work."""
+        expr = line.strip()
+        if not expr:
+            raise UsageError("%xla_peek needs an expression, e.g. %xla_peek logits[0]")
+        try:
+            value = self.shell.ev(expr)
+        except NameError as e:
+            raise UsageError(f"{expr}: {e}") from None
+        except SyntaxError as e:
+            raise UsageError(f"{expr!r} is not a Python expression: {e.msg}") from None
+        return self._peek(value, expr)
+
+    def _peek(self, value, expr: str):
+        if isinstance(value, torch.Tensor):
+            return xlanb.peek(value) if value.device.type == "xla" else value
+        if isinstance(value, (list, tuple)) and value and all(
+                isinstance(v, torch.Tensor) for v in value):
+            return type(value)(self._peek(v, expr) for v in value)
+        raise UsageError(f"{expr} is a {type(value).__name__}, not a tensor")
+
+    # ------------------------------------------------------------------ %xla_metrics
+
+    @magic_arguments()
+    @argument("--reset", action="store_true",
+              help="clear all counters and metrics after showing them")
+    @argument("--all", action="store_true",
+              help="every counter and metric, including zeros and internal ones")
+    @line_magic
+    def xla_metrics(self, line: str = ""):
+        """Counters and timings as a table, compiles first (HTML in a notebook, text in a
+        terminal). Names match torch_xla's metrics report."""
+        args = parse_argstring(self.xla_metrics, line)
+        table = xd.MetricsTable(show_all=args.all,
+                                note="(counters and metrics cleared)" if args.reset else "")
+        self._show(table)
+        if args.reset:
+            xlanb.metrics.clear()
+
+    # ------------------------------------------------------------------ %xla_graphs
+
+    @magic_arguments()
+    @argument("--last", type=int, default=None, metavar="N", help="only the last N graphs")
+    @line_magic
+    def xla_graphs(self, line: str = ""):
+        """Every compiled graph: hash, size, compile time, cache hits, cause, source line,
+        and why it compiled (how it differs from the previous graph from that line)."""
+        args = parse_argstring(self.xla_graphs, line)
+        gs = list(xlanb.graphs())
+        first = 0
+        if args.last is not None:
+            if args.last < 1:
+                raise UsageError(f"--last must be a positive integer, got {args.last}")
+            first = max(len(gs) - args.last, 0)
+            gs = gs[first:]
+        self._show(xd.GraphsTable(gs, self.resolver, first))
+
+    # ------------------------------------------------------------------ %%xla_explain
+
+    @cell_magic
+    def xla_explain(self, line: str, cell: str):
+        """Run the cell, then report what it compiled and executed, and why: each new
+        graph with the line that synced it and how it differs from the previous graph from
+        that line; cache hits; single-op compiles; transfers; CPU fallbacks. The magic for
+        hunting recompiles. The cell's last expression is returned, as usual."""
+        if line.strip():
+            raise UsageError("%%xla_explain takes no arguments")
+        probe = xd.Probe()
+        t0 = time.perf_counter()
+        try:
+            return self._run_cell_body(cell)
+        finally:
+            activity = probe.finish()
+            try:
+                pending = xd.pending_count()
+            except Exception:
+                pending = 0
+            self._show(xd.ExplainReport(activity, pending, xlanb.get_mode(), self.resolver,
+                                        wall=time.perf_counter() - t0))
+
+    def _run_cell_body(self, cell: str):
+        """Run ``cell`` in the user namespace under the current cell's name (so source
+        lines resolve to ``In[N]``); return the value of a final expression."""
+        shell = self.shell
+        source = shell.transform_cell(cell)
+        name = shell.compile.cache(source, shell.execution_count, raw_code=cell)
+        tree = shell.compile.ast_parse(source, filename=name)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        ns = shell.user_ns
+        exec(shell.compile(tree, name, "exec"), shell.user_global_ns, ns)
+        if last is not None:
+            return eval(shell.compile(last, name, "eval"), shell.user_global_ns, ns)
+        return None
+
+    # ------------------------------------------------------------------ %xla_status
+
+    @magic_arguments()
+    @argument("state", nargs="?", help="on or off; without it, print the status line now")
+    @line_magic
+    def xla_status(self, line: str = ""):
+        """Print a short status line after each cell: mode, pending ops, and what the cell
+        compiled (e.g. ``xla: lazy · 214 pending ops · 1 compile (2.1 s, recompile: ...)``)."""
+        args = parse_argstring(self.xla_status, line)
+        if args.state is None:
+            print(xd.status_line(None, self.resolver)
+                  + f"  [status line {'on' if self.status_on else 'off'}]")
+            return
+        state = args.state.lower()
+        if state not in ("on", "off"):
+            raise UsageError(f"%xla_status takes on or off, got {args.state!r}")
+        self.set_status(state == "on")
+        print(f"xla status line {state}")
+
+    def set_status(self, on: bool) -> None:
+        events = self.shell.events
+        if on and not self.status_on:
+            events.register("pre_run_cell", self._pre_run_cell)
+            events.register("post_run_cell", self._post_run_cell)
+            self._probe = xd.Probe()
+        elif not on and self.status_on:
+            for name, cb in (("pre_run_cell", self._pre_run_cell),
+                             ("post_run_cell", self._post_run_cell)):
+                try:
+                    events.unregister(name, cb)
+                except ValueError:
+                    pass
+            self._probe = None
+        self.status_on = on
+
+    def _pre_run_cell(self, info=None) -> None:
+        try:
+            self._probe = xd.Probe()
+        except Exception:
+            self._probe = None
+
+    def _post_run_cell(self, result=None) -> None:
+        try:
+            activity = self._probe.finish() if self._probe is not None else None
+            print(xd.status_line(activity, self.resolver))
+        except Exception as e:  # the status line must never break a cell
+            print(f"xla: status unavailable ({type(e).__name__}: {e})")
+
+
+# ---------------------------------------------------------------------- load / unload
+
+_loaded: dict[int, XlaMagics] = {}
+
+
+def _tensor_html(t):
+    return xd.tensor_html(t)
+
+
+def load_ipython_extension(ipython) -> None:
+    """Register the magics, the notebook repr of xla tensors and (off by default) the
+    status line. Loading twice is harmless."""
+    if id(ipython) in _loaded:
+        return
+    magics = XlaMagics(ipython)
+    ipython.register_magics(magics)
+    fmt = ipython.display_formatter.formatters.get("text/html")
+    if fmt is not None:
+        fmt.for_type(xlanb.XlaTensor, _tensor_html)
+    _loaded[id(ipython)] = magics
+
+
+def unload_ipython_extension(ipython) -> None:
+    """Remove everything ``load_ipython_extension`` added: magics, formatters, hooks."""
+    magics = _loaded.pop(id(ipython), None)
+    if magics is None:
+        return
+    magics.set_status(False)
+    mm = ipython.magics_manager
+    for kind, names in _MAGIC_NAMES.items():
+        for name in names:
+            mm.magics[kind].pop(name, None)
+    mm.registry.pop(type(magics).__name__, None)
+    fmt = ipython.display_formatter.formatters.get("text/html")
+    if fmt is not None:
+        try:
+            fmt.pop(xlanb.XlaTensor)
+        except KeyError:
+            pass
