@@ -200,7 +200,10 @@ class XlaMagics(Magics):
         mode = xlanb.get_mode()
         n_ops = xd.pending_count()
         probe = xd.Probe()
-        xlanb.sync()
+        try:
+            xlanb.sync(cause="%xla_sync")
+        except TypeError:  # a sync() without cause=
+            xlanb.sync()
         self._show(xd.SyncSummary(probe.finish(), n_ops, mode, self.resolver))
 
     # ------------------------------------------------------------------ %xla_hlo
@@ -324,8 +327,10 @@ class XlaMagics(Magics):
         """Run ``cell`` in the user namespace under the current cell's name (so source
         lines resolve to ``In[N]``); return the value of a final expression."""
         shell = self.shell
-        source = shell.transform_cell(cell)
-        name = shell.compile.cache(source, shell.execution_count, raw_code=cell)
+        # A leading blank line stands for the %%xla_explain line, so line numbers match
+        # the cell as the user sees it.
+        source = "\n" + shell.transform_cell(cell)
+        name = shell.compile.cache(source, shell.execution_count, raw_code="\n" + cell)
         tree = shell.compile.ast_parse(source, filename=name)
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):

@@ -61,8 +61,7 @@ def install(name: str = DEFAULT_NAME, *, user: bool = False, prefix: str | None 
     from jupyter_client.kernelspec import KernelSpecManager
     with tempfile.TemporaryDirectory() as tmp:
         src = write_spec(os.path.join(tmp, name), mode=mode, display_name=display_name)
-        return KernelSpecManager().install_kernel_spec(src, name, user=user, prefix=prefix,
-                                                       replace=True)
+        return KernelSpecManager().install_kernel_spec(src, name, user=user, prefix=prefix)
 
 
 def spec_dir(name: str, *, user: bool = False, prefix: str | None = None) -> str | None:

@@ -46,17 +46,15 @@ def shell():
     yield ip
 
 
-@pytest.fixture(params=["notebook", "terminal"])
-def ip(shell, request):
-    """The shell with the extension loaded, in a notebook-like or terminal-like display
-    set-up; unloaded (and the display set-up restored) afterwards."""
+def _loaded(shell, kind: str):
+    """The shell with the extension loaded, in a notebook-like (every mime type) or
+    terminal-like (text/plain only) display set-up; unloaded and restored afterwards."""
     fmt = shell.display_formatter
     saved = list(fmt.active_types)
-    fmt.active_types = (list(fmt.format_types) if request.param == "notebook"
-                        else ["text/plain"])
+    fmt.active_types = list(fmt.format_types) if kind == "notebook" else ["text/plain"]
     shell.run_line_magic("load_ext", "xlanb")
     shell.run_cell("import torch, xlanb", store_history=True)
-    shell.display_kind = request.param
+    shell.display_kind = kind
     yield shell
     shell.run_line_magic("unload_ext", "xlanb")
     fmt.active_types = saved
@@ -65,10 +63,18 @@ def ip(shell, request):
 
 
 @pytest.fixture
-def nb(ip):
-    if ip.display_kind != "notebook":
-        pytest.skip("notebook display only")
-    return ip
+def ip(shell):
+    """Notebook-like display."""
+    yield from _loaded(shell, "notebook")
+
+
+@pytest.fixture(params=["notebook", "terminal"])
+def both(shell, request):
+    """Each display set-up in turn, for the tests whose output depends on it."""
+    yield from _loaded(shell, request.param)
+
+
+nb = ip
 
 
 def run(ip, code: str):
@@ -86,9 +92,10 @@ def magic(ip, name: str, line: str = ""):
 
 
 def record(ip):
-    """x: device data of a fresh shape; y and z: 3 pending ops (mm, relu, add) + sum."""
+    """x: device data of a fresh shape (copied, not computed: no compile); y and z:
+    4 pending ops (mm, relu, add, sum)."""
     n = fresh()
-    run(ip, f"x = torch.randn({n}, {n}, device='xla')\nxlanb.sync()\n"
+    run(ip, f"x = torch.randn({n}, {n}).to('xla')\n"
             "y = (x @ x).relu() + 1\nz = y.sum()")
     xlanb.metrics.clear()  # count from here
 
@@ -157,16 +164,16 @@ def test_bad_mode_is_usage_error_and_keeps_pending(ip):
 
 # --------------------------------------------------------------------------- %xla_pending
 
-def test_pending_named_tensor(ip):
-    record(ip)
+def test_pending_named_tensor(both):
+    record(both)
     compiles = counter("UncachedCompile")
     before = xlanb.pending_ir()
-    _, _, outs = magic(ip, "xla_pending", "z")
+    _, _, outs = magic(both, "xla_pending", "z")
     (bundle,) = outs
     text = bundle["text/plain"]
     assert "aten::mm" in text and "aten::sum" in text and "pending of z: 4 ops" in text
     assert "In[" in text  # source lines resolved to notebook cells
-    if ip.display_kind == "terminal":
+    if both.display_kind == "terminal":
         assert set(bundle) == {"text/plain"}
     elif HAVE_DOT:
         assert bundle["image/svg+xml"].lstrip().startswith("<?xml")
@@ -188,10 +195,10 @@ def test_pending_all_live_text_dot_depth(ip):
 
 
 @pytest.mark.skipif(not HAVE_DOT, reason="Graphviz's dot is not installed")
-def test_pending_svg_forced_in_any_frontend(ip):
-    record(ip)
-    _, _, (b,) = magic(ip, "xla_pending", "y z --svg")
-    if ip.display_kind == "notebook":
+def test_pending_svg_forced_in_any_frontend(both):
+    record(both)
+    _, _, (b,) = magic(both, "xla_pending", "y z --svg")
+    if both.display_kind == "notebook":
         assert "<svg" in b["image/svg+xml"]
     assert "aten::relu" in b["text/plain"]
 
@@ -238,26 +245,26 @@ def test_pending_accepts_dotted_names_and_sequences(ip):
 
 # --------------------------------------------------------------------------- %xla_sync
 
-def test_sync_reports_new_compile_then_cache_hit(ip):
-    record(ip)
-    _, _, (b,) = magic(ip, "xla_sync")
+def test_sync_reports_new_compile_then_cache_hit(both):
+    record(both)
+    _, _, (b,) = magic(both, "xla_sync")
     text = b["text/plain"]
     assert counter("UncachedCompile") == 1
     assert "new compile" in text and "4 ops" in text
     g = xlanb.graphs()[-1]
     assert g.hash[:12] in text
-    run(ip, "y = (x @ x).relu() + 1\nz = y.sum()")
-    _, _, (b,) = magic(ip, "xla_sync")
+    run(both, "y = (x @ x).relu() + 1\nz = y.sum()")
+    _, _, (b,) = magic(both, "xla_sync")
     assert counter("UncachedCompile") == 1 and counter("CachedCompile") == 1
     assert "cache hit" in b["text/plain"] and g.hash[:12] in b["text/plain"]
-    if ip.display_kind == "notebook":
+    if both.display_kind == "notebook":
         assert "cache hit" in b["text/html"]
-    _, _, (b,) = magic(ip, "xla_sync")
+    _, _, (b,) = magic(both, "xla_sync")
     assert "nothing was pending" in b["text/plain"]
 
 
 def test_sync_reports_recompile_reason(ip):
-    run(ip, f"x = torch.randn({fresh()}, 4, device='xla')\nxlanb.sync()")
+    run(ip, f"x = torch.randn({fresh()}, 4).to('xla')")
     for n in (2, 3):
         run(ip, f"acc = torch.cat([x] * {n})")
         _, _, (b,) = magic(ip, "xla_sync")
@@ -279,19 +286,19 @@ def test_sync_in_other_modes(ip, mode):
 
 # --------------------------------------------------------------------------- %xla_hlo
 
-def test_hlo_dialects(ip):
-    record(ip)
+def test_hlo_dialects(both):
+    record(both)
     compiles = counter("UncachedCompile")
-    _, _, (b,) = magic(ip, "xla_hlo", "z")
+    _, _, (b,) = magic(both, "xla_hlo", "z")
     assert "stablehlo.dot_general" in b["text/plain"]
     assert "sdy.sharding<" not in b["text/plain"]  # tidied
-    if ip.display_kind == "notebook":
+    if both.display_kind == "notebook":
         assert "<span style=" in b["text/html"] and "dot_general" in b["text/html"]
     else:
         assert set(b) == {"text/plain"}
-    _, _, (b,) = magic(ip, "xla_hlo", "z --dialect hlo")
+    _, _, (b,) = magic(both, "xla_hlo", "z --dialect hlo")
     assert "HloModule" in b["text/plain"]
-    _, _, (b,) = magic(ip, "xla_hlo", "z --raw")
+    _, _, (b,) = magic(both, "xla_hlo", "z --raw")
     assert "sdy.sharding<" in b["text/plain"]
     assert counter("UncachedCompile") == compiles  # nothing compiled
 
@@ -354,25 +361,25 @@ def test_peek_bad_input(ip, expr, message):
 
 # --------------------------------------------------------------------------- %xla_metrics
 
-def test_metrics_table(ip):
-    record(ip)
+def test_metrics_table(both):
+    record(both)
     xlanb.sync()
-    _, _, (b,) = magic(ip, "xla_metrics")
+    _, _, (b,) = magic(both, "xla_metrics")
     text = b["text/plain"]
     lines = [ln.split()[0] for ln in text.splitlines()[3:] if ln.strip()]
     assert lines[0] == "UncachedCompile" and "CompileTime" in lines
     assert "1 graph compile" in text
     assert "OpCacheHit" not in lines  # never counted: only with --all
-    if ip.display_kind == "notebook":
+    if both.display_kind == "notebook":
         assert "<table" in b["text/html"] and "UncachedCompile" in b["text/html"]
     else:
         assert set(b) == {"text/plain"}
-    _, _, (b,) = magic(ip, "xla_metrics", "--all")
+    _, _, (b,) = magic(both, "xla_metrics", "--all")
     assert "OpCacheHit" in b["text/plain"]
-    _, _, (b,) = magic(ip, "xla_metrics", "--reset")
+    _, _, (b,) = magic(both, "xla_metrics", "--reset")
     assert "cleared" in b["text/plain"]
     assert counter("UncachedCompile") == 0
-    _, _, (b,) = magic(ip, "xla_metrics")
+    _, _, (b,) = magic(both, "xla_metrics")
     assert "0 graph compiles" in b["text/plain"]
 
 
@@ -384,20 +391,20 @@ def test_metrics_lists_cpu_fallbacks(ip):
 
 # --------------------------------------------------------------------------- %xla_graphs
 
-def test_graphs_table_names_the_recompiling_line(ip):
-    run(ip, f"x = torch.randn({fresh()}, 3, device='xla')\nxlanb.sync()")
-    run(ip, "acc = x\nfor i in range(3):\n    acc = torch.cat((acc, x))\n    xlanb.sync()")
-    _, _, (b,) = magic(ip, "xla_graphs")
+def test_graphs_table_names_the_recompiling_line(both):
+    run(both, f"x = torch.randn({fresh()}, 3).to('xla')")
+    run(both, "acc = x\nfor i in range(3):\n    acc = torch.cat((acc, x))\n    xlanb.sync()")
+    _, _, (b,) = magic(both, "xla_graphs")
     text = b["text/plain"]
     assert "shape change: aten::cat" in text
     assert "In[" in text and "line 3" in text  # the cat's line in the cell
     assert "recompiles every step" in text
-    if ip.display_kind == "notebook":
+    if both.display_kind == "notebook":
         assert "<table" in b["text/html"] and "shape change" in b["text/html"]
-    _, _, (b,) = magic(ip, "xla_graphs", "--last 1")
+    _, _, (b,) = magic(both, "xla_graphs", "--last 1")
     assert len([ln for ln in b["text/plain"].splitlines() if ln[:1].isdigit()]) == 1
     with pytest.raises(UsageError):
-        ip.run_line_magic("xla_graphs", "--last 0")
+        both.run_line_magic("xla_graphs", "--last 0")
 
 
 def test_graphs_empty(ip):
@@ -409,21 +416,23 @@ def test_graphs_empty(ip):
 
 # --------------------------------------------------------------------------- %%xla_explain
 
-def test_explain_names_the_cause_and_line(ip):
+def test_explain_names_the_cause_and_line(both):
     n = fresh()
-    run(ip, f"x = torch.randn(2, {n}, device='xla')\nxlanb.sync()")
+    run(both, f"x = torch.randn(2, {n}).to('xla')")
     xlanb.metrics.clear()
-    stdout, outs = run(ip, "%%xla_explain\nacc = x\nfor i in range(3):\n"
+    stdout, outs = run(both, "%%xla_explain\nacc = x\nfor i in range(3):\n"
                            "    acc = torch.cat((acc, x))\n    xlanb.sync()\nacc.shape")
     texts = [o["text/plain"] for o in outs]
     report = next(t for t in texts if t.startswith("xla explain"))
     assert "3 compiles" in report
     assert "shape change: aten::cat" in report
     assert "xlanb.sync()" in report and "In[" in report
+    assert "line 5: xlanb.sync()" in report  # numbered as the cell shows it
+    assert "aten::cat at In[" in report and "line 4" in report
     assert "recompiles" in report
     assert f"torch.Size([8, {n}])" in stdout  # the cell's value is still shown
     assert counter("UncachedCompile") == 3
-    if ip.display_kind == "notebook":
+    if both.display_kind == "notebook":
         html = next(o["text/html"] for o in outs if "text/html" in o)
         assert "xla explain" in html
 
@@ -477,15 +486,15 @@ def test_status_line_after_each_cell(ip):
 
 # --------------------------------------------------------------------------- tensors
 
-def test_notebook_repr_of_a_pending_tensor_does_not_cut_the_graph(ip):
-    record(ip)
+def test_notebook_repr_of_a_pending_tensor_does_not_cut_the_graph(both):
+    record(both)
     before = xlanb.pending_ir()
     with capture_output() as c:
-        ip.run_cell("y", store_history=True)
+        both.run_cell("y", store_history=True)
     assert "device='xla:0'" in c.stdout
-    data, _ = ip.display_formatter.format(ip.user_ns["y"])
+    data, _ = both.display_formatter.format(both.user_ns["y"])
     assert "device='xla:0'" in data["text/plain"]
-    if ip.display_kind == "notebook":
+    if both.display_kind == "notebook":
         assert "3 pending ops" in data["text/html"] and "by peek" in data["text/html"]
     assert xlanb.pending_ir() == before
     assert counter("UncachedCompile") == 0

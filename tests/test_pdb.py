@@ -54,8 +54,9 @@ class Session:
         parts = stdout.split(PROMPT)
         self.header = parts[0]
         self.outputs = parts[1:]   # outputs[i]: what commands[i] printed (and where it stopped)
-        last = [ln for ln in stdout.splitlines() if ln.lstrip(PROMPT).startswith("{")]
-        self.result = json.loads(last[-1].split(PROMPT)[-1]) if last else None
+        last = [ln.split(PROMPT)[-1] for ln in stdout.splitlines()
+                if ln.split(PROMPT)[-1].startswith("{")]
+        self.result = json.loads(last[-1]) if last else None
 
     def check(self) -> "Session":
         assert self.returncode == 0, f"script failed ({self.returncode}):\n{self.stderr[-3000:]}\n{self.stdout[-3000:]}"
@@ -127,6 +128,7 @@ COMMANDS = (
     "p 1 + 1",
     "c",
 )
+
 
 def _tab_session() -> dict | None:
     """XlaPdb on a terminal (pexpect): readline's TAB goes through the complete_* methods."""
@@ -343,12 +345,14 @@ _WHERE = re.compile(r"(?:^|\(Pdb\) )> (?P<file>.+?)\((?P<line>\d+)\)(?P<func>[^(
 
 
 def test_stepping_skips_xlanb_internals():
+    """Session B steps (s) from output4's line to the end of main(): it goes into
+    Linear.forward and back, and never stops in xlanb, JAX or torch's dispatch plumbing."""
     s = session("B").check()
     stops = [(m["file"], int(m["line"]), m["func"]) for m in _WHERE.finditer(s.stdout)]
     assert len(stops) >= 10, s.stdout[-3000:]
     files = {os.path.basename(f) for f, _, _ in stops}
     assert files <= {"pdb_seed003.py", "linear.py"}, stops  # never xlanb, jax or torch plumbing
-    assert ("forward" in {fn for _, _, fn in stops}), stops  # s on a layer call: its forward()
+    assert "forward" in {fn for _, _, fn in stops}, stops  # s on a layer call: its forward()
     lines = [ln for f, ln, _ in stops if f == str(SCRIPT)]
     src = SCRIPT.read_text().splitlines()
     sync_line = next(i for i, t in enumerate(src, 1) if t.strip() == "xlanb.sync()")

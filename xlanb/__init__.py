@@ -18,7 +18,7 @@ from .config import config  # noqa: E402
 from .devices import device_count  # noqa: E402
 from .executor import CompiledGraph  # noqa: E402
 from .executor import GraphList, graphs  # noqa: E402
-from .inspection import hlo, pending_count, pending_ir, render_svg  # noqa: E402
+from .inspection import hlo, pending_count, pending_ir, pending_summary, render_svg  # noqa: E402
 from .ir import install_scope_hooks as _install_scope_hooks  # noqa: E402
 from .modes import MODES, get_mode, mode, set_mode  # noqa: E402
 from .sync import sync  # noqa: E402
@@ -27,7 +27,7 @@ from .tensor import XlaTensor  # noqa: E402
 _install_scope_hooks()
 
 __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "sync",
-           "mark_step", "peek", "pending_ir", "pending_count", "render_svg", "hlo", "graphs",
+           "mark_step", "peek", "pending_ir", "pending_count", "pending_summary", "render_svg", "hlo", "graphs",
            "GraphList", "metrics", "config", "XlaTensor", "CompiledGraph",
            "manual_seed", "set_trace", "load_ipython_extension", "unload_ipython_extension"]
 

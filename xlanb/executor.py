@@ -12,7 +12,8 @@ import numpy as np
 from . import metrics
 from .devices import jax_device
 from .dtypes import to_jax_dtype
-from .explain import explain, summarize
+from .explain import explain
+from .summary import summarize
 from .ir import GETITEM, GraphPlan, Node, OpInfo, leaf_meta, format_src, stable_hash
 from .runtime import compile_jitted
 
@@ -46,8 +47,8 @@ def op_executable(info: OpInfo):
     fn = info.fn
     specs = [_tensor_spec(m, info.device) for m in info.extra.in_metas]
     specs += [_scalar_spec(k, info.device) for k in info.scalar_specs]
-    exe = info.exe = compile_jitted(lambda *flat: fn(flat[:n], flat[n:]), specs,
-                                    metric="OpCompileTime")
+    _, exe = compile_jitted(lambda *flat: fn(flat[:n], flat[n:]), specs, metric="OpCompileTime")
+    info.exe = exe
     metrics.counter("OpCompile")
     return exe
 
@@ -86,7 +87,26 @@ class CompiledGraph:
     hits: int = 0
     run_time: float = 0.0
     explanation: str = ""  # why it compiled: how it differs from the last graph from here
-    summary: object = field(default=None, repr=False)  # explain.GraphSummary
+    summary: object = field(default=None, repr=False)  # summary.GraphSummary
+    lowered: object = field(default=None, repr=False)  # jax.stages.Lowered
+
+    def ir_text(self, depth: int | None = None) -> str:
+        """The graph's IR as it was recorded, one line per node."""
+        from .inspection import render_text
+        return render_text(self.summary, depth)
+
+    def dot(self, scope_depth: int | None = None, highlight: str | None = None) -> str:
+        """The graph as Graphviz DOT (see ``inspection.render_dot``)."""
+        from .inspection import render_dot
+        return render_dot(self.summary, scope_depth, highlight)
+
+    def hlo(self, dialect: str = "stablehlo", optimized: bool = False) -> str:
+        """The module this graph compiled from, or XLA's optimized HLO."""
+        if optimized:
+            return self.executable.as_text()
+        if dialect not in ("stablehlo", "hlo"):
+            raise ValueError(f"dialect must be 'stablehlo' or 'hlo', got {dialect!r}")
+        return self.lowered.as_text(dialect=dialect)
 
     @property
     def ops(self) -> tuple:
@@ -178,7 +198,7 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src) -> tuple[Compi
     if rec is None:
         specs = graph_specs(plan, device)
         t0 = time.perf_counter()
-        exe = compile_jitted(_graph_fn(plan), specs, metric="CompileTime")
+        lowered, exe = compile_jitted(_graph_fn(plan), specs, metric="CompileTime")
         metrics.counter("UncachedCompile")
         where = format_src(src)
         summary = summarize(plan)
@@ -186,7 +206,7 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src) -> tuple[Compi
         rec = CompiledGraph(stable_hash(plan, device), device, len(plan.steps), len(plan.leaves),
                             len(plan.roots), cause, where, time.perf_counter() - t0, exe,
                             explanation=explain(prev.summary, summary) if prev else "",
-                            summary=summary)
+                            summary=summary, lowered=lowered)
         _graph_cache[key] = rec
         graph_log.append(rec)
         return rec, True

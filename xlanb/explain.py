@@ -1,36 +1,18 @@
 """Why did a graph recompile? Compare it with the previous graph from the same place.
 
-A graph's ``GraphSummary`` lists its inputs' shapes and, per op, the op name, result type
-and user source line. The explanation names the first thing that differs -- an input
-shape, an op's result shape, an op added or removed -- and the source line it came from.
+A graph's ``GraphSummary`` (summary.py) lists its inputs' shapes and, per op, the op
+name, result type and user source line. The explanation names the first thing that
+differs (an input shape, an op's result shape, an op added or removed) and the source
+line it came from.
 """
 from __future__ import annotations
 
 import difflib
-from typing import NamedTuple
+
+from .summary import GraphSummary, OpRecord
 
 
-class OpSummary(NamedTuple):
-    name: str
-    aval: str
-    src: str
-
-
-class GraphSummary(NamedTuple):
-    inputs: tuple   # aval text per leaf
-    ops: tuple      # OpSummary per op node
-    outputs: int
-
-
-def summarize(plan) -> GraphSummary:
-    from .inspection import _aval_text
-    from .ir import format_src, leaf_meta
-    ops = tuple(OpSummary(info.name, _aval_text(info.out), format_src(node.src))
-                for (info, _), node in zip(plan.steps, plan.op_nodes))
-    return GraphSummary(tuple(_aval_text(leaf_meta(n)) for n in plan.leaves), ops, len(plan.roots))
-
-
-def _where(op: OpSummary) -> str:
+def _where(op: OpRecord) -> str:
     return f" at {op.src}" if op.src else ""
 
 
@@ -52,7 +34,7 @@ def explain(prev: GraphSummary, new: GraphSummary) -> str:
             else:
                 reasons.append(f"inputs changed: {len(prev.inputs)} -> {len(new.inputs)} inputs")
         if not reasons and prev.outputs != new.outputs:
-            reasons.append(f"outputs changed: {prev.outputs} -> {new.outputs} live tensors")
+            reasons.append(f"outputs changed: {len(prev.outputs)} -> {len(new.outputs)} live tensors")
         if not reasons:
             reasons.append("same ops and shapes; wiring or static arguments differ")
         return "; ".join(reasons)

@@ -1,5 +1,5 @@
-"""Looking at pending work without running it: IR as text or DOT, and the HLO a sync
-would compile. Nothing here changes the pending graph."""
+"""Looking at graphs without running them: IR as text or DOT (pending or compiled), and
+the HLO a sync would compile. Nothing here changes the pending graph."""
 from __future__ import annotations
 
 import html
@@ -7,19 +7,8 @@ import re
 
 import torch
 
-from .ir import GraphPlan, Node, format_src, leaf_meta, plan_graph
-
-_DTYPE_SHORT = {
-    torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
-    torch.int64: "s64", torch.int32: "s32", torch.int16: "s16", torch.int8: "s8",
-    torch.uint8: "u8", torch.bool: "pred", torch.complex64: "c64", torch.complex128: "c128",
-}
-
-
-def _aval_text(meta) -> str:
-    if isinstance(meta, tuple) and not hasattr(meta, "shape"):
-        return "(" + ", ".join(_aval_text(m) for m in meta if m is not None) + ")"
-    return f"{_DTYPE_SHORT.get(meta.dtype, str(meta.dtype))}[{','.join(map(str, meta.shape))}]"
+from .ir import GraphPlan, Node, plan_graph
+from .summary import GraphSummary, summarize
 
 
 def roots_of(tensors) -> list[Node]:
@@ -42,75 +31,122 @@ def _plan(tensors) -> GraphPlan:
     return plan_graph(roots_of(tensors))
 
 
-def _shown(plan: GraphPlan, depth: int | None) -> set[int] | None:
-    """Positions of ops at most ``depth`` hops before the roots (None: all)."""
+# ---------------------------------------------------------------------------------------
+# Text
+
+def _near_outputs(g: GraphSummary, depth: int | None) -> set[int] | None:
+    """Positions at most ``depth`` hops before the outputs (None: all)."""
     if depth is None:
         return None
-    n_leaves = len(plan.leaves)
-    dist = {p: 0 for p in plan.root_pos}
-    for j in range(len(plan.steps) - 1, -1, -1):
-        p = n_leaves + j
+    n_in = len(g.inputs)
+    dist = {p: 0 for p in g.outputs}
+    for j in range(len(g.ops) - 1, -1, -1):
+        p = n_in + j
         if p in dist:
-            for q in plan.steps[j][1]:
+            for q in g.ops[j].ins:
                 d = dist[p] + 1
                 if d < dist.get(q, d + 1):
                     dist[q] = d
     return {p for p, d in dist.items() if d < depth}
 
 
-def ir_text(plan: GraphPlan, depth: int | None = None) -> str:
-    from .dispatch import format_call
+def render_text(g: GraphSummary, depth: int | None = None) -> str:
+    """One line per node: ``%12 = f32[8,16] aten::addmm(%3, %10, %11)  # f.py:42 fwd  [M.l1]``."""
+    n_in = len(g.inputs)
+    shown = _near_outputs(g, depth)
     lines = []
-    n_leaves = len(plan.leaves)
-    shown = _shown(plan, depth)
-    hidden = len(plan.steps) - len([p for p in shown if p >= n_leaves]) if shown is not None else 0
-    if hidden:
-        lines.append(f"# {hidden} earlier ops not shown (depth={depth})")
-    for i, leaf in enumerate(plan.leaves):
+    if shown is not None:
+        hidden = len(g.ops) - sum(1 for p in shown if p >= n_in)
+        if hidden:
+            lines.append(f"# {hidden} earlier ops not shown (depth={depth})")
+    for i, aval in enumerate(g.inputs):
         if shown is None or i in shown:
-            lines.append(f"%{i} = {_aval_text(leaf_meta(leaf))} device_data")
-    k = 0
-    for j, ((info, ins), node) in enumerate(zip(plan.steps, plan.op_nodes)):
-        n = len(info.scalar_specs)
-        call = format_call(info, [f"%{p}" for p in ins], plan.scalars[k:k + n])
-        k += n
-        if shown is not None and n_leaves + j not in shown:
+            lines.append(f"%{i} = {aval} device_data")
+    for j, op in enumerate(g.ops):
+        if shown is not None and n_in + j not in shown:
             continue
-        line = f"%{n_leaves + j} = {_aval_text(info.out)} {info.name}({call})"
-        where = format_src(node.src)
-        if where or node.scope:
-            line += "  #"
-            if where:
-                line += f" {where}"
-            if node.scope:
-                line += f"  [{node.scope}]"
+        line = f"%{n_in + j} = {op.aval} {op.name}({op.call})"
+        if op.src or op.scope:
+            line += "  #" + (f" {op.src}" if op.src else "") + (f"  [{op.scope}]" if op.scope else "")
         lines.append(line)
-    lines.append("outputs: " + ", ".join(f"%{p}" for p in plan.root_pos))
+    lines.append("outputs: " + ", ".join(f"%{p}" for p in g.outputs))
     return "\n".join(lines)
 
+
+# ---------------------------------------------------------------------------------------
+# DOT
 
 def _cluster_id(scope: str) -> str:
     return "cluster_" + re.sub(r"\W", "_", scope)
 
 
-def ir_dot(plan: GraphPlan) -> str:
-    """Graphviz DOT: ids are plan positions (the same from run to run), one cluster per
-    module scope, the source line in each node's tooltip."""
-    out = ["digraph xla_pending {", '  rankdir=TB; node [shape=box, style="rounded,filled", '
-           'fillcolor="#eef3fb", fontname="Helvetica", fontsize=10];']
-    n_leaves = len(plan.leaves)
-    for i, leaf in enumerate(plan.leaves):
-        out.append(f'  n{i} [label="%{i} data\\n{_aval_text(leaf_meta(leaf))}", '
-                   f'shape=ellipse, fillcolor="#f3f3f3", tooltip="device data"];')
-    by_scope: dict[str, list[str]] = {}
-    for j, ((info, ins), node) in enumerate(zip(plan.steps, plan.op_nodes)):
-        p = n_leaves + j
-        label = f"%{p} {info.name}\\n{_aval_text(info.out)}"
-        tip = html.escape(format_src(node.src) or "", quote=True)
-        root = ', penwidth=2, color="#c0392b"' if p in plan.root_pos else ""
-        by_scope.setdefault(node.scope, []).append(
-            f'n{p} [label="{label}", tooltip="{tip}"{root}];')
-    for scope, decls in by_scope.items():
+def _clip_scope(scope: str, depth: int | None) -> str:
+    if depth is None or not scope:
+        return scope
+    return ".".join(scope.split(".")[:depth]) if depth > 0 else ""
+
+
+def _matches(pattern, op) -> bool:
+    return bool(pattern) and (pattern.search(op.name) is not None
+                              or pattern.search(op.src) is not None)
+
+
+def render_dot(g: GraphSummary, scope_depth: int | None = None,
+               highlight: str | None = None) -> str:
+    """Graphviz DOT with ids that are the same from run to run (graph positions), one
+    ``cluster_`` per module scope and the source line in each node's tooltip.
+
+    ``scope_depth`` collapses ops in scopes deeper than that many levels into one node
+    per scope, labelled with its op count. ``highlight`` (a regex, matched against op
+    names and ``file:line``) fills the matching nodes, and the collapsed scopes that hold
+    them, in orange.
+    """
+    pattern = re.compile(highlight) if highlight else None
+    n_in = len(g.inputs)
+    out = ["digraph xla_graph {",
+           '  rankdir=TB; node [shape=box, style="rounded,filled", fillcolor="#eef3fb", '
+           'fontname="Helvetica", fontsize=10]; edge [color="#7f8c8d"];']
+    # Inputs read only by collapsed scopes (weights, mostly) are folded into them.
+    consumers: dict[int, set] = {}
+    for j, op in enumerate(g.ops):
+        for q in op.ins:
+            if q < n_in:
+                consumers.setdefault(q, set()).add(
+                    _clip_scope(op.scope, scope_depth) if scope_depth is not None
+                    and op.scope != _clip_scope(op.scope, scope_depth) else None)
+    folded = {q for q, c in consumers.items() if None not in c}
+    for i, aval in enumerate(g.inputs):
+        if i not in folded:
+            out.append(f'  n{i} [label="%{i} data\\n{aval}", shape=ellipse, '
+                       f'fillcolor="#f3f3f3", tooltip="device data"];')
+    # Which drawn node stands for each position: itself, or its collapsed scope.
+    rep: dict[int, str] = {i: f"n{i}" for i in range(n_in) if i not in folded}
+    collapsed: dict[str, list] = {}  # clipped scope -> ops inside deeper scopes
+    by_cluster: dict[str, list[str]] = {}
+    for j, op in enumerate(g.ops):
+        p = n_in + j
+        clipped = _clip_scope(op.scope, scope_depth)
+        if scope_depth is not None and op.scope != clipped:
+            key = clipped or "<top>"
+            rep[p] = _scope_node(key)
+            collapsed.setdefault(key, []).append(op)
+            continue
+        rep[p] = f"n{p}"
+        fill = ', fillcolor="#f5b041"' if _matches(pattern, op) else ""
+        root = ', penwidth=2, color="#c0392b"' if p in g.outputs else ""
+        tip = html.escape(op.src, quote=True)
+        by_cluster.setdefault(clipped, []).append(
+            f'n{p} [label="%{p} {op.name}\\n{op.aval}", tooltip="{tip}"{fill}{root}];')
+    for key, ops in collapsed.items():
+        hit = any(_matches(pattern, o) for o in ops)
+        fill = "#f5b041" if hit else "#d6eaf8"
+        srcs = sorted({o.src for o in ops if o.src})
+        tip = html.escape("; ".join(srcs[:5]) + (" ..." if len(srcs) > 5 else ""), quote=True)
+        parent = _clip_scope(key, (scope_depth or 1) - 1) if key != "<top>" else ""
+        by_cluster.setdefault(parent, []).append(
+            f'{_scope_node(key)} [label="{key}\\n{len(ops)} ops", shape=box3d, '
+            f'fillcolor="{fill}", tooltip="{tip}"];')
+    for scope, decls in by_cluster.items():
         if scope:
             out.append(f'  subgraph {_cluster_id(scope)} {{ label="{scope}"; style=dashed; '
                        f'fontsize=9; fontname="Helvetica";')
@@ -118,23 +154,46 @@ def ir_dot(plan: GraphPlan) -> str:
             out.append("  }")
         else:
             out.extend("  " + d for d in decls)
-    for j, (info, ins) in enumerate(plan.steps):
-        for q in ins:
-            out.append(f"  n{q} -> n{n_leaves + j};")
+    edges = set()
+    for j, op in enumerate(g.ops):
+        dst = rep[n_in + j]
+        for q in op.ins:
+            src = rep.get(q)
+            if src is not None and src != dst and (src, dst) not in edges:
+                edges.add((src, dst))
+                out.append(f"  {src} -> {dst};")
     out.append("}")
     return "\n".join(out)
 
 
+def _scope_node(key: str) -> str:
+    return "s_" + re.sub(r"\W", "_", key)
+
+
+# ---------------------------------------------------------------------------------------
+# The public functions
+
 def pending_ir(*tensors, fmt: str = "text", depth: int | None = None) -> str:
     """The pending IR of ``tensors`` (all live pending tensors when none are given).
 
-    ``depth`` keeps only the ops at most that many hops before the outputs (text form)."""
+    ``depth`` keeps only the ops at most that many hops before the outputs (text), or
+    collapses module scopes deeper than ``depth`` levels (DOT)."""
     if fmt not in ("text", "dot"):
         raise ValueError(f"fmt must be 'text' or 'dot', got {fmt!r}")
-    if depth is not None and depth < 1:
+    if depth is not None and (not isinstance(depth, int) or depth < 1):
         raise ValueError(f"depth must be a positive integer, got {depth!r}")
-    plan = _plan(tensors)
-    return ir_text(plan, depth) if fmt == "text" else ir_dot(plan)
+    g = summarize(_plan(tensors))
+    return render_text(g, depth) if fmt == "text" else render_dot(g, scope_depth=depth)
+
+
+def pending_summary(*tensors) -> GraphSummary:
+    """The pending graph of ``tensors`` as plain data (for front ends that draw it)."""
+    return summarize(_plan(tensors))
+
+
+def pending_count(*tensors) -> int:
+    """How many ops are pending for ``tensors`` (all live tensors when none are given)."""
+    return len(_plan(tensors).steps)
 
 
 def hlo(*tensors, dialect: str = "stablehlo", optimized: bool = False) -> str:
@@ -155,11 +214,6 @@ def hlo(*tensors, dialect: str = "stablehlo", optimized: bool = False) -> str:
         rec, _ = compiled_graph(plan, device, "xlanb.hlo(optimized=True)", user_frame())
         return rec.executable.as_text()
     return lower_graph(plan, device).as_text(dialect=dialect)
-
-
-def pending_count(*tensors) -> int:
-    """How many ops are pending for ``tensors`` (all live tensors when none are given)."""
-    return len(_plan(tensors).steps)
 
 
 INSTALL_DOT_HINT = ("Graphviz's `dot` is not installed: apt-get install graphviz "

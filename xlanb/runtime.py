@@ -41,8 +41,9 @@ def jax_context():
         yield
 
 
-def compile_jitted(fn, arg_specs, *, metric: str) -> "jax.stages.Compiled":
-    """Lower and compile ``fn`` for ``arg_specs``; time it into ``metric``.
+def compile_jitted(fn, arg_specs, *, metric: str):
+    """Trace, lower and compile ``fn`` for ``arg_specs``; time it all into ``metric``.
+    Returns ``(lowered, compiled)``.
 
     Persistent-cache hits and misses seen while doing so are counted as
     ``PersistentCacheHit`` / ``PersistentCacheMiss``.
@@ -51,11 +52,12 @@ def compile_jitted(fn, arg_specs, *, metric: str) -> "jax.stages.Compiled":
     _local.compiling = True
     try:
         with jax_context():
-            compiled = jax.jit(fn).lower(*arg_specs).compile()
+            lowered = jax.jit(fn).lower(*arg_specs)
+            compiled = lowered.compile()
     finally:
         _local.compiling = False
         metrics.record(metric, time.perf_counter() - t0)
-    return compiled
+    return lowered, compiled
 
 
 def _on_jax_event(event: str, **_kw) -> None:

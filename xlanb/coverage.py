@@ -1,0 +1,441 @@
+"""Op coverage measured against PyTorch's own OpInfo database (``op_db``).
+
+``python -m xlanb.coverage`` runs every OpInfo's sample inputs on the ``xla`` device, in
+eager mode and in lazy mode (with a sync after the op), compares each result with CPU
+torch (``torch.testing.assert_close``), and writes ``docs/op-coverage.md``: per op and
+dtype, pass / fail / CPU fallback / skipped with the reason, and totals per mode.
+
+``tests/test_opinfo.py`` uses the same machinery (``check_op``, ``check_grad``) and the
+same tables: ``TOLERANCES`` (looser tolerances, each with its reason), ``NONDETERMINISTIC``
+(ops whose values are random or uninitialized: shape and dtype are compared, not values)
+and ``EXPECTED_FAILURES`` (the one list of known failures, each with its reason; a test
+that starts passing fails, so the list only shrinks).
+
+A sample that runs any op on CPU torch (counted as ``aten::<op>`` in ``xlanb.metrics``)
+is a "fallback", never a "pass".
+
+Importing this module does not import torch's test database; ``op_db()`` does (it needs
+the ``expecttest`` package, which torch's test utilities import).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import gc
+import os
+import sys
+import time
+import traceback
+import warnings
+from typing import Iterable
+
+import torch
+
+import xlanb
+
+# ---------------------------------------------------------------------------------------
+# What is checked
+
+MODES_CHECKED = ("eager", "lazy")
+DTYPES_CHECKED = (torch.float32, torch.int64, torch.bool)
+DTYPE_NAMES = {torch.float32: "float32", torch.int64: "int64", torch.bool: "bool"}
+
+#: Samples per (op, dtype, mode) in the full run; the CI slice takes fewer.
+MAX_SAMPLES = 12
+
+#: Default tolerances: torch.testing.assert_close's defaults per dtype.
+#: Looser tolerances, per op, each with its reason: op key -> (atol, rtol, reason).
+TOLERANCES: dict[str, tuple[float, float, str]] = {}
+
+#: Ops whose values are random or uninitialized memory: only shape and dtype are compared.
+NONDETERMINISTIC: dict[str, str] = {
+    "bernoulli": "random",
+    "normal": "random",
+    "normal.number_mean": "random",
+    "normal.in_place": "random",
+    "uniform": "random",
+    "cauchy": "random",
+    "exponential": "random",
+    "geometric": "random",
+    "log_normal": "random",
+    "multinomial": "random",
+    "rand_like": "random",
+    "randn_like": "random",
+    "randint_like": "random",
+    "randint": "random",
+    "randn": "random",
+    "rand": "random",
+    "nn.functional.dropout": "random",
+    "nn.functional.dropout2d": "random",
+    "nn.functional.dropout3d": "random",
+    "nn.functional.alpha_dropout": "random",
+    "nn.functional.feature_alpha_dropout.with_train": "random",
+    "nn.functional.feature_alpha_dropout.without_train": "random",
+    "nn.functional.rrelu": "random",
+    "empty": "uninitialized memory",
+    "empty_like": "uninitialized memory",
+    "empty_strided": "uninitialized memory",
+    "empty_permuted": "uninitialized memory",
+    "new_empty": "uninitialized memory",
+    "new_empty_strided": "uninitialized memory",
+}
+
+#: The one list of expected failures: (op key, dtype name) -> reason. Applies to both
+#: modes (lazy matches eager); an entry for one mode only is keyed (op, dtype, mode).
+#: A listed case that passes fails the test: remove it from here.
+EXPECTED_FAILURES: dict[tuple, str] = {}
+
+
+def op_key(op) -> str:
+    return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+
+
+@functools.cache
+def op_db() -> dict:
+    """op key -> OpInfo, for every entry of torch's op_db."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch.testing._internal.common_methods_invocations import op_db as db
+    return {op_key(op): op for op in db}
+
+
+def supported_dtypes(op) -> list[torch.dtype]:
+    sup = op.supported_dtypes("cpu")
+    return [d for d in DTYPES_CHECKED if d in sup]
+
+
+def expected_failure(key: str, dtype: torch.dtype, mode: str) -> str | None:
+    name = DTYPE_NAMES[dtype]
+    return EXPECTED_FAILURES.get((key, name, mode)) or EXPECTED_FAILURES.get((key, name))
+
+
+# ---------------------------------------------------------------------------------------
+# Running one op
+
+
+@dataclasses.dataclass
+class Result:
+    status: str                 # pass | fail | fallback | skip
+    reason: str = ""
+    samples: int = 0            # samples run and compared
+    skipped_samples: int = 0    # samples CPU torch itself rejects
+    fallbacks: tuple = ()       # aten::<op> counters bumped
+    seconds: float = 0.0
+
+
+def _drain() -> None:
+    """Run or forget whatever is pending, so one failure cannot poison the next op."""
+    try:
+        xlanb.sync()
+        return
+    except Exception:
+        pass
+    gc.collect()
+    try:
+        xlanb.sync()
+    except Exception:
+        live = getattr(sys.modules.get("xlanb.sync"), "_live", None)
+        if live is not None:
+            live.clear()
+
+
+def _map(x, fn):
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map(e, fn) for e in x) if not hasattr(x, "_fields") else type(x)(*(_map(e, fn) for e in x))
+    if isinstance(x, dict):
+        return {k: _map(v, fn) for k, v in x.items()}
+    return x
+
+
+def _to_xla(x):
+    def one(t: torch.Tensor):
+        if t.device.type != "cpu":
+            return t
+        r = t.detach().to("xla")
+        return r.requires_grad_(t.requires_grad) if t.requires_grad else r
+    return _map(x, one)
+
+
+def _xla_device_args(x):
+    if isinstance(x, torch.device) and x.type == "cpu":
+        return torch.device("xla", 0)
+    if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
+        return type(x)(_xla_device_args(e) for e in x)
+    return x
+
+
+def _xla_sample(sample):
+    inp = _to_xla(sample.input)
+    args = tuple(_xla_device_args(_to_xla(a)) for a in sample.args)
+    kwargs = {k: (("xla" if v in ("cpu", torch.device("cpu")) else v) if k == "device"
+                  else _xla_device_args(_to_xla(v)))
+              for k, v in sample.kwargs.items()}
+    return inp, args, kwargs
+
+
+def _to_cpu(x):
+    def one(t):
+        return t.detach().cpu() if t.device.type == "xla" else t.detach()
+    return _map(x, one)
+
+
+def _fallback_counters() -> dict[str, int]:
+    return {n: xlanb.metrics.counter_value(n) or 0
+            for n in xlanb.metrics.counter_names() if n.startswith("aten::")}
+
+
+def _new_fallbacks(before: dict) -> list[str]:
+    after = _fallback_counters()
+    return sorted(n for n, v in after.items() if v > before.get(n, 0))
+
+
+def _compare(got, want, key: str, values: bool) -> None:
+    """assert_close with the op's tolerance; on xla results, also the device."""
+    if isinstance(want, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            raise AssertionError(f"expected a tensor, got {type(got).__name__}")
+        if got.device.type != "xla" and want.device.type == "cpu":
+            raise AssertionError(f"result is on {got.device}, not on the xla device")
+        g = got.detach().cpu()
+        if g.dtype != want.dtype or g.shape != want.shape:
+            raise AssertionError(f"result {g.dtype}{list(g.shape)}, torch gives "
+                                 f"{want.dtype}{list(want.shape)}")
+        if not values:
+            return
+        tol = TOLERANCES.get(key)
+        kw = dict(atol=tol[0], rtol=tol[1]) if tol else {}
+        torch.testing.assert_close(g, want.detach(), equal_nan=True, check_device=False, **kw)
+        return
+    if isinstance(want, (list, tuple)):
+        if not isinstance(got, (list, tuple)) or len(got) != len(want):
+            raise AssertionError(f"expected a sequence of {len(want)}, got {type(got).__name__}")
+        for g, w in zip(got, want):
+            _compare(g, w, key, values)
+        return
+    if isinstance(want, float) and isinstance(got, float) and values:
+        torch.testing.assert_close(got, want, equal_nan=True)
+        return
+    if values and got != want and not (got is None and want is None):
+        raise AssertionError(f"got {got!r}, torch gives {want!r}")
+
+
+def _first_line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    text = msg[0] if msg else ""
+    if isinstance(e, AssertionError) and len(msg) > 1:
+        text = " ".join(m.strip() for m in msg[:3])
+    return f"{type(e).__name__}: {text}"[:300]
+
+
+def samples_of(op, dtype, *, requires_grad=False, max_samples=None):
+    torch.manual_seed(0)
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for s in op.sample_inputs("cpu", dtype, requires_grad=requires_grad):
+            out.append(s)
+            if max_samples is not None and len(out) >= max_samples:
+                break
+    return out
+
+
+def check_op(op, dtype: torch.dtype, mode: str, *, max_samples: int | None = MAX_SAMPLES) -> Result:
+    """Run ``op``'s samples of ``dtype`` on xla in ``mode``; compare with CPU torch."""
+    key = op_key(op)
+    t0 = time.perf_counter()
+    values = key not in NONDETERMINISTIC
+    try:
+        samples = samples_of(op, dtype, max_samples=max_samples)
+    except Exception as e:
+        return Result("skip", f"sample inputs fail on CPU: {_first_line(e)}")
+    fn = op.op
+    n = skipped = 0
+    fallbacks: set = set()
+    failure = None
+    for sample in samples:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.manual_seed(0)
+                want = fn(sample.input, *sample.args, **sample.kwargs)
+        except Exception:
+            skipped += 1
+            continue
+        before = _fallback_counters()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                inp, args, kwargs = _xla_sample(sample)
+                with xlanb.mode(mode):
+                    torch.manual_seed(0)
+                    got = fn(inp, *args, **kwargs)
+                    if mode != "eager":
+                        xlanb.sync()
+                _compare(got, want, key, values)
+        except Exception as e:
+            failure = failure or f"{_first_line(e)} [sample {n + skipped}: {_describe(sample)}]"
+            _drain()
+        n += 1
+        fallbacks.update(_new_fallbacks(before))
+    dt = time.perf_counter() - t0
+    if failure:
+        return Result("fail", failure, n, skipped, tuple(sorted(fallbacks)), dt)
+    if fallbacks:
+        return Result("fallback", "runs on CPU: " + ", ".join(sorted(fallbacks)), n, skipped,
+                      tuple(sorted(fallbacks)), dt)
+    if n == 0:
+        return Result("skip", "CPU torch rejects every sample" if skipped else "no samples",
+                      0, skipped, (), dt)
+    return Result("pass", "", n, skipped, (), dt)
+
+
+def _describe(sample) -> str:
+    def d(x):
+        if isinstance(x, torch.Tensor):
+            return f"{str(x.dtype).replace('torch.', '')}{list(x.shape)}"
+        if isinstance(x, (list, tuple)):
+            return "[" + ", ".join(d(e) for e in x) + "]"
+        return repr(x)
+    parts = [d(sample.input)] + [d(a) for a in sample.args] + [f"{k}={d(v)}" for k, v in sample.kwargs.items()]
+    return ", ".join(parts)[:160]
+
+
+def check_grad(op, mode: str, *, max_samples: int = 3) -> Result:
+    """Gradients through ``op`` on xla match CPU torch's (float32, first samples)."""
+    key = op_key(op)
+    t0 = time.perf_counter()
+    try:
+        samples = samples_of(op, torch.float32, requires_grad=True, max_samples=max_samples)
+    except Exception as e:
+        return Result("skip", f"sample inputs fail on CPU: {_first_line(e)}")
+    n = skipped = 0
+    fallbacks: set = set()
+    failure = None
+    for sample in samples:
+        leaves = [t for t in _leaves((sample.input, sample.args, sample.kwargs))
+                  if t.requires_grad and t.is_floating_point()]
+        if not leaves:
+            skipped += 1
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out = sample.output_process_fn_grad(op.op(sample.input, *sample.args, **sample.kwargs))
+                outs = [o for o in _leaves(out) if o.requires_grad]
+                if not outs:
+                    skipped += 1
+                    continue
+                torch.manual_seed(1)
+                cots = [torch.randn_like(o) for o in outs]
+                want = torch.autograd.grad(outs, leaves, cots, allow_unused=True)
+        except Exception:
+            skipped += 1
+            continue
+        before = _fallback_counters()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                inp, args, kwargs = _xla_sample(sample)
+                xleaves = [t for t in _leaves((inp, args, kwargs))
+                           if t.requires_grad and t.is_floating_point()]
+                with xlanb.mode(mode):
+                    out = sample.output_process_fn_grad(op.op(inp, *args, **kwargs))
+                    xouts = [o for o in _leaves(out) if o.requires_grad]
+                    got = torch.autograd.grad(xouts, xleaves, [c.to("xla") for c in cots],
+                                              allow_unused=True)
+                    if mode != "eager":
+                        xlanb.sync()
+                for g, w in zip(got, want):
+                    if w is None:
+                        continue
+                    if g is None:
+                        raise AssertionError("gradient missing on xla")
+                    _compare(g, w, key, True)
+        except Exception as e:
+            failure = failure or f"{_first_line(e)} [sample {n + skipped}: {_describe(sample)}]"
+            _drain()
+        n += 1
+        fallbacks.update(_new_fallbacks(before))
+    dt = time.perf_counter() - t0
+    if failure:
+        return Result("fail", failure, n, skipped, tuple(sorted(fallbacks)), dt)
+    if fallbacks:
+        return Result("fallback", "runs on CPU: " + ", ".join(sorted(fallbacks)), n, skipped,
+                      tuple(sorted(fallbacks)), dt)
+    if n == 0:
+        return Result("skip", "no differentiable samples", 0, skipped, (), dt)
+    return Result("pass", "", n, skipped, (), dt)
+
+
+def _leaves(x):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for e in x:
+            yield from _leaves(e)
+    elif isinstance(x, dict):
+        for e in x.values():
+            yield from _leaves(e)
+
+
+# ---------------------------------------------------------------------------------------
+# The report
+
+
+def run(keys: Iterable[str] | None = None, modes=MODES_CHECKED, dtypes=DTYPES_CHECKED,
+        max_samples: int | None = MAX_SAMPLES, progress=None) -> dict:
+    """{(op key, dtype name, mode): Result} for the chosen ops (default: all of op_db)."""
+    db = op_db()
+    keys = list(db) if keys is None else list(keys)
+    results = {}
+    xlanb.config.warn_fallbacks = False
+    for i, key in enumerate(keys):
+        op = db[key]
+        sup = supported_dtypes(op)
+        for dtype in dtypes:
+            for mode in modes:
+                if dtype not in sup:
+                    r = Result("skip", "dtype not supported by torch on CPU")
+                else:
+                    try:
+                        r = check_op(op, dtype, mode, max_samples=max_samples)
+                    except Exception as e:  # the harness itself must never stop the report
+                        r = Result("fail", f"harness: {_first_line(e)}")
+                        _drain()
+                results[(key, DTYPE_NAMES[dtype], mode)] = r
+                if progress:
+                    progress(i, len(keys), key, DTYPE_NAMES[dtype], mode, r)
+    return results
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m xlanb.coverage", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ops", help="comma-separated op keys (default: all of op_db)")
+    p.add_argument("--modes", default=",".join(MODES_CHECKED))
+    p.add_argument("--dtypes", default=",".join(DTYPE_NAMES.values()))
+    p.add_argument("--max-samples", type=int, default=MAX_SAMPLES)
+    p.add_argument("--out", default=os.path.join("docs", "op-coverage.md"),
+                   help="markdown report path ('' to skip writing)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    a = p.parse_args(argv)
+    by_name = {v: k for k, v in DTYPE_NAMES.items()}
+    dtypes = [by_name[d] for d in a.dtypes.split(",")]
+    modes = a.modes.split(",")
+    keys = a.ops.split(",") if a.ops else None
+
+    def progress(i, n, key, dt, mode, r):
+        if a.verbose or r.status == "fail":
+            print(f"[{i + 1}/{n}] {key} {dt} {mode}: {r.status} {r.reason}", flush=True)
+
+    t0 = time.perf_counter()
+    results = run(keys, modes, dtypes, a.max_samples, progress)
+    print(f"{time.perf_counter() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""A plain-data description of a graph: per op its name, result type, arguments, source
+line, module scope and inputs. Pending graphs and compiled graphs share it, so the same
+renderers (text, DOT) and the recompile diff work on both, long after the IR is gone."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+_DTYPE_SHORT = {
+    torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
+    torch.int64: "s64", torch.int32: "s32", torch.int16: "s16", torch.int8: "s8",
+    torch.uint8: "u8", torch.bool: "pred", torch.complex64: "c64", torch.complex128: "c128",
+}
+
+
+def aval_text(meta) -> str:
+    """``f32[8,128]``; a tuple of them for multi-output ops."""
+    if isinstance(meta, tuple) and not hasattr(meta, "shape"):
+        return "(" + ", ".join(aval_text(m) for m in meta if m is not None) + ")"
+    return f"{_DTYPE_SHORT.get(meta.dtype, str(meta.dtype))}[{','.join(map(str, meta.shape))}]"
+
+
+class OpRecord(NamedTuple):
+    name: str     # aten::addmm
+    aval: str     # f32[8,16]
+    call: str     # %3, %10, %11, beta=1
+    src: str      # model.py:42 forward
+    scope: str    # BertModel.encoder.layer.0
+    ins: tuple    # positions of its inputs (leaves first, then ops)
+
+
+class GraphSummary(NamedTuple):
+    inputs: tuple   # aval text per leaf (positions 0..len-1)
+    ops: tuple      # OpRecord per op (positions len(inputs)..)
+    outputs: tuple  # positions of the graph's outputs
+
+
+def summarize(plan) -> GraphSummary:
+    from .dispatch import format_call
+    from .ir import format_src, leaf_meta
+    ops = []
+    k = 0
+    for (info, ins), node in zip(plan.steps, plan.op_nodes):
+        n = len(info.scalar_specs)
+        call = format_call(info, [f"%{p}" for p in ins], plan.scalars[k:k + n])
+        k += n
+        ops.append(OpRecord(info.name, aval_text(info.out), call, format_src(node.src),
+                            node.scope, ins))
+    return GraphSummary(tuple(aval_text(leaf_meta(n)) for n in plan.leaves), tuple(ops),
+                        tuple(plan.root_pos))
