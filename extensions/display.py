@@ -265,13 +265,27 @@ class Probe:
         return Activity(new, hit, d.get("counters", {}), d.get("metrics", {}))
 
 
+# A graph synced from inside a magic: xlanb records IPython's frame (or ours), not a line
+# of the user's; the graph's cause ("%xla_sync") says more.
+_MAGIC_SRC = re.compile(r"(run_line_magic|run_cell_magic)$|^<decorator-gen|^ipython\.py:\d+ xla_")
+
+
+def graph_where(g, resolver: SourceResolver = DEFAULT_RESOLVER) -> str:
+    """Where graph ``g`` was synced, as a reader would name it."""
+    src = g.src or ""
+    if _MAGIC_SRC.search(src):
+        cause = g.cause or ""
+        return cause if cause.startswith("%") else f"a magic ({cause})" if cause else "a magic"
+    return resolver.label(src)
+
+
 def graph_why(g, resolver: SourceResolver = DEFAULT_RESOLVER) -> str:
     """Why ``g`` compiled: its recompile explanation, or that it is the first graph seen
     from its source line."""
     expl = getattr(g, "explanation", "") or ""
     if expl:
         return "recompile: " + resolver.relabel(expl)
-    where = resolver.label(g.src)
+    where = graph_where(g, resolver)
     return f"new graph at {where}" if where else "new graph"
 
 
@@ -391,11 +405,13 @@ class PendingGraph(Rich):
 
     def __init__(self, text: str, n_ops: int, *, dot: str | None = None,
                  svg: str | None = None, show_dot: bool = False, note: str = "",
-                 title: str = "") -> None:
+                 title: str = "", compiled: bool = False) -> None:
         self.ir_text, self.n_ops, self.dot, self._svg = text, n_ops, dot, svg
-        self.show_dot, self.note, self.title = show_dot, note, title
+        self.show_dot, self.note, self.title, self.compiled = show_dot, note, title, compiled
 
     def _header(self) -> str:
+        if self.compiled:
+            return f"{self.title}: {plural(self.n_ops, 'op')}"
         mode = xlanb.get_mode()
         what = f" of {self.title}" if self.title else ""
         return f"pending{what}: {plural(self.n_ops, 'op')} (mode {mode})"
@@ -609,11 +625,13 @@ class GraphsTable(Rich):
             expl = getattr(g, "explanation", "") or ""
             self.rows.append((str(i), g.hash[:12], str(g.n_nodes), str(g.n_inputs),
                               str(g.n_outputs), fmt_time(g.compile_time), str(g.hits),
-                              fmt_time(g.run_time), g.cause, resolver.label(g.src),
+                              fmt_time(g.run_time), g.cause, graph_where(g, resolver),
                               resolver.relabel(expl) if expl else "first from this line"))
         by_src: dict[str, int] = {}
+        self._example: dict[str, object] = {}
         for g in graphs:
             by_src[g.src] = by_src.get(g.src, 0) + 1
+            self._example.setdefault(g.src, g)
         self.hot = {s: n for s, n in by_src.items() if n > 1}
         self.resolver = resolver
 
@@ -621,7 +639,11 @@ class GraphsTable(Rich):
         if not self.hot:
             return ""
         worst = max(self.hot, key=self.hot.get)
-        label, code = self.resolver.resolve(worst)
+        g = self._example[worst]
+        if _MAGIC_SRC.search(worst or ""):
+            label, code = graph_where(g, self.resolver), ""
+        else:
+            label, code = self.resolver.resolve(worst)
         return (f"{self.hot[worst]} graphs were compiled from {label}"
                 + (f"  ({code})" if code else "")
                 + ": a graph that changes from step to step recompiles every step.")
@@ -664,7 +686,7 @@ class SyncSummary(Rich):
                 out.append(f"xla sync ({self.mode}): {plural(g.n_nodes, 'op')} -> graph "
                            f"{g.hash[:12]} · cache hit (no compile; reused "
                            f"{plural(g.hits, 'time')} so far)")
-                out.append(f"  compiled earlier at {self.resolver.label(g.src) or '?'} "
+                out.append(f"  compiled earlier at {graph_where(g, self.resolver) or '?'} "
                            f"in {fmt_time(g.compile_time)}")
             out.append(f"  run: {run}")
         else:
@@ -699,6 +721,11 @@ class ExplainReport(Rich):
         label, code = self.resolver.resolve(src)
         return f"{label}: {code}" if code else (label or "?")
 
+    def _where_graph(self, g) -> str:
+        if _MAGIC_SRC.search(g.src or ""):
+            return graph_where(g, self.resolver)
+        return self._where(g.src)
+
     def sections(self) -> list[tuple[str, list[str]]]:
         a = self.a
         secs: list[tuple[str, list[str]]] = []
@@ -709,21 +736,22 @@ class ExplainReport(Rich):
                 by_src[g.src] = by_src.get(g.src, 0) + 1
                 items.append(f"graph {g.hash[:12]}: {plural(g.n_nodes, 'op')}, "
                              f"compiled in {fmt_time(g.compile_time)}, cause: {g.cause}")
-                items.append(f"    synced at  {self._where(g.src)}")
+                items.append(f"    synced at  {self._where_graph(g)}")
                 items.append(f"    why        {graph_why(g, self.resolver)}")
             secs.append((f"{plural(len(a.new_graphs), 'graph')} compiled "
                          f"({fmt_time(a.total('CompileTime'))})", items))
             hot = {s: n for s, n in by_src.items() if n > 1}
             if hot:
                 s = max(hot, key=hot.get)
+                example = next(g for g in a.new_graphs if g.src == s)
                 secs.append(("recompiles", [
-                    f"{hot[s]} different graphs were compiled from {self._where(s)}.",
+                    f"{hot[s]} different graphs were compiled from {self._where_graph(example)}.",
                     "The graph changes between syncs (a shape that grows, an op that depends "
                     "on data, a Python value baked in), so every step compiles again.",
                     "The 'why' lines above name the first difference."]))
         if a.hit_graphs:
             items = [f"graph {g.hash[:12]} ×{n} ({plural(g.n_nodes, 'op')}, first compiled at "
-                     f"{self.resolver.label(g.src) or '?'})" for g, n in a.hit_graphs[:8]]
+                     f"{graph_where(g, self.resolver) or '?'})" for g, n in a.hit_graphs[:8]]
             if len(a.hit_graphs) > 8:
                 items.append(f"... and {len(a.hit_graphs) - 8} more")
             secs.append((f"{plural(a.cache_hits, 'graph')} reused from the cache", items))

@@ -142,6 +142,8 @@ class XlaMagics(Magics):
               help="an SVG picture drawn by Graphviz (the default in a notebook)")
     @argument("--depth", type=int, default=None, metavar="N",
               help="only the ops fewer than N steps before the outputs")
+    @argument("--collapse", type=int, default=None, metavar="N",
+              help="picture/DOT only: draw each module scope deeper than N levels as one box")
     @line_magic
     def xla_pending(self, line: str = ""):
         """Show the pending IR graph: what the next sync would compile.
@@ -150,8 +152,13 @@ class XlaMagics(Magics):
         and the graph is left as it was.
         """
         args = parse_argstring(self.xla_pending, line)
-        if args.depth is not None and args.depth < 1:
-            raise UsageError(f"--depth must be a positive integer, got {args.depth}")
+        for opt in ("depth", "collapse"):
+            v = getattr(args, opt)
+            if v is not None and v < 1:
+                raise UsageError(f"--{opt} must be a positive integer, got {v}")
+        if args.depth is not None and args.collapse is not None:
+            raise UsageError("use --depth (the last N levels) or --collapse (module scopes), "
+                             "not both")
         tensors = self._lookup(args.names)
         title = " ".join(args.names)
         fmt = args.fmt
@@ -165,11 +172,14 @@ class XlaMagics(Magics):
         dot = svg = None
         note = ""
         if fmt in ("dot", "svg") and n_ops:
-            dot = xlanb.pending_ir(*tensors, fmt="dot")
+            if args.collapse is not None:  # the core's DOT depth collapses module scopes
+                dot = xlanb.pending_ir(*tensors, fmt="dot", depth=args.collapse)
+            else:
+                dot = xlanb.pending_ir(*tensors, fmt="dot")
             if args.depth is not None:
                 dot = xd.filter_dot(dot, args.depth)
         if fmt == "svg" and n_ops:
-            if n_ops > xd.SVG_MAX_OPS and args.depth is None:
+            if n_ops > xd.SVG_MAX_OPS and args.depth is None and args.collapse is None:
                 note = (f"{n_ops} ops is too many to draw: showing text. Use --depth N to draw "
                         "the last N levels.")
             else:
@@ -286,12 +296,18 @@ class XlaMagics(Magics):
 
     @magic_arguments()
     @argument("--last", type=int, default=None, metavar="N", help="only the last N graphs")
+    @argument("--show", type=int, default=None, metavar="I",
+              help="draw graph #I (SVG in a notebook, its IR as text in a terminal)")
+    @argument("--text", action="store_true", help="with --show: the IR as text")
     @line_magic
     def xla_graphs(self, line: str = ""):
         """Every compiled graph: hash, size, compile time, cache hits, cause, source line,
         and why it compiled (how it differs from the previous graph from that line)."""
         args = parse_argstring(self.xla_graphs, line)
         gs = list(xlanb.graphs())
+        if args.show is not None:
+            self._show_graph(gs, args.show, text_only=args.text)
+            return
         first = 0
         if args.last is not None:
             if args.last < 1:
@@ -299,6 +315,25 @@ class XlaMagics(Magics):
             first = max(len(gs) - args.last, 0)
             gs = gs[first:]
         self._show(xd.GraphsTable(gs, self.resolver, first))
+
+    def _show_graph(self, gs: list, index: int, text_only: bool) -> None:
+        if not -len(gs) <= index < len(gs):
+            raise UsageError(f"there is no graph #{index}: {len(gs)} graphs were compiled "
+                             "(see %xla_graphs)")
+        g = gs[index]
+        if not hasattr(g, "ir_text"):
+            raise UsageError("this version of xlanb keeps no IR for compiled graphs")
+        text = self.resolver.relabel(g.ir_text())
+        svg, note = None, ""
+        if not text_only and "image/svg+xml" in self._rich():
+            try:
+                svg = xd.render_svg(g.dot()) if g.n_nodes <= xd.SVG_MAX_OPS else None
+            except Exception as e:
+                note = str(e)
+        why = xd.graph_why(g, self.resolver)
+        self._show(xd.PendingGraph(text, g.n_nodes, svg=svg, note=note,
+                                   title=f"graph #{index % len(gs)} {g.hash[:12]} ({why})",
+                                   compiled=True))
 
     # ------------------------------------------------------------------ %%xla_explain
 

@@ -412,9 +412,6 @@ def _slice_step(preds, i, out):
     xlanb.sync()
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: a recompile caused by changed static "
-                   "arguments (slice offsets) is explained only as 'wiring or static "
-                   "arguments differ', without the op or the source line")
 def test_changed_static_argument_is_explained():
     preds = torch.zeros(12, 43).to("xla")
     out = torch.ones(3, 43).to("xla")
@@ -428,8 +425,6 @@ def test_changed_static_argument_is_explained():
     assert "aten::slice" in e and f"{HERE}:{_marked('slice')}" in e, e
 
 
-@pytest.mark.xfail(strict=True, reason="core: the 'compiles too frequent' warning that "
-                   "names the cause (issue 4, item 6) is not implemented")
 def test_too_frequent_compiles_warn_naming_the_cause():
     """The issue asks for a torch_xla-style "compiles too frequent" warning that names
     the cause (the torch.cat line and the growing shape)."""
@@ -482,8 +477,6 @@ def test_added_ops_are_explained():
     assert HERE in e
 
 
-@pytest.mark.xfail(strict=True, reason="core: XLANB_DEBUG=1 printing recompile "
-                   "explanations as they happen (issue 4, item 6) is not implemented")
 def test_xlanb_debug_prints_recompile_explanations():
     code = textwrap.dedent("""
         import torch, xlanb

@@ -24,6 +24,9 @@ from xlanb.extensions import display as xd  # noqa: E402
 from xlanb.extensions.ipython import XlaMagics  # noqa: E402
 
 HAVE_DOT = shutil.which("dot") is not None
+
+# These tests recompile on purpose; the core's frequent-recompile warning is expected.
+pytestmark = pytest.mark.filterwarnings("ignore:xlanb. compiles too frequent")
 MAGICS = ("xla_mode", "xla_pending", "xla_sync", "xla_hlo", "xla_peek", "xla_metrics",
           "xla_graphs", "xla_status")
 
@@ -535,3 +538,35 @@ def test_source_resolver_labels_cells():
         "shape change: aten::cat at In[7] line 4: f32[2] -> f32[3]"
     assert r.label("train.py:51 step") == "train.py:51 step"
     assert r.label("ipython.py:120 xla_sync") == "%xla_sync"
+
+
+def test_pending_collapse_scopes(ip):
+    run(ip, f"m = torch.nn.Sequential(torch.nn.Linear({fresh()}, 4), torch.nn.ReLU()).to('xla')\n"
+            "v = m(torch.ones(2, m[0].in_features).to('xla')).sum()")
+    _, _, (b,) = magic(ip, "xla_pending", "v --dot --collapse 1")
+    assert "Sequential" in b["text/plain"] and "3 ops" in b["text/plain"]
+    with pytest.raises(UsageError, match="not both"):
+        ip.run_line_magic("xla_pending", "v --depth 1 --collapse 1")
+    ip.user_ns.pop("m")
+
+
+def test_graphs_show_one_graph(both):
+    record(both)
+    xlanb.sync()
+    _, _, (b,) = magic(both, "xla_graphs", "--show -1")
+    assert "graph #" in b["text/plain"] and "aten::mm" in b["text/plain"]
+    if both.display_kind == "notebook" and HAVE_DOT:
+        assert "<svg" in b["image/svg+xml"]
+    _, _, (b,) = magic(both, "xla_graphs", "--show -1 --text")
+    assert "image/svg+xml" not in b
+    with pytest.raises(UsageError, match="no graph #"):
+        both.run_line_magic("xla_graphs", f"--show {len(xlanb.graphs())}")
+
+
+def test_graphs_synced_inside_a_magic_are_named_by_the_magic():
+    from types import SimpleNamespace as G
+    for src in ("interactiveshell.py:2417 run_line_magic", "ipython.py:203 xla_sync"):
+        assert xd.graph_where(G(src=src, cause="%xla_sync")) == "%xla_sync"
+    assert xd.graph_where(G(src="interactiveshell.py:1 run_line_magic",
+                            cause="xlanb.hlo(optimized=True)")) == "a magic (xlanb.hlo(optimized=True))"
+    assert xd.graph_where(G(src="train.py:3 step", cause="user sync")) == "train.py:3 step"

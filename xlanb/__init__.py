@@ -17,7 +17,7 @@ from . import metrics  # noqa: E402
 from .config import config  # noqa: E402
 from .devices import device_count  # noqa: E402
 from .executor import CompiledGraph  # noqa: E402
-from .executor import GraphList, graphs  # noqa: E402
+from .executor import GraphList, RecompileWarning, graphs  # noqa: E402
 from .inspection import hlo, pending_count, pending_ir, pending_summary, render_svg  # noqa: E402
 from .ir import install_scope_hooks as _install_scope_hooks  # noqa: E402
 from .modes import MODES, get_mode, mode, set_mode  # noqa: E402
@@ -28,7 +28,7 @@ _install_scope_hooks()
 
 __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "sync",
            "mark_step", "peek", "pending_ir", "pending_count", "pending_summary", "render_svg", "hlo", "graphs",
-           "GraphList", "metrics", "config", "XlaTensor", "CompiledGraph",
+           "GraphList", "RecompileWarning", "metrics", "config", "XlaTensor", "CompiledGraph",
            "manual_seed", "set_trace", "load_ipython_extension", "unload_ipython_extension"]
 
 __version__ = "0.1.0"
@@ -43,6 +43,7 @@ def device(index: int = 0) -> torch.device:
 
 def mark_step() -> None:
     """torch_xla's name for ``sync()``."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     sync(cause="user sync (mark_step)")
 
 
@@ -52,6 +53,7 @@ def peek(t: torch.Tensor) -> torch.Tensor:
     The pending graph is left exactly as it was: the next ``sync()`` compiles the same
     graph and hits the same cache entry as it would have without the peek.
     """
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     from .dispatch import value_node
     from .sync import peek_node
     from .transfer import array_to_host

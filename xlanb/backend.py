@@ -24,17 +24,21 @@ def _check_torch():
 
 class _Guard(torch._C._acc.DeviceGuard if hasattr(torch._C, "_acc") else object):
     def type_(self):
+        __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
         return torch._C._autograd.DeviceType.PrivateUse1
 
 
 class _Hooks(torch._C._acc.PrivateUse1Hooks if hasattr(torch._C, "_acc") else object):
     def is_available(self):
+        __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
         return True
 
     def has_primary_context(self, device_index):
+        __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
         return True
 
     def is_built(self):
+        __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
         return True
 
 

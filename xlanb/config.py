@@ -4,6 +4,7 @@
 ``XLANB_PLATFORM``   JAX platform for the xla device (cpu | gpu | tpu); default: JAX's default
 ``XLANB_CACHE_DIR``  persistent compilation cache directory; empty turns it off
 ``XLANB_INSPECT``    how repr/print show a pending tensor (peek | sync | meta)
+``XLANB_DEBUG``      1: print each recompile and its explanation as it happens
 """
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ class Config:
         self.inspect = os.environ.get("XLANB_INSPECT", "peek")
         # Warn once per op that falls back to CPU torch.
         self.warn_fallbacks = True
+        # Print every recompile with its explanation (XLANB_DEBUG=1).
+        self.debug = os.environ.get("XLANB_DEBUG", "") not in ("", "0")
+        # Warn when one source line compiles this many graphs in at most twice as many syncs.
+        self.frequent_compiles = 3
 
     @property
     def inspect(self) -> str:

@@ -11,6 +11,17 @@ def _pending_ops(node) -> int:
     return 0 if node.data is not None else len(plan_graph([node]).steps)
 
 
+def scalar_value(t):
+    """A 0-dim tensor's Python value for formatting: peeked unless inspect is "sync"."""
+    from .dispatch import value_node
+    from .sync import peek_node
+    from .transfer import array_to_host
+    if config.inspect == "sync":
+        return t.item()
+    with torch._C._DisableTorchDispatch():
+        return array_to_host(peek_node(value_node(t))).item()
+
+
 def tensor_repr(t) -> str:
     from .dispatch import value_node
     from .sync import peek_node, sync

@@ -3,13 +3,16 @@ single-op executable cache, plus the record of every compiled graph and why it c
 """
 from __future__ import annotations
 
+import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import jax
 import numpy as np
 
 from . import metrics
+from .config import config
 from .devices import jax_device
 from .dtypes import to_jax_dtype
 from .explain import explain
@@ -213,10 +216,38 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src) -> tuple[Compi
     return rec, False
 
 
+class RecompileWarning(UserWarning):
+    """Graphs from one source line keep compiling (the graph is dynamic)."""
+
+
+_syncs_at: dict[str, int] = {}     # source line -> lazy syncs from there
+_compiles_at: dict[str, int] = {}  # source line -> new graphs from there
+
+
+def _report_compile(rec: CompiledGraph, src) -> None:
+    """XLANB_DEBUG printing, and the too-frequent warning that names the cause."""
+    n = _compiles_at[rec.src] = _compiles_at.get(rec.src, 0) + 1
+    if config.debug and rec.explanation:
+        print(f"xlanb: new graph {rec.hash[:12]} ({rec.cause} at {rec.src}): {rec.explanation}",
+              file=sys.stderr)
+    syncs = _syncs_at.get(rec.src, 0)
+    if rec.explanation and n >= config.frequent_compiles and 2 * n >= syncs:
+        msg = (f"xlanb: compiles too frequent: {n} graphs in {syncs} syncs at "
+               f"{rec.src or '?'} ({rec.cause}); latest: {rec.explanation}")
+        if src is not None:  # point the warning at the user's line, not at xlanb
+            warnings.warn_explicit(msg, RecompileWarning, src[0].co_filename, src[1])
+        else:
+            warnings.warn(msg, RecompileWarning, stacklevel=3)
+
+
 def run_graph(plan: GraphPlan, device: int, cause: str, src) -> list:
     """Compile (or find) the graph of ``plan`` and run it; returns the roots' arrays."""
+    where = format_src(src)
+    _syncs_at[where] = _syncs_at.get(where, 0) + 1
     rec, fresh = compiled_graph(plan, device, cause, src)
-    if not fresh:
+    if fresh:
+        _report_compile(rec, src)
+    else:
         metrics.counter("CachedCompile")
         rec.hits += 1
     t0 = time.perf_counter()
@@ -259,9 +290,12 @@ def run_op_by_op(plan: GraphPlan, keep: dict | None = None) -> list:
 
 def graphs() -> GraphList:
     """Every compiled graph with its cause, source line, times, hits and explanation."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     return GraphList(graph_log)
 
 
 def clear_graph_cache() -> None:
     _graph_cache.clear()
     graph_log.clear()
+    _syncs_at.clear()
+    _compiles_at.clear()

@@ -33,10 +33,16 @@ def explain(prev: GraphSummary, new: GraphSummary) -> str:
                     break
             else:
                 reasons.append(f"inputs changed: {len(prev.inputs)} -> {len(new.inputs)} inputs")
+        if not reasons:
+            for a, b in zip(prev.ops, new.ops):
+                if a.static != b.static:
+                    reasons.append(f"static arguments of {b.name}{_where(b)}: "
+                                   f"({b.static}) now, ({a.static}) before")
+                    break
         if not reasons and prev.outputs != new.outputs:
             reasons.append(f"outputs changed: {len(prev.outputs)} -> {len(new.outputs)} live tensors")
         if not reasons:
-            reasons.append("same ops and shapes; wiring or static arguments differ")
+            reasons.append("same ops, shapes and arguments; the wiring between ops differs")
         return "; ".join(reasons)
     matcher = difflib.SequenceMatcher(a=old_names, b=new_names, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():

@@ -11,6 +11,7 @@ import torch
 
 from . import metrics
 from .config import config
+from .ir import user_frame
 from .tensor import XlaTensor
 
 _warned: set = set()
@@ -49,9 +50,13 @@ def cpu_fallback(func, args, kwargs):
     metrics.counter(name)
     if config.warn_fallbacks and name not in _warned:
         _warned.add(name)
-        warnings.warn(f"xlanb: {name} has no lowering and runs on CPU torch "
-                      f"(inputs are fetched from the device; counted as {name!r})",
-                      stacklevel=3)
+        msg = (f"xlanb: {name} has no lowering and runs on CPU torch "
+               f"(inputs are fetched from the device; counted as {name!r})")
+        src = user_frame()
+        if src is not None:  # point at the user's line, not at xlanb's dispatch
+            warnings.warn_explicit(msg, UserWarning, src[0].co_filename, src[1])
+        else:
+            warnings.warn(msg, stacklevel=3)
     device = 0
     host_of: dict[int, torch.Tensor] = {}
 

@@ -178,6 +178,7 @@ def pending_ir(*tensors, fmt: str = "text", depth: int | None = None) -> str:
 
     ``depth`` keeps only the ops at most that many hops before the outputs (text), or
     collapses module scopes deeper than ``depth`` levels (DOT)."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     if fmt not in ("text", "dot"):
         raise ValueError(f"fmt must be 'text' or 'dot', got {fmt!r}")
     if depth is not None and (not isinstance(depth, int) or depth < 1):
@@ -193,6 +194,7 @@ def pending_summary(*tensors) -> GraphSummary:
 
 def pending_count(*tensors) -> int:
     """How many ops are pending for ``tensors`` (all live tensors when none are given)."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     return len(_plan(tensors).steps)
 
 
@@ -202,6 +204,7 @@ def hlo(*tensors, dialect: str = "stablehlo", optimized: bool = False) -> str:
     ``optimized=True`` compiles it (through the graph cache, so the sync that follows
     reuses the executable) and returns XLA's optimized HLO.
     """
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     from .executor import compiled_graph, lower_graph
     from .ir import user_frame
     if dialect not in ("stablehlo", "hlo"):

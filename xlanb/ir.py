@@ -201,17 +201,30 @@ def _leaf_key(node: Node) -> int:
 
 _torch_dir = os.path.dirname(torch.__file__) + os.sep
 _xlanb_dir = os.path.dirname(__file__) + os.sep
-_SKIP_PREFIXES = (_torch_dir, _xlanb_dir, contextlib.__file__)
+_stdlib_dir = os.path.dirname(contextlib.__file__) + os.sep
+# Frames that are never "the user's line": torch, xlanb and its front ends (extensions/
+# may live outside xlanb/ in an editable install), and the debugger/REPL machinery that
+# runs a command typed at a prompt (so a sync from pdb is credited to where it stopped).
+_SKIP_PREFIXES = (
+    _torch_dir, _xlanb_dir,
+    os.path.join(os.path.dirname(os.path.dirname(__file__)), "extensions") + os.sep,
+    contextlib.__file__,
+    *(os.path.join(_stdlib_dir, m) for m in ("bdb.py", "pdb.py", "cmd.py", "code.py")),
+)
 
 
 def user_frame():
     """(code, lineno) of the innermost frame outside torch and xlanb, or None."""
     f = sys._getframe(2)
     while f is not None:
-        if not f.f_code.co_filename.startswith(_SKIP_PREFIXES):
+        name = f.f_code.co_filename
+        if not name.startswith(_SKIP_PREFIXES) and not name.endswith(_SKIP_SUFFIXES):
             return (f.f_code, f.f_lineno)
         f = f.f_back
     return None
+
+
+_SKIP_SUFFIXES = (os.sep + os.path.join("IPython", "core", "debugger.py"),)
 
 
 def format_src(src) -> str:
@@ -230,6 +243,7 @@ def current_scope() -> str:
 
 
 def _enter_module(module, _args):
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     name = _module_names.get(module)
     if name is None:
         if _scope_stack:
@@ -243,6 +257,7 @@ def _enter_module(module, _args):
 
 
 def _exit_module(module, _args, _out):
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     if _scope_stack:
         _scope_stack.pop()
 

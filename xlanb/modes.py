@@ -34,6 +34,7 @@ def get_mode() -> str:
 def set_mode(name: str) -> None:
     """Switch modes. Leaving a recording mode for eager syncs the pending work first, so
     that eager ops only ever see device data (the sync's cause is "mode switch")."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     _check(name)
     if name == state.mode:
         return
@@ -47,6 +48,7 @@ def set_mode(name: str) -> None:
 @contextlib.contextmanager
 def mode(name: str):
     """``with xlanb.mode("eager"): ...`` switches for the block, then back."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     previous = state.mode
     set_mode(name)
     try:

@@ -28,12 +28,23 @@ class OpRecord(NamedTuple):
     src: str      # model.py:42 forward
     scope: str    # BertModel.encoder.layer.0
     ins: tuple    # positions of its inputs (leaves first, then ops)
+    static: str   # ``call`` with lifted floats as <float>: what the compile depends on
 
 
 class GraphSummary(NamedTuple):
     inputs: tuple   # aval text per leaf (positions 0..len-1)
     ops: tuple      # OpRecord per op (positions len(inputs)..)
     outputs: tuple  # positions of the graph's outputs
+
+
+class _Lifted(float):
+    """Stands for a lifted float (a graph input, not part of the compiled program)."""
+
+    def __format__(self, spec):
+        return "<float>"
+
+
+_LIFTED = _Lifted(0.0)
 
 
 def summarize(plan) -> GraphSummary:
@@ -43,9 +54,11 @@ def summarize(plan) -> GraphSummary:
     k = 0
     for (info, ins), node in zip(plan.steps, plan.op_nodes):
         n = len(info.scalar_specs)
-        call = format_call(info, [f"%{p}" for p in ins], plan.scalars[k:k + n])
+        names = [f"%{p}" for p in ins]
+        call = format_call(info, names, plan.scalars[k:k + n])
+        static = format_call(info, names, [_LIFTED] * n) if n else call
         k += n
         ops.append(OpRecord(info.name, aval_text(info.out), call, format_src(node.src),
-                            node.scope, ins))
+                            node.scope, ins, static))
     return GraphSummary(tuple(aval_text(leaf_meta(n)) for n in plan.leaves), tuple(ops),
                         tuple(plan.root_pos))

@@ -88,6 +88,7 @@ def materialize(roots: list[Node], cause: str) -> None:
 
 def sync(cause: str = "user sync") -> None:
     """Run all pending work as one graph (per device). Alias: ``mark_step``."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     roots = pending_roots()
     if roots:
         materialize(roots, cause)

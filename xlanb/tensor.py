@@ -77,15 +77,19 @@ class XlaTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
         return _dispatch(func, args, kwargs or {})
 
     def __repr__(self, *, tensor_contents=None) -> str:
+        __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
         from .display import tensor_repr
         return tensor_repr(self)
 
     def __format__(self, spec: str) -> str:
+        __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
         if self.dim() == 0 and spec:
-            return format(self.item(), spec)
+            from .display import scalar_value
+            return format(scalar_value(self), spec)
         return repr(self)
 
     # The traceable-subclass protocol makes nn.Module.to("xla") swap each parameter in
@@ -100,7 +104,16 @@ class XlaTensor(torch.Tensor):
         meta, storage, view = ctx
         return XlaTensor(meta, storage, view)
 
+    def __bool__(self) -> bool:
+        __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+        # Its own cause: "if loss > 0:" cuts the graph, and the user should see it was bool.
+        if self.numel() != 1:
+            raise RuntimeError("Boolean value of Tensor with more than one value is ambiguous")
+        from .transfer import to_host
+        return bool(to_host(self, cause="value needed by bool()").item())
+
     def tolist(self):
+        __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
         from .transfer import to_host
         return to_host(self, cause="value needed by .tolist()").tolist()
 
