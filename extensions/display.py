@@ -366,7 +366,7 @@ def filter_dot(dot: str, depth: int) -> str:
                 ln = f"  cut{a} -> n{b} [style=dashed];"
         if ln.strip() == "}" and ln == lines[-1]:
             for a in sorted(stubs):
-                out.append(f'  cut{a} [label="…", shape=plaintext, tooltip="%{a} and earlier '
+                out.append(f'  cut{a} [label="…", shape=plaintext, style="", tooltip="%{a} and earlier '
                            f'ops not shown (depth={depth})"];')
         out.append(ln)
     return "\n".join(out)

@@ -143,7 +143,8 @@ class XlaMagics(Magics):
     @argument("--depth", type=int, default=None, metavar="N",
               help="only the ops fewer than N steps before the outputs")
     @argument("--collapse", type=int, default=None, metavar="N",
-              help="picture/DOT only: draw each module scope deeper than N levels as one box")
+              help="picture/DOT only: fold the ops of module scopes nested deeper than N "
+                   "levels into one box per level-N scope")
     @line_magic
     def xla_pending(self, line: str = ""):
         """Show the pending IR graph: what the next sync would compile.
