@@ -88,3 +88,11 @@ def manual_seed(seed: int) -> None:
     """Seed the device's random ops (``torch.manual_seed`` does this too)."""
     from . import rng
     rng.manual_seed(seed)
+
+
+def __getattr__(name: str):
+    # ``xlanb.widgets`` imports ipywidgets only when asked for: the core never does.
+    if name == "widgets":
+        import importlib
+        return importlib.import_module("xlanb.extensions.widgets")
+    raise AttributeError(f"module 'xlanb' has no attribute {name!r}")
