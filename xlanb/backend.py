@@ -70,13 +70,14 @@ def _index(device) -> int:
 
 
 def _empty(size, dtype, device, stride=None):
-    from .dispatch import _contiguous_strides, empty_info
+    from .opinfo import empty_info
+    from .signature import contiguous_strides
     from .ir import Node, TensorMeta
     from .tensor import new_tensor
     shape = tuple(int(s) for s in size)
     dtype = dtype or torch.get_default_dtype()
     idx = _index(device)
-    meta = TensorMeta(shape, tuple(stride) if stride is not None else _contiguous_strides(shape), dtype)
+    meta = TensorMeta(shape, tuple(stride) if stride is not None else contiguous_strides(shape), dtype)
     return new_tensor(Node(empty_info(meta, idx)), meta, idx)
 
 
@@ -90,8 +91,8 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
 
 
 def _copy_from(self, dst, non_blocking=False):
-    from .dispatch import _copy_
-    return _copy_(None, (dst, self), {})
+    from .dispatch import copy_into
+    return copy_into(dst, self)
 
 
 def _copy_from_and_resize(self, dst):

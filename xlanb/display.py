@@ -24,7 +24,7 @@ def scalar_value(t):
 
 def tensor_repr(t) -> str:
     from .dispatch import value_node
-    from .sync import peek_node, sync
+    from .sync import peek_node
     from .transfer import array_to_host, to_host
     how = config.inspect
     suffix = [f"device='{t.device}'"]

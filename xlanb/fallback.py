@@ -43,7 +43,7 @@ def _check_supported(func, args, kwargs):
 
 
 def cpu_fallback(func, args, kwargs):
-    from .dispatch import _copy_
+    from .dispatch import copy_into
     from .transfer import to_device, to_host
     _check_supported(func, args, kwargs)
     name = _op_name(func)
@@ -87,7 +87,7 @@ def cpu_fallback(func, args, kwargs):
             x = args[i] if i < len(args) else kwargs.get(a.name)
             for t in (x if isinstance(x, (list, tuple)) else (x,)):
                 if isinstance(t, XlaTensor):
-                    _copy_(None, (t, host_of[id(t)]), {})
+                    copy_into(t, host_of[id(t)])
 
     def back(o):
         if isinstance(o, torch.Tensor) and o.layout in _UNSUPPORTED_LAYOUTS:

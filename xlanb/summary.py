@@ -48,7 +48,7 @@ _LIFTED = _Lifted(0.0)
 
 
 def summarize(plan) -> GraphSummary:
-    from .dispatch import format_call
+    from .signature import format_call
     from .ir import format_src, leaf_meta
     ops = []
     k = 0

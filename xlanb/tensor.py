@@ -9,8 +9,6 @@ after its base changed replays the chain.
 """
 from __future__ import annotations
 
-import functools
-import weakref
 
 import torch
 

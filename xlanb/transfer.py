@@ -14,7 +14,8 @@ from .dtypes import numpy_to_tensor, tensor_to_numpy
 
 def to_device(cpu: torch.Tensor, device: int):
     """A new xla tensor holding a copy of the CPU tensor ``cpu``."""
-    from .dispatch import _contiguous_strides, data_info
+    from .opinfo import data_info
+    from .signature import contiguous_strides
     from .ir import Node, TensorMeta
     from .tensor import new_tensor
     t0 = time.perf_counter()
@@ -23,7 +24,7 @@ def to_device(cpu: torch.Tensor, device: int):
         data = jax.device_put(arr, jax_device(device))
     metrics.record("TransferToDeviceTime", time.perf_counter() - t0)
     shape = tuple(cpu.shape)
-    meta = TensorMeta(shape, _contiguous_strides(shape), cpu.dtype)
+    meta = TensorMeta(shape, contiguous_strides(shape), cpu.dtype)
     return new_tensor(Node(data_info(meta, device), data=data), meta, device)
 
 
