@@ -146,14 +146,7 @@ def render_dot(g: GraphSummary, scope_depth: int | None = None,
         by_cluster.setdefault(parent, []).append(
             f'{_scope_node(key)} [label="{key}\\n{len(ops)} ops", shape=box3d, '
             f'fillcolor="{fill}", tooltip="{tip}"];')
-    for scope, decls in by_cluster.items():
-        if scope:
-            out.append(f'  subgraph {_cluster_id(scope)} {{ label="{scope}"; style=dashed; '
-                       f'fontsize=9; fontname="Helvetica";')
-            out.extend("    " + d for d in decls)
-            out.append("  }")
-        else:
-            out.extend("  " + d for d in decls)
+    out.extend(_nested_clusters(by_cluster))
     edges = set()
     for j, op in enumerate(g.ops):
         dst = rep[n_in + j]
@@ -164,6 +157,30 @@ def render_dot(g: GraphSummary, scope_depth: int | None = None,
                 out.append(f"  {src} -> {dst};")
     out.append("}")
     return "\n".join(out)
+
+
+def _nested_clusters(by_cluster: dict[str, list[str]]) -> list[str]:
+    """Clusters nested by module path: BertModel > BertModel.encoder > ...layer.0."""
+    children: dict[str, list[str]] = {}
+    for scope in list(by_cluster):
+        while scope:
+            parent = scope.rpartition(".")[0]
+            kids = children.setdefault(parent, [])
+            if scope in kids:
+                break
+            kids.append(scope)
+            scope = parent
+    lines: list[str] = []
+
+    def emit(scope: str, indent: str) -> None:
+        lines.extend(indent + d for d in by_cluster.get(scope, ()))
+        for kid in children.get(scope, ()):
+            lines.append(f'{indent}subgraph {_cluster_id(kid)} {{ label="{kid}"; '
+                         f'style=dashed; fontsize=9; fontname="Helvetica";')
+            emit(kid, indent + "  ")
+            lines.append(indent + "}")
+    emit("", "  ")
+    return lines
 
 
 def _scope_node(key: str) -> str:
