@@ -64,11 +64,7 @@ def is_xla_tensor(value) -> bool:
 
 def pending_count(*tensors) -> int:
     """Ops a sync of ``tensors`` (all live tensors when none) would run now."""
-    fn = getattr(xlanb, "pending_count", None)
-    if fn is not None:
-        return fn(*tensors)
-    return sum(1 for line in xlanb.pending_ir(*tensors).splitlines()
-               if _IR_LINE.match(line) and not line.rstrip().endswith(" device_data"))
+    return xlanb.pending_count(*tensors)
 
 
 def escape(text: str) -> str:
@@ -290,87 +286,6 @@ def graph_why(g, resolver: SourceResolver = DEFAULT_RESOLVER) -> str:
 
 
 # --------------------------------------------------------------------------- %xla_pending
-
-_IR_LINE = re.compile(r"^%(\d+) = ")
-_REF = re.compile(r"%(\d+)")
-
-
-def filter_ir_text(text: str, depth: int) -> str:
-    """Keep only the IR lines at most ``depth - 1`` hops before the outputs (roots are
-    depth 0), for when the core does not take ``depth`` itself."""
-    defs, order, outputs = {}, [], []
-    for line in text.splitlines():
-        m = _IR_LINE.match(line)
-        if m:
-            pos = int(m[1])
-            body = line.split("  #", 1)[0]
-            defs[pos] = [int(r) for r in _REF.findall(body)[1:]]
-            order.append((pos, line))
-        elif line.startswith("outputs:"):
-            outputs = [int(r) for r in _REF.findall(line)]
-    dist = {p: 0 for p in outputs}
-    for pos, _ in reversed(order):
-        if pos in dist:
-            for q in defs[pos]:
-                d = dist[pos] + 1
-                if d < dist.get(q, d + 1):
-                    dist[q] = d
-    shown = {p for p, d in dist.items() if d < depth}
-    kept = [line for pos, line in order if pos in shown]
-    hidden = sum(1 for pos, line in order
-                 if pos not in shown and not line.rstrip().endswith(" device_data"))
-    out = ([f"# {hidden} earlier ops not shown (depth={depth})"] if hidden else []) + kept
-    out += [line for line in text.splitlines() if line.startswith("outputs:")]
-    return "\n".join(out)
-
-
-_DOT_NODE = re.compile(r"^\s*n(\d+) \[")
-_DOT_EDGE = re.compile(r"^\s*n(\d+) -> n(\d+);")
-
-
-def filter_dot(dot: str, depth: int) -> str:
-    """The DOT graph cut to nodes fewer than ``depth`` hops before the outputs (drawn
-    with a thick border); cut inputs become a small '…' stub."""
-    lines = dot.splitlines()
-    edges = [(int(m[1]), int(m[2])) for m in map(_DOT_EDGE.match, lines) if m]
-    nodes = [int(m[1]) for m in map(_DOT_NODE.match, lines) if m]
-    has_out = {a for a, _ in edges}
-    roots = [n for n in nodes if "penwidth=2" in next(
-        (ln for ln in lines if ln.lstrip().startswith(f"n{n} [")), "")] or \
-        [n for n in nodes if n not in has_out]
-    preds: dict[int, list[int]] = {}
-    for a, b in edges:
-        preds.setdefault(b, []).append(a)
-    dist = {r: 0 for r in roots}
-    frontier = list(roots)
-    while frontier:
-        nxt = []
-        for n in frontier:
-            for p in preds.get(n, ()):
-                if p not in dist:
-                    dist[p] = dist[n] + 1
-                    nxt.append(p)
-        frontier = nxt
-    shown = {n for n, d in dist.items() if d < depth}
-    out, stubs = [], set()
-    for ln in lines:
-        m, e = _DOT_NODE.match(ln), _DOT_EDGE.match(ln)
-        if m and int(m[1]) not in shown:
-            continue
-        if e:
-            a, b = int(e[1]), int(e[2])
-            if b not in shown:
-                continue
-            if a not in shown:
-                stubs.add(a)
-                ln = f"  cut{a} -> n{b} [style=dashed];"
-        if ln.strip() == "}" and ln == lines[-1]:
-            for a in sorted(stubs):
-                out.append(f'  cut{a} [label="…", shape=plaintext, style="", tooltip="%{a} and earlier '
-                           f'ops not shown (depth={depth})"];')
-        out.append(ln)
-    return "\n".join(out)
-
 
 def dot_available() -> bool:
     return shutil.which("dot") is not None

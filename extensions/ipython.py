@@ -3,15 +3,20 @@
 Line magics (``%xla_mode?`` and friends give help)::
 
     %xla_mode [lazy|eager|opbyop]        show or switch the execution mode
-    %xla_pending [names] [--text|--dot|--svg] [--depth N]
+    %xla_pending [names] [--text|--dot|--svg] [--depth N] [--collapse N]
                                          the pending IR graph (SVG in notebooks)
     %xla_sync                            sync, then say what compiled or was reused, and why
-    %xla_hlo [names] [--dialect stablehlo|hlo] [--optimized]
+    %xla_hlo [names] [--dialect stablehlo|hlo] [--optimized] [--raw]
                                          the module the next sync would compile
     %xla_peek expr                       the value of an xla tensor, without cutting the graph
     %xla_metrics [--reset] [--all]       counters and timings as a table
-    %xla_graphs [--last N]               compiled graphs with causes and recompile reasons
+    %xla_graphs [--last N] [--show I [--text]]
+                                         compiled graphs with causes and recompile reasons
     %xla_status [on|off]                 a status line after each cell
+
+Objects shown carry ``_repr_mimebundle_``: text/plain always, HTML or SVG for notebooks.
+In a terminal (text/plain only) nothing is rendered that cannot be shown. An xla tensor
+gets a notebook repr (header + values by peek) that never cuts the pending graph.
 
 Cell magic::
 
@@ -157,9 +162,6 @@ class XlaMagics(Magics):
             v = getattr(args, opt)
             if v is not None and v < 1:
                 raise UsageError(f"--{opt} must be a positive integer, got {v}")
-        if args.depth is not None and args.collapse is not None:
-            raise UsageError("use --depth (the last N levels) or --collapse (module scopes), "
-                             "not both")
         tensors = self._lookup(args.names)
         title = " ".join(args.names)
         fmt = args.fmt
@@ -167,18 +169,14 @@ class XlaMagics(Magics):
             fmt = "svg" if "image/svg+xml" in self._rich() else "text"
         try:
             n_ops = xd.pending_count(*tensors)
-            text = self.resolver.relabel(self._ir_text(tensors, args.depth))
+            text = self.resolver.relabel(xlanb.pending_ir(*tensors, fmt="text", depth=args.depth))
         except (TypeError, ValueError) as e:
             raise UsageError(str(e)) from None
         dot = svg = None
         note = ""
         if fmt in ("dot", "svg") and n_ops:
-            if args.collapse is not None:  # the core's DOT depth collapses module scopes
-                dot = xlanb.pending_ir(*tensors, fmt="dot", depth=args.collapse)
-            else:
-                dot = xlanb.pending_ir(*tensors, fmt="dot")
-            if args.depth is not None:
-                dot = xd.filter_dot(dot, args.depth)
+            dot = xlanb.pending_ir(*tensors, fmt="dot", depth=args.depth,
+                                   scope_depth=args.collapse)
         if fmt == "svg" and n_ops:
             if n_ops > xd.SVG_MAX_OPS and args.depth is None and args.collapse is None:
                 note = (f"{n_ops} ops is too many to draw: showing text. Use --depth N to draw "
@@ -190,15 +188,6 @@ class XlaMagics(Magics):
                     note = str(e)
         self._show(xd.PendingGraph(text, n_ops, dot=dot, svg=svg, show_dot=fmt == "dot",
                                    note=note, title=title))
-
-    @staticmethod
-    def _ir_text(tensors: list, depth: int | None) -> str:
-        if depth is None:
-            return xlanb.pending_ir(*tensors, fmt="text")
-        try:
-            return xlanb.pending_ir(*tensors, fmt="text", depth=depth)
-        except TypeError:  # a core without depth=
-            return xd.filter_ir_text(xlanb.pending_ir(*tensors, fmt="text"), depth)
 
     # ------------------------------------------------------------------ %xla_sync
 
@@ -351,13 +340,16 @@ class XlaMagics(Magics):
         try:
             return self._run_cell_body(cell)
         finally:
-            activity = probe.finish()
-            try:
-                pending = xd.pending_count()
-            except Exception:
-                pending = 0
-            self._show(xd.ExplainReport(activity, pending, xlanb.get_mode(), self.resolver,
-                                        wall=time.perf_counter() - t0))
+            try:  # the report must never hide the cell's own error
+                activity = probe.finish()
+                try:
+                    pending = xd.pending_count()
+                except Exception:
+                    pending = 0
+                self._show(xd.ExplainReport(activity, pending, xlanb.get_mode(),
+                                            self.resolver, wall=time.perf_counter() - t0))
+            except Exception as e:
+                print(f"xla explain: no report ({type(e).__name__}: {e})")
 
     def _run_cell_body(self, cell: str):
         """Run ``cell`` in the user namespace under the current cell's name (so source

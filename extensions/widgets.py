@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import difflib
+import functools
 import html
 import re
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ __all__ = ["GraphView", "GraphDiff", "MetricsDashboard", "Snapshot", "graph_dot"
            "readable_depth", "bar_chart_svg", "stacked_bar_svg", "column_chart_svg"]
 
 # A graph opens at the deepest scope depth that draws at most this many nodes.
-READABLE_NODES = 50
+READABLE_NODES = 30
 # Above this many nodes, dot is not asked for a picture (slow, and unreadable anyway).
 MAX_DRAWN_NODES = 400
 # Nodes drawn around the matches in "only matches" views.
@@ -50,7 +51,8 @@ HIGHLIGHT = "#f5b041"   # search matches (the core's highlight colour)
 CHANGED = "#f5b041"     # diff: same op, different shape / arguments / inputs
 ADDED = "#58d68d"       # diff: only in the new graph
 REMOVED = "#ec7063"     # diff: only in the old graph
-_STATUS_COLOUR = {"changed": CHANGED, "added": ADDED, "removed": REMOVED}
+FOLLOWS = "#fdebd0"     # diff: changed only because an input changed
+_STATUS_COLOUR = {"changed": CHANGED, "follows": FOLLOWS, "added": ADDED, "removed": REMOVED}
 
 # Chart colours: one per kind of work, the same in every chart.
 C_COMPILE, C_OPCOMPILE, C_EXECUTE = "#e74c3c", "#f39c12", "#3498db"
@@ -58,6 +60,7 @@ C_TO_DEV, C_FROM_DEV, C_HIT, C_FALLBACK = "#9b59b6", "#8e44ad", "#27ae60", "#7f8
 
 _MONO = "font-family: var(--jp-code-font-family, monospace); font-size: 12px;"
 _BOX = "overflow:auto; max-height:620px; border:1px solid #ddd; padding:4px; background:white;"
+_STATIC_BOX = "overflow:auto; border:1px solid #ddd; padding:4px; background:white;"
 
 
 # =========================================================================== graph data
@@ -94,22 +97,36 @@ def _pattern(text: str | None) -> re.Pattern | None:
         return re.compile(re.escape(text.strip()), re.IGNORECASE)
 
 
-def _node_text(s: GraphSummary, p: int) -> str:
+def _node_text(s: GraphSummary, p: int, label=None) -> str:
+    """``%12 aten::addmm f32[8,16] In[3] line 4 (f.py:4 fwd) [Net.l1]``: what search sees."""
     n_in = len(s.inputs)
     if p < n_in:
         return f"%{p} data {s.inputs[p]}"
     op = s.ops[p - n_in]
-    return f"%{p} {op.name} {op.aval} {op.src} [{op.scope}]"
+    where = label(op.src) if label and op.src else op.src
+    if where != op.src:
+        where += f" ({op.src})"
+    return f"%{p} {op.name} {op.aval} {where} [{op.scope}]"
 
 
-def find_matches(s: GraphSummary, search: str | None) -> list[int]:
-    """Positions whose op name, result type, ``file:line``, module scope or ``%N`` match
-    ``search`` (a case-insensitive regex; searched literally when it is not one)."""
+def _labeller(resolver: xd.SourceResolver | None):
+    """``resolver.label``, cached per source string (graphs repeat a few lines a lot)."""
+    if resolver is None:
+        return None
+    return functools.lru_cache(maxsize=None)(resolver.label)
+
+
+def find_matches(s: GraphSummary, search: str | None,
+                 resolver: xd.SourceResolver | None = None) -> list[int]:
+    """Positions whose op name, result type, ``file:line`` (or notebook ``In[5] line 3``
+    with a resolver), module scope or ``%N`` match ``search`` (a case-insensitive regex;
+    searched literally when it is not one)."""
     pat = _pattern(search)
     if pat is None:
         return []
+    label = _labeller(resolver)
     n = len(s.inputs) + len(s.ops)
-    return [p for p in range(n) if pat.search(_node_text(s, p) + " ")]
+    return [p for p in range(n) if pat.search(_node_text(s, p, label) + " ")]
 
 
 def _clip(scope: str, depth: int | None) -> str:
@@ -343,7 +360,8 @@ def graph_dot(s: GraphSummary, depth: int | None = None, *, marks: dict[int, str
         attrs = {"tooltip": _scope_tooltip(key, ops, resolver)}
         if box_marks.get(key):
             colours = box_marks[key]
-            attrs["fillcolor"] = colours[0] if len(set(colours)) == 1 else CHANGED
+            attrs["fillcolor"] = (colours[0] if len(set(colours)) == 1 else
+                                  HIGHLIGHT if HIGHLIGHT in colours else colours[0])
             attrs["label"] = f"{key}\n{len(ops)} ops ({len(colours)} marked)"
         over[_scope_node(key)] = attrs
     return _decorate(dot, over)
@@ -379,8 +397,8 @@ def _svg_or_message(dot: str, zoom) -> tuple[str, str]:
 
 class SummaryDiff(NamedTuple):
     """How graph ``b`` differs from graph ``a``, node by node."""
-    a: dict     # position in a -> "changed" | "removed"
-    b: dict     # position in b -> "changed" | "added"
+    a: dict     # position in a -> "changed" | "follows" | "removed"
+    b: dict     # position in b -> "changed" | "follows" | "added"
     lines: list  # one readable line per difference
     pairs: dict  # matched positions: a -> b
 
@@ -389,14 +407,21 @@ def _match(a: list, b: list) -> list[tuple]:
     return difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes()
 
 
+def _unwired(static: str) -> str:
+    """An op's static arguments without its input references (``%3``): positions shift
+    from graph to graph, and the inputs are compared on their own."""
+    return re.sub(r"%\d+", "%", static)
+
+
 def diff_summaries(a: GraphSummary, b: GraphSummary,
                    resolver: xd.SourceResolver | None = None) -> SummaryDiff:
     """Match the nodes of two graphs and say which differ.
 
     Inputs are matched by their types, ops by their names (``difflib`` on the op
     sequences, as the recompile explanation does). A matched op whose result type, static
-    arguments or inputs differ is "changed"; unmatched ops are "removed" (only in ``a``)
-    or "added" (only in ``b``).
+    arguments or inputs differ is "changed", or "follows" when that is only because one of
+    its inputs differs (a consequence, not a cause); unmatched ops are "removed" (only in
+    ``a``) or "added" (only in ``b``).
     """
     res = resolver or xd.DEFAULT_RESOLVER
     na, nb = len(a.inputs), len(b.inputs)
@@ -441,6 +466,7 @@ def diff_summaries(a: GraphSummary, b: GraphSummary,
             lines.append(f"{j2 - j1} op(s) only in the new graph, first %{nb + j1} "
                          f"{op.name}{where(op)}")
 
+    followers: list[str] = []
     for pa, pb in pairs.items():
         if pa < na:
             continue
@@ -448,11 +474,20 @@ def diff_summaries(a: GraphSummary, b: GraphSummary,
         why = []
         if oa.aval != ob.aval:
             why.append(f"{oa.aval} -> {ob.aval}")
-        if oa.static != ob.static:
+        same_static = _unwired(oa.static) == _unwired(ob.static)
+        if not same_static:
             why.append(f"arguments ({oa.static}) -> ({ob.static})")
         if why or tuple(pairs.get(q, -1 - q) for q in oa.ins) != tuple(ob.ins):
+            if same_static and any(sb.get(q) in ("changed", "follows", "added")
+                                   for q in ob.ins):
+                sa[pa] = sb[pb] = "follows"  # its inputs changed: a consequence
+                followers.append(f"%{pb} {ob.name}")
+                continue
             sa[pa] = sb[pb] = "changed"
             lines.append(f"%{pb} {ob.name}{where(ob)}: " + ("; ".join(why) or "different inputs"))
+    if followers:
+        lines.append(f"{xd.plural(len(followers), 'op')} downstream changed with them: "
+                     + ", ".join(followers[:6]) + (" ..." if len(followers) > 6 else ""))
     outs_a = {pairs.get(p, -1 - p) for p in a.outputs}
     if outs_a != set(b.outputs):
         lines.append(f"outputs: {len(a.outputs)} -> {len(b.outputs)} live tensors")
@@ -477,7 +512,7 @@ def bar_chart_svg(rows: list[tuple], title: str = "", width: int = 460,
     bar_h, gap = 16, 6
     height = top + len(rows) * (bar_h + gap) + 4
     vmax = max((r[1] for r in rows), default=0) or 1
-    area = width - label_width - 80
+    area = width - label_width - 110
     body = []
     for k, row in enumerate(rows):
         label, value, colour, text = row[:4]
@@ -676,6 +711,7 @@ class GraphView(W.VBox):
         self._svg = ""
         self._svg_cache: dict = {}
         self._filled: set[int] = set()
+        self._match_cache: tuple = (None, [])
 
         self.source = W.Dropdown(description="graph", layout=W.Layout(width="640px"),
                                  style={"description_width": "initial"})
@@ -739,8 +775,14 @@ class GraphView(W.VBox):
         keys = [k for _, k in opts]
         cur = self.source.value if self.source.options else None
         if cur is None:  # first time: what was asked for, else what is most useful
-            if self._explicit is not None:
-                cur = self._explicit if isinstance(self._explicit, int) else next(
+            if isinstance(self._explicit, int):
+                n = len(keys) - 1
+                if not -n <= self._explicit < n:
+                    raise IndexError(f"no compiled graph #{self._explicit}: "
+                                     f"xlanb.graphs() has {n}")
+                cur = self._explicit % n
+            elif self._explicit is not None:
+                cur = next(
                     (i for i, g in enumerate(xlanb.graphs()) if g is self._explicit), None)
                 if cur is None:  # a graph no longer in the log (cleared): show it anyway
                     opts.append((f"{self._explicit.hash[:8]} (not in xlanb.graphs())",
@@ -775,6 +817,7 @@ class GraphView(W.VBox):
     def _load(self, key) -> None:
         self._graph = self._make_graph(key)
         self._svg_cache.clear()
+        self._match_cache = (None, [])
         self._filled.clear()
         s = self._graph.summary
         levels = scope_levels(s)
@@ -815,7 +858,13 @@ class GraphView(W.VBox):
     @property
     def matches(self) -> list[int]:
         """Positions matching the search box."""
-        return find_matches(self._graph.summary, self.search.value) if self._graph else []
+        if self._graph is None:
+            return []
+        key = (self._graph.key, self.search.value)
+        if self._match_cache[0] != key:
+            self._match_cache = (key, find_matches(self._graph.summary, self.search.value,
+                                                   self._resolver))
+        return self._match_cache[1]
 
     def _on_view(self, change) -> None:
         if not self._busy:
@@ -866,6 +915,15 @@ class GraphView(W.VBox):
                                  if svg else body + _pre(_esc(render_text(s))))
         self.info.value = self._info_html(what, note)
 
+    def _short(self, p: int) -> str:
+        """``%35 aten::gelu f32[8,64] In[2] line 11``."""
+        s = self._graph.summary
+        n_in = len(s.inputs)
+        if p < n_in:
+            return f"%{p} data {s.inputs[p]}"
+        op = s.ops[p - n_in]
+        return f"%{p} {op.name} {op.aval} {self._resolver.label(op.src)}".rstrip()
+
     def _info_html(self, what: str, note: str) -> str:
         g = self._graph
         s = g.summary
@@ -885,7 +943,7 @@ class GraphView(W.VBox):
         if self.search.value.strip():
             m = self.matches
             if m:
-                items = "; ".join(_esc(_node_text(s, p).split(" [")[0]) for p in m[:8])
+                items = "; ".join(_esc(self._short(p)) for p in m[:8])
                 more = f" and {len(m) - 8} more" if len(m) > 8 else ""
                 parts.append(f"<span style='background:{HIGHLIGHT}; padding:0 3px'>"
                              f"{xd.plural(len(m), 'match', 'matches')}</span> {items}{more}")
@@ -1028,7 +1086,7 @@ class GraphView(W.VBox):
             controls += f" · find {self.search.value!r}"
         html_text = (f"<div class='xlanb-graphview'>{self.info.value}"
                      f"<div style='color:#666'>{_esc(controls)}</div>"
-                     f"<div style='{_BOX}'>{svg}</div></div>")
+                     f"<div style='{_STATIC_BOX}'>{svg}</div></div>")
         return Snapshot(html_text, f"GraphView snapshot: {g.title}, {len(g.summary.ops)} ops")
 
 
@@ -1089,7 +1147,8 @@ class GraphDiff(W.VBox):
         start_a = readable_depth(self.a, readable)
         if start is None or (start_a is not None and start_a < start):
             start = start_a
-        big = start is not None and drawn_nodes(self.b, start) > readable
+        # A graph too big to draw whole opens on its differences and their neighbours.
+        big = max(drawn_nodes(self.a, None), drawn_nodes(self.b, None)) > readable
         self.depth = W.IntSlider(description="scope depth", min=0, max=levels,
                                  value=levels if start is None else start,
                                  disabled=levels == 0, continuous_update=False,
@@ -1152,7 +1211,8 @@ class GraphDiff(W.VBox):
             parts.append("<b>the two graphs have the same structure</b>")
         legend = "".join(
             f"<span style='background:{c}; padding:0 4px; margin-right:6px'>{_esc(t)}</span>"
-            for t, c in (("changed", CHANGED), ("only in old", REMOVED), ("only in new", ADDED)))
+            for t, c in (("changed", CHANGED), ("changed because an input did", FOLLOWS),
+                         ("only in old", REMOVED), ("only in new", ADDED)))
         parts.append(f"{legend} <span style='color:#888'>hover a node for its shape and "
                      f"source line</span>")
         if d.lines:
@@ -1164,7 +1224,7 @@ class GraphDiff(W.VBox):
     def snapshot(self) -> Snapshot:
         """The two pictures and the differences, as static HTML."""
         sides = "".join(f"<div style='flex:1; min-width:0'>{self._title(t, s, g)}"
-                        f"<div style='{_BOX}'>{inline_svg(svg, 'fit') if svg else ''}</div></div>"
+                        f"<div style='{_STATIC_BOX}'>{inline_svg(svg, 'fit') if svg else ''}</div></div>"
                         for t, s, g, svg in (("old " + self.a_title, self.a, self.a_graph, self.left_svg),
                                              ("new " + self.b_title, self.b, self.b_graph, self.right_svg)))
         html_text = (f"<div class='xlanb-graphdiff'>{self.info.value}"
@@ -1200,6 +1260,7 @@ class MetricsDashboard(W.VBox):
 
     def __init__(self, shell=None, *, history: int = 24, auto: bool = True) -> None:
         self._baseline: dict | None = None
+        self._first_graph = 0  # slowest-compiles chart: graphs from this index on
         self._last = xlanb.metrics.snapshot()
         self._n_graphs = len(xlanb.graphs())
         self._history: collections.deque[_Cell] = collections.deque(maxlen=history)
@@ -1239,13 +1300,14 @@ class MetricsDashboard(W.VBox):
             return now
         d = xlanb.metrics.diff(self._baseline, now)
         if any(v < 0 for v in d["counters"].values()):  # metrics.clear() since "zero"
-            self._baseline = None
+            self._baseline, self._first_graph = None, 0
             return now
         return d
 
     def zero(self) -> None:
         """Count from now on (xlanb's metrics themselves are not cleared)."""
         self._baseline = xlanb.metrics.snapshot()
+        self._first_graph = len(xlanb.graphs())
         self._history.clear()
         self.refresh()
 
@@ -1378,7 +1440,7 @@ class MetricsDashboard(W.VBox):
         return column_chart_svg(cols, legend, "Time per cell (Nc: graphs compiled)")
 
     def _slowest_graphs(self) -> str:
-        gs = list(enumerate(xlanb.graphs()))
+        gs = list(enumerate(xlanb.graphs()))[self._first_graph:]
         if not gs:
             return ""
         res = _resolver()

@@ -46,8 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "show":
         print(json.dumps(spec.kernel_json(mode=args.mode), indent=1))
         return 0
-    import sys as _sys
-    prefix = _sys.prefix if args.sys_prefix else args.prefix
+    prefix = sys.prefix if args.sys_prefix else args.prefix
     name = args.name or spec.DEFAULT_NAME
     if args.cmd == "install":
         try:

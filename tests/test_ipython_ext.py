@@ -518,17 +518,15 @@ def test_display_objects_always_have_plain_text():
         assert "text/html" not in obj._repr_mimebundle_(exclude=["text/html"])
 
 
-def test_filters_keep_the_last_levels():
-    text = ("%0 = f32[2] device_data\n%1 = f32[2] aten::sin(%0)  # a.py:1 f\n"
-            "%2 = f32[2] aten::cos(%1)  # a.py:2 f\n%3 = f32[2] aten::exp(%2)\noutputs: %3")
-    cut = xd.filter_ir_text(text, 2)
-    assert "aten::cos" in cut and "aten::exp" in cut and "aten::sin" not in cut
-    assert cut.startswith("# 1 earlier ops not shown")
-    dot = ('digraph g {\n  n0 [label="a"];\n  n1 [label="b"];\n  n2 [label="c", penwidth=2];\n'
-           "  n0 -> n1;\n  n1 -> n2;\n}")
-    cut = xd.filter_dot(dot, 1)
-    assert "n2 [" in cut and "n1 [" not in cut and "cut1 -> n2" in cut and "cut1 [" in cut
-    assert cut.rstrip().endswith("}")
+def test_depth_keeps_the_last_levels_in_text_and_pictures():
+    x = torch.arange(2.0).to("xla")
+    y = x.sin().cos().exp()
+    text = xlanb.pending_ir(y, depth=2)
+    assert "aten::cos" in text and "aten::exp" in text and "aten::sin" not in text
+    assert text.startswith("# 1 earlier ops not shown")
+    dot = xlanb.pending_ir(y, fmt="dot", depth=1)
+    assert "aten::exp" in dot and "aten::cos" not in dot and "(cut)" in dot
+    assert dot.rstrip().endswith("}")
 
 
 def test_source_resolver_labels_cells():
@@ -545,8 +543,8 @@ def test_pending_collapse_scopes(ip):
             "v = m(torch.ones(2, m[0].in_features).to('xla')).sum()")
     _, _, (b,) = magic(ip, "xla_pending", "v --dot --collapse 1")
     assert "Sequential" in b["text/plain"] and "3 ops" in b["text/plain"]
-    with pytest.raises(UsageError, match="not both"):
-        ip.run_line_magic("xla_pending", "v --depth 1 --collapse 1")
+    _, _, (b,) = magic(ip, "xla_pending", "v --dot --depth 1 --collapse 1")
+    assert "(cut)" in b["text/plain"]
     ip.user_ns.pop("m")
 
 

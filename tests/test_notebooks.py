@@ -48,8 +48,7 @@ def _text(cell) -> str:
 
 
 def execute(path: pathlib.Path, kernel_dirs) -> "nbformat.NotebookNode":
-    nb = nbformat.read(path, as_version=4)
-    assert nb.metadata.kernelspec.name == "xlanb"
+    nb = nbformat.read(path, as_version=4)  # run under the xlanb kernel, whatever it names
     for cell in nb.cells:  # run from a clean slate, whatever was saved
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None

@@ -92,15 +92,19 @@ def _matches(pattern, op) -> bool:
 
 
 def render_dot(g: GraphSummary, scope_depth: int | None = None,
-               highlight: str | None = None) -> str:
+               highlight: str | None = None, depth: int | None = None) -> str:
     """Graphviz DOT with ids that are the same from run to run (graph positions), one
-    ``cluster_`` per module scope and the source line in each node's tooltip.
+    ``cluster_`` per module scope (nested by path) and the source line in each node's
+    tooltip.
 
     ``scope_depth`` collapses ops in scopes deeper than that many levels into one node
     per scope, labelled with its op count. ``highlight`` (a regex, matched against op
     names and ``file:line``) fills the matching nodes, and the collapsed scopes that hold
-    them, in orange.
+    them, in orange. ``depth`` draws only the ops at most that many hops before the
+    outputs, as the text form does; what feeds them from further back is a dashed stub.
     """
+    if depth is not None:
+        g = _cut(g, depth)
     pattern = re.compile(highlight) if highlight else None
     n_in = len(g.inputs)
     out = ["digraph xla_graph {",
@@ -117,7 +121,8 @@ def render_dot(g: GraphSummary, scope_depth: int | None = None,
     folded = {q for q, c in consumers.items() if None not in c}
     for i, aval in enumerate(g.inputs):
         if i not in folded:
-            out.append(f'  n{i} [label="%{i} data\\n{aval}", shape=ellipse, '
+            kind = "" if aval.startswith("…") else " data"  # cut ops show as stubs
+            out.append(f'  n{i} [label="%{i}{kind}\\n{aval}", shape=ellipse, '
                        f'fillcolor="#f3f3f3", tooltip="device data"];')
     # Which drawn node stands for each position: itself, or its collapsed scope.
     rep: dict[int, str] = {i: f"n{i}" for i in range(n_in) if i not in folded}
@@ -159,6 +164,20 @@ def render_dot(g: GraphSummary, scope_depth: int | None = None,
     return "\n".join(out)
 
 
+def _cut(g: GraphSummary, depth: int) -> GraphSummary:
+    """``g`` with only the ops near its outputs; inputs from cut ops become stub inputs."""
+    shown = _near_outputs(g, depth)
+    n_in = len(g.inputs)
+    kept = [j for j in range(len(g.ops)) if n_in + j in shown]
+    needed = sorted({q for j in kept for q in g.ops[j].ins if q not in shown or q < n_in})
+    # New positions: needed inputs (real or stubs for cut ops) first, then kept ops.
+    new_pos = {q: i for i, q in enumerate(needed)}
+    new_pos.update({n_in + j: len(needed) + k for k, j in enumerate(kept)})
+    inputs = tuple(g.inputs[q] if q < n_in else f"… {g.ops[q - n_in].aval} (cut)" for q in needed)
+    ops = tuple(g.ops[j]._replace(ins=tuple(new_pos[q] for q in g.ops[j].ins)) for j in kept)
+    return GraphSummary(inputs, ops, tuple(new_pos[p] for p in g.outputs))
+
+
 def _nested_clusters(by_cluster: dict[str, list[str]]) -> list[str]:
     """Clusters nested by module path: BertModel > BertModel.encoder > ...layer.0."""
     children: dict[str, list[str]] = {}
@@ -190,18 +209,23 @@ def _scope_node(key: str) -> str:
 # ---------------------------------------------------------------------------------------
 # The public functions
 
-def pending_ir(*tensors, fmt: str = "text", depth: int | None = None) -> str:
+def pending_ir(*tensors, fmt: str = "text", depth: int | None = None,
+               scope_depth: int | None = None, highlight: str | None = None) -> str:
     """The pending IR of ``tensors`` (all live pending tensors when none are given).
 
-    ``depth`` keeps only the ops at most that many hops before the outputs (text), or
-    collapses module scopes deeper than ``depth`` levels (DOT)."""
+    ``depth`` keeps only the ops at most that many hops before the outputs. For DOT,
+    ``scope_depth`` collapses module scopes deeper than that many levels and
+    ``highlight`` marks the ops whose name or ``file:line`` match a regex."""
     __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     if fmt not in ("text", "dot"):
         raise ValueError(f"fmt must be 'text' or 'dot', got {fmt!r}")
-    if depth is not None and (not isinstance(depth, int) or depth < 1):
-        raise ValueError(f"depth must be a positive integer, got {depth!r}")
+    for name, v in (("depth", depth), ("scope_depth", scope_depth)):
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
     g = summarize(_plan(tensors))
-    return render_text(g, depth) if fmt == "text" else render_dot(g, scope_depth=depth)
+    if fmt == "text":
+        return render_text(g, depth)
+    return render_dot(g, scope_depth=scope_depth, highlight=highlight, depth=depth)
 
 
 def pending_summary(*tensors) -> GraphSummary:

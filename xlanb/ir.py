@@ -210,6 +210,7 @@ _SKIP_PREFIXES = (
     os.path.join(os.path.dirname(os.path.dirname(__file__)), "extensions") + os.sep,
     contextlib.__file__,
     *(os.path.join(_stdlib_dir, m) for m in ("bdb.py", "pdb.py", "cmd.py", "code.py")),
+    "<decorator-gen-",  # IPython's magic wrappers
 )
 
 
@@ -224,7 +225,9 @@ def user_frame():
     return None
 
 
-_SKIP_SUFFIXES = (os.sep + os.path.join("IPython", "core", "debugger.py"),)
+# IPython's own frames between a cell or magic and xlanb are not the user's line either.
+_SKIP_SUFFIXES = tuple(os.sep + os.path.join("IPython", "core", f)
+                       for f in ("debugger.py", "interactiveshell.py", "magic.py"))
 
 
 def format_src(src) -> str:

@@ -5,7 +5,10 @@ than LAPACK codes. Pivots are 1-based int32, like torch's (LAPACK's) ones.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
+import jax.scipy.linalg  # noqa: F401  (expm)
 import jax.numpy as jnp
 from jax import lax
 
@@ -150,3 +153,122 @@ def _linalg_svd(a, full_matrices=False, compute_uv=True, *, driver=None):
         empty = jnp.zeros((0,), a.dtype)
         return empty, jnp.linalg.svd(a, compute_uv=False), empty
     return jnp.linalg.svd(a, full_matrices=full_matrices)
+
+
+# ---- checks, inverses and products built on the factorizations above ------------
+
+# Not registered yet: the core wraps a functional op's empty result as a tensor.
+# @register(aten._linalg_check_errors.default)
+def _linalg_check_errors(info, api_name, *, is_matrix):
+    # XLA reports failed factorizations as NaNs, not LAPACK codes: nothing to raise.
+    return None
+
+
+def _pinv_tols(a, atol, rtol, m, n):
+    eps = jnp.finfo(a.real.dtype).eps
+    batch = a.shape[:-2]
+    atol_ = jnp.zeros(batch, a.real.dtype) if atol is None else jnp.asarray(atol, a.real.dtype)
+    if rtol is None:
+        default = eps * max(m, n)
+        rtol_ = default if atol is None else jnp.where(atol_ > 0, 0.0, default)
+    else:
+        rtol_ = jnp.asarray(rtol, a.real.dtype)
+    return jnp.asarray(atol_)[..., None], jnp.asarray(rtol_)[..., None]
+
+
+@register(aten.linalg_pinv)
+def linalg_pinv(a, *args, atol=None, rtol=None, hermitian=False):
+    if args:  # (rcond[, hermitian]) overloads: rcond is rtol, atol is 0
+        rtol = args[0]
+        atol = 0.0
+        if len(args) > 1:
+            hermitian = args[1]
+    m, n = a.shape[-2:]
+    atol_, rtol_ = _pinv_tols(a, atol, rtol, m, n)
+    if hermitian:
+        s, u = jnp.linalg.eigh(a, UPLO="L", symmetrize_input=False)  # torch reads the lower half
+        tol = jnp.maximum(atol_, rtol_ * jnp.max(jnp.abs(s), axis=-1, keepdims=True, initial=0))
+        s_inv = jnp.where(jnp.abs(s) > tol, 1 / s, 0).astype(a.dtype)
+        return jnp.matmul(u * s_inv[..., None, :], _mT(u).conj(), precision=lax.Precision.HIGHEST)
+    u, s, vh = jnp.linalg.svd(a, full_matrices=False)
+    tol = jnp.maximum(atol_, rtol_ * jnp.max(s, axis=-1, keepdims=True, initial=0))
+    s_inv = jnp.where(s > tol, 1 / s, 0).astype(a.dtype)
+    return jnp.matmul(_mT(vh).conj() * s_inv[..., None, :], _mT(u).conj(),
+                      precision=lax.Precision.HIGHEST)
+
+
+@register(aten.linalg_cross.default)
+def linalg_cross(a, b, *, dim=-1):
+    shape = jnp.broadcast_shapes(a.shape, b.shape)
+    a, b = jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape)
+    return jnp.cross(a, b, axis=dim)
+
+
+def _perm(pivots, m):
+    return lax.linalg.lu_pivots_to_permutation(pivots.astype(jnp.int32) - 1, m)
+
+
+@register(aten.linalg_lu_solve.default)
+def linalg_lu_solve(lu, pivots, b, *, left=True, adjoint=False):
+    if not left:  # X A = B  <=>  A^H X^H = B^H
+        x = linalg_lu_solve(lu, pivots, _mT(b).conj(), left=True, adjoint=not adjoint)
+        return _mT(x).conj()
+    lu, b = _broadcast_batch(lu, b)
+    m = lu.shape[-1]
+    perm = jnp.broadcast_to(_perm(pivots, m), lu.shape[:-2] + (m,))
+    tri = functools.partial(lax.linalg.triangular_solve, left_side=True)
+    if not adjoint:  # A = P L U, P^T A = L U: x = U^-1 L^-1 (P^T b) = U^-1 L^-1 b[perm]
+        pb = jnp.take_along_axis(b, perm[..., :, None], axis=-2)
+        y = tri(lu, pb, lower=True, unit_diagonal=True)
+        return tri(lu, y, lower=False)
+    # A^H = U^H L^H P^T: y = L^-H U^-H b, x = P y
+    y = tri(lu, b, lower=False, transpose_a=True, conjugate_a=True)
+    y = tri(lu, y, lower=True, unit_diagonal=True, transpose_a=True, conjugate_a=True)
+    inv = jnp.argsort(perm, axis=-1)
+    return jnp.take_along_axis(y, inv[..., :, None], axis=-2)
+
+
+@register(aten.lu_unpack.default)
+def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
+    m, n = lu.shape[-2:]
+    k = min(m, n)
+    empty = jnp.zeros((0,), lu.dtype)
+    if unpack_data:
+        lower = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=lu.dtype)
+        upper = jnp.triu(lu[..., :k, :])
+    else:
+        lower = upper = empty
+    if unpack_pivots:
+        perm = _perm(pivots, m)
+        p = _mT(jax.nn.one_hot(perm, m, dtype=lu.dtype))
+        p = jnp.broadcast_to(p, lu.shape[:-2] + (m, m))
+    else:
+        p = empty
+    return p, lower, upper
+
+
+@register(aten.linalg_householder_product.default)
+def linalg_householder_product(a, tau):
+    return lax.linalg.householder_product(a, tau)
+
+
+@register(aten.geqrf.default)
+def geqrf(a):
+    h, tau = jnp.linalg.qr(a, mode="raw")  # numpy's raw mode: h is transposed
+    return _mT(h), tau
+
+
+@register(aten.ormqr.default)
+def ormqr(a, tau, c, left=True, transpose=False):
+    return lax.linalg.ormqr(a, tau, c, left=left, transpose=transpose)
+
+
+@register(aten.linalg_matrix_exp.default)
+def linalg_matrix_exp(a):
+    return jax.scipy.linalg.expm(a)
+
+
+@register(aten.cholesky_inverse.default)
+def cholesky_inverse(factor, upper=False):
+    eye = jnp.broadcast_to(jnp.eye(factor.shape[-1], dtype=factor.dtype), factor.shape)
+    return cholesky_solve(eye, factor, upper)

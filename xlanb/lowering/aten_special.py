@@ -6,6 +6,8 @@ derived from Cephes) step for step, so results match CPU torch, not merely the m
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import jax.scipy.special as jss
@@ -40,10 +42,83 @@ for _op, _fn in [
     register(_op.default)(lambda x, _fn=_fn: _fn(_f(x)))
 
 
+_ZETA_A = (12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9,
+           7.47242496e10, -2.950130727918164224e12, 1.1646782814350067249e14,
+           -4.5979787224074726105e15, 1.8152105401943546773e17, -7.1661652561756670113e18)
+
+
+def _zeta(x, q):
+    """Hurwitz zeta exactly as torch computes it (Math.h, from Cephes; in float64, like
+    CPU torch's accumulate type): direct sum up to a > 9, then Euler-Maclaurin."""
+    dt = x.dtype
+    x = x.astype(jnp.float64)
+    q = q.astype(jnp.float64)
+    machep = 1.11022302462515654042e-16
+    bad = (x <= 1) | ((q <= 0) & ((q == jnp.floor(q)) | (x != jnp.floor(x))))
+    qs = jnp.where(bad, 1.0, q)
+    xs = jnp.where(bad, 2.0, x)
+    s0 = jnp.power(qs, -xs)
+
+    # elements whose term fell below machep return s at once (no Euler-Maclaurin tail)
+    def body2(c):
+        i, a, b, s, done, conv = c
+        go = ~done & ((i < 9) | (a <= 9.0))
+        a2 = a + 1.0
+        b2 = jnp.power(a2, -xs)
+        s2 = s + b2
+        hit = go & (-machep * s2 < b2) & (b2 < machep * s2)
+        a = jnp.where(go, a2, a)
+        b = jnp.where(go, b2, b)
+        s = jnp.where(go, s2, s)
+        return i + 1, a, b, s, done | ~go | hit, conv | hit
+
+    z = jnp.zeros_like(xs)
+    _, a, b, s, _, conv = lax.while_loop(
+        lambda c: jnp.any(~c[4]) & (c[0] < 100000), body2,  # torch has no cap
+        (jnp.int64(0), qs, z, s0, jnp.zeros(xs.shape, bool), jnp.zeros(xs.shape, bool)))
+    w = a
+    s = s + b * w / (xs - 1.0)
+    s = s - 0.5 * b
+    a = jnp.ones_like(xs)
+    k = jnp.zeros_like(xs)
+    done = conv
+    for coef in _ZETA_A:
+        a = a * (xs + k)
+        b = b / w
+        t = a * b / coef
+        s_new = s + t
+        s = jnp.where(done, s, s_new)
+        done = done | (jnp.abs(t / s_new) < machep)
+        k = k + 1.0
+        a = a * (xs + k)
+        b = b / w
+        k = k + 1.0
+    out = s
+    out = jnp.where((q <= 0) & (x != jnp.floor(x)), jnp.nan, out)
+    out = jnp.where((q <= 0) & (q == jnp.floor(q)), jnp.inf, out)
+    out = jnp.where(x < 1, jnp.nan, out)
+    out = jnp.where(x == 1, jnp.inf, out)
+    return out.astype(dt)
+
+
 @register(aten.special_zeta)
 def zeta(x, q):
     x, q = _pair(x, q)
-    return jss.zeta(x, q)
+    return _zeta(x, q)
+
+
+def _trigamma(x):
+    # torch's own series (Math.h), reflection included
+    neg = x < 0.5
+    sin_pi_x = jnp.sin(jnp.pi * x)
+    result = jnp.where(neg, -(jnp.pi * jnp.pi) / (sin_pi_x * sin_pi_x), 0.0).astype(x.dtype)
+    x = jnp.where(neg, 1 - x, x)
+    for _ in range(6):
+        result = result + 1 / (x * x)
+        x = x + 1
+    ixx = 1 / (x * x)
+    result = result + (1 + 1 / (2 * x) + ixx * (1.0 / 6 - ixx * (1.0 / 30 - ixx * (1.0 / 42)))) / x
+    return jnp.where(neg, -result, result)
 
 
 @register(aten.polygamma.default)
@@ -51,7 +126,10 @@ def polygamma(n, x):
     x = _f(x)
     if n == 0:
         return jss.digamma(x)
-    return jss.polygamma(jnp.asarray(n, jnp.int32), x)
+    if n == 1:
+        return _trigamma(x)
+    fact = float(math.factorial(n))
+    return (1.0 if n % 2 else -1.0) * fact * _zeta(jnp.asarray(n + 1, x.dtype), x)
 
 
 @register(aten.igamma.default)
@@ -198,13 +276,13 @@ def _airy_ai(x):
     t = -2.0 * xn * jnp.sqrt(-xn) / 3.0 + 0.25 * jnp.pi
     neg = 5.64189583547756286948e-01 / jnp.sqrt(jnp.sqrt(-xn)) \
         * (jnp.sin(t) * (1.0 + zz * afn / afd) - jnp.cos(t) * (zn * agn / agd))
-    # x >= 2.09: asymptotic expansion (used as is above 8.3203353)
+    # x >= 2.09: asymptotic expansion
     xp = jnp.where(x >= 2.09, x, 3.0)
     zeta = 2.0 * xp * jnp.sqrt(xp) / 3.0
     an, ad = _horner(T["AN"], 1.0 / zeta, 8), _horner(T["AD"], 1.0 / zeta, 8)
     pos = 5.64189583547756286948e-01 * (an / ad) / (2.0 * jnp.sqrt(jnp.sqrt(xp)) * jnp.exp(zeta))
     # otherwise: the power series, run until the term is below eps (per element)
-    xm = jnp.where((x >= -2.09) & (x <= 8.3203353), x, 0.0)
+    xm = jnp.where((x >= -2.09) & (x < 2.09), x, 0.0)
     z = xm * xm * xm
 
     def body(_, s):
@@ -229,7 +307,7 @@ def _airy_ai(x):
     init = (one, xm, one, one, xm, jnp.ones(xm.shape, bool))
     f, g, *_ = lax.fori_loop(0, 80, body, init)
     series = 0.355028053887817239260 * f - 0.258819403792806798405 * g
-    out = jnp.where(x < -2.09, neg, jnp.where(x > 8.3203353, pos, series))
+    out = jnp.where(x < -2.09, neg, jnp.where(x >= 2.09, pos, series))
     out = jnp.where(x > 103.892, 0.0, out)
     return jnp.where(jnp.isinf(x), jnp.nan, out)
 
