@@ -1,104 +1,89 @@
-"""Per-mode speed, measured side by side in one run.
+"""Per-mode speed of xlanb, side by side with native CPU torch and (optionally) torch_xla,
+measured in one run. Each backend runs ``scenarios.py`` in a fresh process.
 
-    python benchmarks/bench_modes.py [--steps N] [--json out.json]
+    python benchmarks/bench_modes.py [--steps N] [--torch-xla /path/to/venv/bin/python]
 
-Prints, for each mode: eager per-op host overhead (µs/op, a cached small op, with the
-result's device buffer ready), lazy tracing cost (µs/op, recording only), and a small
-BERT-like training step (first step with its compiles, then steady state).
+Prints a table and writes docs/benchmarks.md (machine, versions, date). torch_xla is
+measured only when a Python with torch_xla installed is given (keep it out of CI: it is a
+download of several GB). XLANB_CACHE_DIR is pointed at an empty directory so first-step
+figures include real compiles.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import platform
-import time
+import subprocess
+import sys
+import tempfile
 
-import jax
-import torch
-
-import xlanb
-from xlanb import metrics
-
-
-def eager_op_us(n: int = 5000) -> float:
-    with xlanb.mode("eager"):
-        x = torch.randn(16, 16, device="xla")
-        y = torch.randn(16, 16, device="xla")
-        for _ in range(200):
-            z = x + y
-        t0 = time.perf_counter()
-        for _ in range(n):
-            z = x + y
-        z = xlanb.peek(z)  # wait for the last result: async dispatch is not free time
-        return (time.perf_counter() - t0) / n * 1e6
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 
 
-def lazy_trace_us(n: int = 5000) -> float:
-    with xlanb.mode("lazy"):
-        x = torch.randn(16, 16, device="xla")
-        y = torch.randn(16, 16, device="xla")
-        xlanb.sync()
-        z = x
-        t0 = time.perf_counter()
-        for _ in range(n):
-            z = z * y + x
-        dt = time.perf_counter() - t0
-        del z
-        xlanb.sync()
-        return dt / (2 * n) * 1e6
+def run_backend(python: str, backend: str, steps: int, modes: str) -> dict:
+    env = dict(os.environ, PJRT_DEVICE="CPU", XLANB_CACHE_DIR=tempfile.mkdtemp(prefix="xlanb-bench-"))
+    out = subprocess.run([python, os.path.join(HERE, "scenarios.py"), backend, "--steps", str(steps),
+                          "--modes", modes], capture_output=True, text=True, env=env, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{backend} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def bert_step(mode: str, steps: int) -> dict:
-    from transformers import BertConfig, BertForSequenceClassification
-    torch.manual_seed(0)
-    cfg = BertConfig(num_hidden_layers=2, hidden_size=256, num_attention_heads=4,
-                     intermediate_size=1024, vocab_size=1000, max_position_embeddings=128,
-                     attn_implementation="eager")
-    xlanb.set_mode(mode)
-    model = BertForSequenceClassification(cfg).to("xla")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, 1000, (8, 128)).to("xla")
-    labels = torch.randint(0, 2, (8,)).to("xla")
-    xlanb.sync()
-    metrics.clear()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        xlanb.sync()
-        loss.item()
-        times.append(time.perf_counter() - t0)
-    steady = sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else float("nan")
-    compile_s = sum((metrics.metric_data(n) or (0, 0.0, ()))[1] for n in ("CompileTime", "OpCompileTime"))
-    compiles = (metrics.counter_value("UncachedCompile") or 0) + (metrics.counter_value("OpCompile") or 0)
-    xlanb.set_mode("lazy")
-    return {"first_step_s": times[0], "steady_step_s": steady, "compiles": compiles,
-            "compile_s": compile_s}
+def fmt(v, unit="", digits=2) -> str:
+    return "–" if v is None else f"{v:.{digits}f}{unit}"
+
+
+def table(results: dict) -> str:
+    x, t, c = results.get("xlanb"), results.get("torch_xla"), results.get("cpu")
+    lines = ["| scenario | xlanb | torch_xla 2.9 | native CPU torch |", "|---|---|---|---|"]
+    for key, label in (("eager_op_us", "eager per-op overhead, cached add 16x16 (µs/op)"),
+                       ("lazy_trace_us", "lazy tracing cost, mul+add 16x16 (µs/op)")):
+        lines.append(f"| {label} | {fmt(x.get(key), digits=1)} | "
+                     f"{fmt(t.get(key) if t else None, digits=1)} | – |")
+    for mode in ("lazy", "eager", "opbyop"):
+        xb = x["bert"].get(mode)
+        tb = t["bert"].get(mode) if t else None
+        if xb is None:
+            continue
+        lines.append(f"| BERT step, {mode}: steady (s) | {fmt(xb['steady_step_s'], digits=3)} | "
+                     f"{fmt(tb['steady_step_s'] if tb else None, digits=3)} | "
+                     f"{fmt(c['bert']['cpu']['steady_step_s'] if c else None, digits=3)} |")
+        lines.append(f"| BERT step, {mode}: first step (s) | {fmt(xb['first_step_s'])} | "
+                     f"{fmt(tb['first_step_s'] if tb else None)} | – |")
+        lines.append(f"| BERT step, {mode}: compiles (compile s) | {xb['compiles']} ({fmt(xb['compile_s'])}) | "
+                     + (f"{tb['compiles']} ({fmt(tb['compile_s'])})" if tb else "–") + " | – |")
+    return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--json")
+    ap.add_argument("--torch-xla", metavar="PYTHON", help="a Python with torch_xla installed")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks.md"))
     args = ap.parse_args()
-    res = {"eager_op_us": eager_op_us(), "lazy_trace_us": lazy_trace_us(), "bert": {}}
-    for mode in xlanb.MODES:
-        res["bert"][mode] = bert_step(mode, args.steps)
-    print(f"machine: {platform.machine()} {platform.processor() or ''}, torch {torch.__version__}, "
-          f"jax {jax.__version__}, device {jax.devices()[0].platform}")
-    print(f"eager per-op overhead (cached add, 16x16): {res['eager_op_us']:.1f} us/op")
-    print(f"lazy tracing cost (mul+add, 16x16):        {res['lazy_trace_us']:.1f} us/op")
-    print("BERT step (2 layers, hidden 256, seq 128, batch 8, AdamW):")
-    print(f"  {'mode':8s} {'first step':>11s} {'steady':>9s} {'compiles':>9s} {'compile s':>10s}")
-    for mode, r in res["bert"].items():
-        print(f"  {mode:8s} {r['first_step_s']:10.2f}s {r['steady_step_s']:8.3f}s "
-              f"{r['compiles']:9d} {r['compile_s']:10.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    results = {"xlanb": run_backend(sys.executable, "xlanb", args.steps, "lazy,eager,opbyop"),
+               "cpu": run_backend(sys.executable, "cpu", args.steps, "")}
+    if args.torch_xla:
+        results["torch_xla"] = run_backend(args.torch_xla, "torch_xla", args.steps, "lazy,eager")
+    import jax
+    import torch
+    head = (f"Measured {datetime.date.today()} on {platform.machine()}, {os.cpu_count()} cores, "
+            f"Python {platform.python_version()}, torch {torch.__version__}, jax {jax.__version__}"
+            + (f", torch_xla under torch {results['torch_xla']['torch']}" if "torch_xla" in results else "")
+            + f"; {args.steps} steps per BERT run (BertForSequenceClassification: 2 layers, hidden "
+            "256, 4 heads, intermediate 1024, sequence 128, batch 8, AdamW); steady = median of "
+            "steps 2..N. All on the CPU.")
+    body = table(results)
+    print(head)
+    print(body)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        f.write("# Benchmarks\n\nGenerated by `python benchmarks/bench_modes.py"
+                + (" --torch-xla PYTHON" if args.torch_xla else "") + "`.\n\n"
+                + head + "\n\n" + body + "\n")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ class Backend:
 
     def __init__(self, name: str):
         self.name = name
-        if name == "xlanb":
+        if name == "cpu":  # native CPU torch: the floor the others are compared with
+            self.device = torch.device("cpu")
+        elif name == "xlanb":
             import xlanb
             self.x = xlanb
             self.device = xlanb.device()
@@ -35,6 +37,8 @@ class Backend:
             self.device = torch_xla.device()
 
     def set_mode(self, mode: str) -> None:
+        if self.name == "cpu":
+            return
         if self.name == "xlanb":
             self.x.set_mode(mode)
         else:
@@ -42,6 +46,8 @@ class Backend:
             torch_xla.experimental.eager_mode(mode == "eager")
 
     def sync(self) -> None:
+        if self.name == "cpu":
+            return
         if self.name == "xlanb":
             self.x.sync()
         else:
@@ -49,6 +55,8 @@ class Backend:
 
     def wait(self, t) -> None:
         """Block until ``t`` is computed."""
+        if self.name == "cpu":
+            return
         if self.name == "xlanb":
             self.x.peek(t)
         else:
@@ -56,6 +64,8 @@ class Backend:
 
     def compiles(self) -> tuple[int, float]:
         """(graph or op compiles, compile seconds) since the last clear."""
+        if self.name == "cpu":
+            return 0, 0.0
         if self.name == "xlanb":
             m = self.x.metrics
             n = (m.counter_value("UncachedCompile") or 0) + (m.counter_value("OpCompile") or 0)
@@ -65,6 +75,8 @@ class Backend:
         return (data[0], data[1] / 1e9) if data else (0, 0.0)
 
     def clear(self) -> None:
+        if self.name == "cpu":
+            return
         if self.name == "xlanb":
             self.x.metrics.clear()
         else:
@@ -134,8 +146,12 @@ def bert_step(b: Backend, mode: str, steps: int) -> dict:
 
 def run(backend: str, steps: int, modes) -> dict:
     b = Backend(backend)
-    res = {"backend": backend, "torch": torch.__version__,
-           "eager_op_us": eager_op_us(b), "lazy_trace_us": lazy_trace_us(b), "bert": {}}
+    res = {"backend": backend, "torch": torch.__version__, "bert": {}}
+    if backend == "cpu":
+        res["bert"]["cpu"] = bert_step(b, "cpu", steps)
+        return res
+    res["eager_op_us"] = eager_op_us(b)
+    res["lazy_trace_us"] = lazy_trace_us(b)
     for mode in modes:
         res["bert"][mode] = bert_step(b, mode, steps)
     return res
@@ -143,7 +159,7 @@ def run(backend: str, steps: int, modes) -> dict:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("backend", choices=["xlanb", "torch_xla"])
+    ap.add_argument("backend", choices=["xlanb", "torch_xla", "cpu"])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--modes", default="lazy,eager")
     a = ap.parse_args()

@@ -47,6 +47,8 @@ pytestmark = [
 
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+# A Graphviz node as Chromium serializes it (attribute order may change): its id is the title.
+_NODE = re.compile(r'<g\b[^>]*\bclass="node"[^>]*>\s*<title>(n\d+|s_\w+)</title>')
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +106,7 @@ def test_the_tour_runs_and_saves_widget_state(executed):
                    if m.get("model_name") == "HTMLModel"]
     graphs = [v for v in html_values if "<svg" in v and 'class="node"' in v]
     assert len(graphs) >= 3, "the GraphView and both GraphDiff sides hold a drawn graph"
-    assert any("<title>n" in v and "aten::gelu" in v for v in graphs)
+    assert any("<title>n" in v and "gelu" in v for v in graphs)
     assert any("Where the time went" in v for v in html_values)  # the dashboard's charts
 
 
@@ -116,9 +118,9 @@ def test_exported_html_shows_the_graphs_in_chromium(executed, tmp_path):
     dom = res.stdout
     assert "</html>" in dom, res.stderr[-2000:]
     svgs = re.findall(r"<svg\b.*?</svg>", dom, flags=re.S)
-    graphs = [s for s in svgs if re.search(r'<g id="node\d+" class="node">', s)]
+    graphs = [s for s in svgs if _NODE.search(s)]
     assert len(graphs) >= 4, f"{len(svgs)} SVGs, {len(graphs)} graphs"  # view, matches, diff x2
-    nodes = re.findall(r'<g id="node\d+" class="node">\s*<title>(n\d+|s_\w+)</title>', graphs[0])
+    nodes = _NODE.findall(graphs[0])
     assert len(nodes) >= 5 and any(n.startswith("s_") for n in nodes)  # opened collapsed
     assert "#f5b041" in graphs[0]  # the GELU matches, highlighted
     assert "Where the time went" in dom and "why it recompiled" in dom
