@@ -34,7 +34,7 @@ for _op, _fn in [
     (aten.sinh, jnp.sinh), (aten.cosh, jnp.cosh), (aten.tanh, jnp.tanh),
     (aten.asinh, jnp.arcsinh), (aten.acosh, jnp.arccosh), (aten.atanh, jnp.arctanh),
     (aten.sigmoid, jax.nn.sigmoid), (aten.erf, lax.erf), (aten.erfc, lax.erfc),
-    (aten.erfinv, lax.erf_inv), (aten.lgamma, lax.lgamma), (aten.digamma, lax.digamma),
+    (aten.erfinv, lax.erf_inv), (aten.lgamma, lax.lgamma),
     (aten.i0, jnp.i0), (aten.sinc, jnp.sinc), (aten.reciprocal, lambda x: 1 / x),
 ]:
     _float_unary(_op.default, _fn)
@@ -61,7 +61,13 @@ register(aten.round.decimals)(lambda x, *, decimals=0: jnp.round(x, decimals))
 register(aten.frac.default)(lambda x: x - jnp.trunc(x))
 register(aten.abs.default)(jnp.abs)
 register(aten.neg.default)(jnp.negative)
-register(aten.sign.default, aten.sgn.default)(jnp.sign)
+register(aten.sign.default, aten.sgn.default)(lambda x: x if x.dtype == jnp.bool_ else jnp.sign(x))
+
+
+@register(aten.digamma.default)
+def digamma(x):
+    x = to_float(x)
+    return jnp.where(x == 0, -jnp.inf, lax.digamma(x))  # torch: -inf at 0 (JAX: NaN)
 register(aten.signbit.default)(jnp.signbit)
 register(aten.bitwise_not.default)(jnp.invert)
 register(aten.logical_not.default)(jnp.logical_not)
@@ -128,6 +134,14 @@ register(aten.fmod.Tensor, aten.fmod.Scalar)(jnp.fmod)
 @register(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 def pow_(x, y):
     # A Python int exponent stays exact (jnp uses integer_pow for it).
+    x_arr, y_arr = jnp.asarray(x), jnp.asarray(y)
+    if jnp.issubdtype(jnp.result_type(x, y), jnp.integer) and not isinstance(y, int):
+        # integer powers with a negative exponent: 1/x^n truncates to 0 unless |x| == 1
+        out = jnp.power(x, jnp.maximum(y_arr, 0))
+        neg = y_arr < 0
+        odd = (y_arr % 2) != 0
+        special = jnp.where(x_arr == 1, 1, jnp.where(x_arr == -1, jnp.where(odd, -1, 1), 0))
+        return jnp.where(neg, special.astype(out.dtype), out)
     return jnp.power(x, y)
 
 
@@ -205,3 +219,12 @@ for _name, _fn in [("bitwise_and", jnp.bitwise_and), ("bitwise_or", jnp.bitwise_
 def isclose(x, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     return jnp.isclose(x, other, rtol=rtol, atol=atol, equal_nan=equal_nan)
 
+
+@register(aten.gcd.default)
+def gcd(a, b):
+    return jnp.gcd(a, b)
+
+
+@register(aten.lcm.default)
+def lcm(a, b):
+    return jnp.abs(jnp.lcm(a, b))

@@ -13,6 +13,11 @@ from xlanb.lowering._util import aten, is_float, wrap
 from xlanb.lowering.registry import register
 
 
+def _add(ref, v):
+    """``ref.add(v)``; for bool, an or (torch accumulates bools that way)."""
+    return ref.max(v) if v.dtype == jnp.bool_ else ref.add(v)
+
+
 def _is_mask(i):
     return i is not None and i.dtype in (jnp.bool_, jnp.uint8)
 
@@ -41,6 +46,8 @@ def _masked_put(x, indices, values, accumulate):
     mask = mask.astype(bool).reshape((1,) * p + mask.shape + (1,) * (x.ndim - p - mask.ndim))
     values = values.astype(x.dtype)
     if accumulate:
+        if x.dtype == jnp.bool_:
+            return x | (mask & values)
         return x + jnp.where(mask, values, jnp.zeros((), x.dtype))
     return jnp.where(mask, values, x)
 
@@ -54,7 +61,7 @@ def index_put(x, indices, values, accumulate=False):
         return out
     ref = x.at[_index_tuple(indices)]
     values = values.astype(x.dtype)
-    return ref.add(values) if accumulate else ref.set(values)
+    return _add(ref, values) if accumulate else ref.set(values)
 
 
 @register(aten.index_select.default)
@@ -68,10 +75,14 @@ def index_select(x, dim, index):
 def gather(x, dim, index, *, sparse_grad=False):
     if x.ndim == 0:
         return jnp.broadcast_to(x, index.shape)
+    if index.size == 0:
+        return jnp.zeros(index.shape, x.dtype)
     d = wrap(dim, x.ndim)
+    if index.ndim != x.ndim:  # a 0-d/1-d index on a tensor of another rank (empty or 1 elt)
+        index = index.reshape(index.shape + (1,) * (x.ndim - index.ndim))
     # torch lets index be smaller than x in the other dims: crop x to it.
     x = x[tuple(slice(None) if i == d else slice(0, n) for i, n in enumerate(index.shape))]
-    return jnp.take_along_axis(x, index, axis=d)
+    return jnp.take_along_axis(x, index.astype(jnp.int64), axis=d)
 
 
 def _scatter_ref(x, dim, index):
@@ -98,7 +109,12 @@ _REDUCE = {"sum": "add", "add": "add", "prod": "multiply", "multiply": "multiply
 def scatter(x, dim, index, src, *, reduce=None):
     ref, back = _scatter_ref(x, dim, index)
     src = _src(src, index, x.dtype)
-    return back(ref.set(src) if reduce is None else getattr(ref, _REDUCE[reduce])(src))
+    if reduce is None:
+        return back(ref.set(src))
+    how = _REDUCE[reduce]
+    if x.dtype == jnp.bool_ and how in ("add", "multiply"):
+        how = "max" if how == "add" else "min"  # or / and
+    return back(getattr(ref, how)(src))
 
 
 @register(aten.scatter_add.default)
@@ -113,6 +129,8 @@ def _identity(reduce, dtype):
         return 1
     if jnp.issubdtype(dtype, jnp.floating):
         return -jnp.inf if reduce == "amax" else jnp.inf
+    if dtype == jnp.bool_:
+        return reduce == "amin"
     info = jnp.iinfo(dtype)
     return info.min if reduce == "amax" else info.max
 
@@ -130,20 +148,37 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
 
 
 def _dim_ref(x, dim, index):
-    return x.at[(slice(None),) * wrap(dim, x.ndim) + (index,)]
+    return x.at[(slice(None),) * wrap(dim, x.ndim) + (index.reshape(-1),)]
+
+
+def _on_1d(fn):
+    """0-d self: run on a 1-element vector (torch treats it as one)."""
+    def lowering(x, dim, index, value, **kw):
+        if x.ndim:
+            return fn(x, dim, index, value, **kw)
+        v = value.reshape(1) if hasattr(value, "ndim") and value.ndim == 0 else value
+        return fn(x.reshape(1), 0, index, v, **kw).reshape(())
+    return lowering
 
 
 @register(aten.index_add.default)
+@_on_1d
 def index_add(x, dim, index, source, *, alpha=1):
-    return _dim_ref(x, dim, index).add((source * alpha).astype(x.dtype))
+    src = source if source.ndim == x.ndim else source.reshape(x.shape[:0] + (-1,) + x.shape[1:])
+    if x.dtype == jnp.bool_:
+        return _dim_ref(x, dim, index).max(src.astype(bool) & jnp.asarray(alpha, bool))
+    return _dim_ref(x, dim, index).add((src * alpha).astype(x.dtype))
 
 
 @register(aten.index_copy.default)
+@_on_1d
 def index_copy(x, dim, index, source):
-    return _dim_ref(x, dim, index).set(source.astype(x.dtype))
+    src = source if source.ndim == x.ndim else source.reshape(x.shape[:0] + (-1,) + x.shape[1:])
+    return _dim_ref(x, dim, index).set(src.astype(x.dtype))
 
 
 @register(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+@_on_1d
 def index_fill(x, dim, index, value):
     return _dim_ref(x, dim, index).set(jnp.asarray(value, x.dtype))
 
@@ -155,8 +190,11 @@ def masked_fill(x, mask, value):
 
 @register(aten.masked_scatter.default)
 def masked_scatter(x, mask, source):
-    # The k-th True position takes source.flatten()[k]: a cumsum finds k.
-    mask = jnp.broadcast_to(mask, x.shape).reshape(-1)
+    # The k-th True position takes source.flatten()[k]: a cumsum finds k. The mask and
+    # self broadcast together (torch expands self to the mask's shape too).
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)
+    x = jnp.broadcast_to(x, shape)
+    mask = jnp.broadcast_to(mask, shape).reshape(-1)
     k = jnp.clip(jnp.cumsum(mask) - 1, 0, max(source.size - 1, 0))
-    taken = source.reshape(-1)[k].astype(x.dtype)
-    return jnp.where(mask, taken, x.reshape(-1)).reshape(x.shape)
+    taken = source.reshape(-1)[k].astype(x.dtype) if source.size else jnp.zeros_like(k, x.dtype)
+    return jnp.where(mask, taken, x.reshape(-1)).reshape(shape)

@@ -30,14 +30,20 @@ def _matmul(a, b):
 
 
 def _scaled(x, s):
-    return x if isinstance(s, (int, float)) and s == 1 else x * s
+    if isinstance(s, (int, float)) and s == 1:
+        return x
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        # integer tensors take alpha/beta converted to their dtype (0.6 -> 0), like torch
+        return x * jnp.asarray(s).astype(x.dtype)
+    return x * s
 
 
 def _beta_input(x, beta):
-    # beta == 0 ignores the input entirely (even NaN/inf), like torch.
-    if isinstance(beta, (int, float)) and beta == 0:
-        return None
-    return _scaled(x, beta)
+    # beta == 0 ignores the input entirely (even NaN/inf), like torch. beta may be a
+    # lifted (traced) float, so the test happens in the graph unless it is a literal.
+    if isinstance(beta, (int, float)):
+        return None if beta == 0 else _scaled(x, beta)
+    return jnp.where(beta == 0, jnp.zeros((), x.dtype), _scaled(x, beta))
 
 
 register(aten.mm.default, aten.bmm.default, aten.matmul.default, aten.mv.default,
@@ -82,20 +88,23 @@ def _conv(x, w, stride, padding, dilation, groups):
 
 
 def _conv_transpose(x, w, stride, padding, dilation, output_padding, groups):
-    """Transposed convolution = the linear transpose of the plain convolution
-    whose weight has torch's transposed layout (C_in, C_out/groups, *k)."""
+    """Transposed convolution as a plain convolution over the stride-dilated input with
+    the flipped, in/out-swapped kernel (torch's weight layout is (C_in, C_out/groups, *k));
+    output_padding extends the high side."""
     n = w.ndim - 2
     stride, padding, dilation = ntuple(stride, n), ntuple(padding, n), ntuple(dilation, n)
     output_padding = ntuple(output_padding, n)
-    out_spatial = tuple(
-        (i - 1) * s - 2 * p + d * (k - 1) + op + 1
-        for i, s, p, d, k, op in zip(x.shape[2:], stride, padding, dilation, w.shape[2:],
-                                     output_padding))
-    out_shape = (x.shape[0], w.shape[1] * groups) + out_spatial
     dtype = jnp.result_type(x, w)
-    fwd = lambda y: _conv(y, w.astype(dtype), stride, padding, dilation, groups)  # noqa: E731
-    (out,) = jax.linear_transpose(fwd, jax.ShapeDtypeStruct(out_shape, dtype))(x.astype(dtype))
-    return out
+    cin, cout_g = w.shape[:2]
+    k = w.shape[2:]
+    wt = w.reshape((groups, cin // groups, cout_g) + k)
+    wt = jnp.swapaxes(wt, 1, 2).reshape((groups * cout_g, cin // groups) + k)
+    wt = jnp.flip(wt, axis=tuple(range(2, 2 + n))).astype(dtype)
+    pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op)
+            for kk, p, d, op in zip(k, padding, dilation, output_padding)]
+    return lax.conv_general_dilated(
+        x.astype(dtype), wt, window_strides=(1,) * n, padding=pads, lhs_dilation=stride,
+        rhs_dilation=dilation, feature_group_count=groups, precision=_conv_precision())
 
 
 def _conv_any(x, w, stride, padding, dilation, transposed, output_padding, groups):

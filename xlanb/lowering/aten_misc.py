@@ -500,3 +500,13 @@ def histogramdd_from_bin_cts(x, bins, *, range=None, weight=None, density=False)
 @register(aten._histogramdd_from_bin_tensors.default)
 def histogramdd_from_bin_tensors(x, bins, *, weight=None, density=False):
     return _dd_hist(x, list(bins), weight, density, False)
+
+
+@register(aten.triu_indices.default)
+def triu_indices(row, col, offset=0, *, dtype=None, **_):
+    return jnp.asarray(np.stack(np.triu_indices(row, offset, col)), jdtype(dtype, jnp.int64))
+
+
+@register(aten.tril_indices.default)
+def tril_indices(row, col, offset=0, *, dtype=None, **_):
+    return jnp.asarray(np.stack(np.tril_indices(row, offset, col)), jdtype(dtype, jnp.int64))

@@ -247,13 +247,29 @@ def constant_pad_nd(x, pad, value=0):
     return lax.pad(x, jnp.asarray(value, x.dtype), cfg)
 
 
+def _replicate_pad(x, padding):
+    # out[o] = in[clamp(o - low, 0, n - 1)] per padded dim: negative pads crop, like torch
+    for d, (lo, hi) in enumerate(_pad_pairs(x.ndim, padding)):
+        if lo or hi:
+            n = x.shape[d]
+            idx = np.clip(np.arange(n + lo + hi) - lo, 0, n - 1)
+            x = jnp.take(x, idx, axis=d)
+    return x
+
+
+def _reflect_pad(x, padding):
+    pairs = _pad_pairs(x.ndim, padding)
+    crop = tuple(slice(max(-lo, 0), x.shape[d] - max(-hi, 0)) for d, (lo, hi) in enumerate(pairs))
+    return jnp.pad(x[crop], [(max(lo, 0), max(hi, 0)) for lo, hi in pairs], mode="reflect")
+
+
 def _mode_pad(mode):
-    return lambda x, padding: jnp.pad(x, _pad_pairs(x.ndim, padding), mode=mode)
+    return _reflect_pad if mode == "reflect" else _replicate_pad
 
 
 def _mode_pad_backward(mode):
     def backward(g, x, padding):
-        f = lambda v: jnp.pad(v, _pad_pairs(v.ndim, padding), mode=mode)  # noqa: E731
+        f = lambda v: _mode_pad(mode)(v, padding)  # noqa: E731
         return jax.vjp(f, x)[1](g.astype(x.dtype))[0]
     return backward
 
