@@ -90,6 +90,8 @@ def ri(*shape, low=-5, high=5, dtype=torch.int64, seed=0):
 def test_registry_rules():
     assert len(LOWERINGS) > 400
     for op, low in LOWERINGS.items():
+        if isinstance(op, torch._ops.OpOverloadPacket):
+            continue  # a packet covers every overload; the core looks up functional ones
         schema = op._schema
         assert not any(a.alias_info is not None and a.alias_info.is_write
                        for a in schema.arguments), f"{op} is not functional"

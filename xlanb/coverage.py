@@ -65,6 +65,21 @@ TOLERANCES: dict[str, tuple[float, float, str]] = {
                                "reach 1e5, errors stay near float32 eps times the norm"),
 }
 
+#: Looser tolerances for gradients only: op key -> (atol, rtol, reason).
+GRAD_TOLERANCES: dict[str, tuple[float, float, str]] = {
+    "logcumsumexp": (1e-2, 1e-2, "torch's float32 backward (a logcumsumexp of signed log "
+                                 "gradients) is itself ~2e-3 from float64; ours is as close"),
+    "nn.functional.layer_norm": (1e-4, 1e-4, "one-element rows: torch's mean leaves float "
+                                             "noise that rstd = 1/sqrt(eps) amplifies"),
+    "asin": (1e-5, 1e-5, "1/sqrt(1-x^2) near |x| = 1; lazy mode fuses it"),
+    "atanh": (1e-5, 1e-5, "1/(1-x^2) near |x| = 1; lazy mode fuses it"),
+    "ldexp": (1e-5, 1e-5, "x * 2^e * log(2) in one fused expression (lazy)"),
+    "linalg.householder_product": (1e-4, 1e-5, "gradients reach ~20; float32 rounding of "
+                                                "the reflector products"),
+    "grid_sampler_3d": (2e-4, 1e-5, "input gradients sum up to 8 weighted taps, values "
+                                     "reach ~100"),
+}
+
 #: Ops whose values are random or uninitialized memory: only shape and dtype are compared.
 NONDETERMINISTIC: dict[str, str] = {
     "bernoulli": "random",
@@ -82,13 +97,11 @@ NONDETERMINISTIC: dict[str, str] = {
     "randint_like": "random",
     "randint": "random",
     "randn": "random",
-    "rand": "random",
     "nn.functional.dropout": "random",
     "nn.functional.dropout2d": "random",
     "nn.functional.dropout3d": "random",
     "nn.functional.alpha_dropout": "random",
     "nn.functional.feature_alpha_dropout.with_train": "random",
-    "nn.functional.feature_alpha_dropout.without_train": "random",
     "nn.functional.rrelu": "random",
     "nn.functional.fractional_max_pool2d": "random pooling regions",
     "nn.functional.fractional_max_pool3d": "random pooling regions",
@@ -184,10 +197,160 @@ RANDOM_SAMPLES: dict[str, tuple] = {
         "dropout in training mode"),
 }
 
-#: The one list of expected failures: (op key, dtype name) -> reason. Applies to both
-#: modes (lazy matches eager); an entry for one mode only is keyed (op, dtype, mode).
-#: A listed case that passes fails the test: remove it from here.
-EXPECTED_FAILURES: dict[tuple, str] = {}
+# Reasons, shared by the entries of EXPECTED_FAILURES. "(core)" marks what the core
+# (dispatch/opinfo/backend), not a lowering, has to change; the lowering is ready.
+_DATA_DEPENDENT = ("the result's shape depends on the input's values; XLA compiles static "
+                   "shapes, so the op runs on CPU torch (a counted fallback, by design)")
+_DATA_DEPENDENT_BACKWARD = ("the backward uses an op whose result shape depends on values "
+                            "(unique / boolean-mask indexing), which runs on CPU torch")
+_PY_BOOL = ("returns a Python bool, which the core cannot compute from a device value: the "
+            "meta kernel has no value to give (core; lowerings for equal/allclose are in "
+            "aten_misc.py)")
+_CHECK_ERRORS = ("calls aten._linalg_check_errors, which returns nothing: the core wraps "
+                 "an empty result as a tensor (core; the lowering is in aten_factorize.py)")
+_NO_META = ("torch has no meta kernel for the op (or its backward) and the core takes "
+            "result shapes from meta kernels (core: take them from the lowering with "
+            "jax.eval_shape; the lowering is ready)")
+_LSTSQ = ("linalg_lstsq has no meta kernel, and its residuals' shape depends on the "
+          "matrix rank (data)")
+_INPLACE_VIEW = ("uses an in-place view op (squeeze_/unsqueeze_) after which the core "
+                 "leaves the tensor's shape stale (core bug; lazy mode happens to survive "
+                 "the forward)")
+_POW_INPLACE = ("the backward calls pow_(Tensor, Scalar), which the core maps to the wrong "
+                "functional overload (pow.Scalar); raised inside torch's C++ backward, the "
+                "error aborts the process (core bugs). Checked in a child process")
+_AS_STRIDED_VIEW = "as_strided of a view is not supported (core)"
+_RESIZE = "resizing a tensor in place (resize_/resize_as_) is not supported (core)"
+_SPARSE = "sparse layouts are not supported on the xla device: a clear error, by design"
+_COMPLEX32 = "complex32 (chalf) has no XLA dtype"
+_STORAGE = ("as_strided reaches outside its input view, into the base's storage; the "
+            "device copy of a view has no such storage")
+_LDL = "LDL with Bunch-Kaufman pivoting (LAPACK sytrf) has no XLA counterpart"
+_UINT64 = "returns uint64, which the xla device does not support (core dtype table)"
+_CTC_TENSOR = ("lengths given as tensors go through _ctc_loss.Tensor, which has no meta "
+               "kernel and a result shape set by the lengths' values (core: move the "
+               "lengths to the host and call _ctc_loss, lowered, as CUDA does)")
+_FACTORY = "a factory op with no xla (PrivateUse1) kernel (core: backend.py); lowered"
+_EFFICIENT_ZERO = ("the backward creates an _efficientzerotensor, which has no xla kernel "
+                   "(core: backend.py)")
+
+#: The one list of expected failures: (op key, "float32" | "int64" | "bool" | "grad")
+#: -> reason, for both modes (lazy matches eager); (op key, dtype, mode) for one mode.
+#: A listed case that passes fails its test: remove it from here.
+EXPECTED_FAILURES: dict[tuple, str] = {
+    ('allclose', 'float32'): _PY_BOOL,
+    ('combinations', 'float32'): _DATA_DEPENDENT,
+    ('combinations', 'int64'): _DATA_DEPENDENT,
+    ('combinations', 'bool'): _DATA_DEPENDENT,
+    ('corrcoef', 'float32'): _PY_BOOL,
+    ('corrcoef', 'int64'): _PY_BOOL,
+    ('cov', 'float32'): _PY_BOOL,
+    ('cov', 'int64'): _PY_BOOL,
+    ('equal', 'float32'): _PY_BOOL,
+    ('equal', 'int64'): _PY_BOOL,
+    ('equal', 'bool'): _PY_BOOL,
+    ('stft', 'float32'): _AS_STRIDED_VIEW,
+    ('sparse.sampled_addmm', 'float32'): _SPARSE,
+    ('sparse.mm.reduce', 'float32'): _SPARSE,
+    ('geqrf', 'float32'): _NO_META,
+    ('masked_select', 'float32'): _DATA_DEPENDENT,
+    ('masked_select', 'int64'): _DATA_DEPENDENT,
+    ('masked_select', 'bool'): _DATA_DEPENDENT,
+    ('nn.functional.linear_cross_entropy', 'float32', 'eager'): _INPLACE_VIEW,
+    ('as_strided.partial_views', 'float32'): _STORAGE,
+    ('as_strided.partial_views', 'int64'): _STORAGE,
+    ('as_strided.partial_views', 'bool'): _STORAGE,
+    ('unique', 'float32'): _DATA_DEPENDENT,
+    ('unique', 'int64'): _DATA_DEPENDENT,
+    ('unique', 'bool'): _DATA_DEPENDENT,
+    ('unique_consecutive', 'float32'): _DATA_DEPENDENT,
+    ('unique_consecutive', 'int64'): _DATA_DEPENDENT,
+    ('unique_consecutive', 'bool'): _DATA_DEPENDENT,
+    ('chalf', 'float32'): _COMPLEX32,
+    ('chalf', 'int64'): _COMPLEX32,
+    ('chalf', 'bool'): _COMPLEX32,
+    ('histogram', 'float32'): _NO_META,
+    ('histogramdd', 'float32'): _NO_META,
+    ('bincount', 'int64'): _DATA_DEPENDENT,
+    ('resize_', 'float32'): _RESIZE,
+    ('resize_', 'int64'): _RESIZE,
+    ('resize_', 'bool'): _RESIZE,
+    ('resize_as_', 'float32'): _RESIZE,
+    ('resize_as_', 'int64'): _RESIZE,
+    ('resize_as_', 'bool'): _RESIZE,
+    ('triu_indices', 'int64'): _FACTORY,
+    ('tril_indices', 'int64'): _FACTORY,
+    ('to_sparse', 'float32'): _SPARSE,
+    ('to_sparse', 'int64'): _SPARSE,
+    ('to_sparse', 'bool'): _SPARSE,
+    ('nonzero', 'float32'): _DATA_DEPENDENT,
+    ('nonzero', 'int64'): _DATA_DEPENDENT,
+    ('nonzero', 'bool'): _DATA_DEPENDENT,
+    ('argwhere', 'float32'): _DATA_DEPENDENT,
+    ('argwhere', 'int64'): _DATA_DEPENDENT,
+    ('argwhere', 'bool'): _DATA_DEPENDENT,
+    ('hash_tensor', 'float32'): _UINT64,
+    ('hash_tensor', 'int64'): _UINT64,
+    ('hash_tensor', 'bool'): _UINT64,
+    ('nn.functional.ctc_loss', 'float32'): _CTC_TENSOR,
+    ('repeat_interleave', 'float32'): _DATA_DEPENDENT,
+    ('repeat_interleave', 'int64'): _DATA_DEPENDENT,
+    ('repeat_interleave', 'bool'): _DATA_DEPENDENT,
+    ('linalg.cholesky', 'float32'): _CHECK_ERRORS,
+    ('linalg.ldl_factor', 'float32'): _LDL,
+    ('linalg.ldl_factor_ex', 'float32'): _LDL,
+    ('linalg.ldl_solve', 'float32'): _LDL,
+    ('linalg.lstsq', 'float32'): _LSTSQ,
+    ('linalg.lstsq.grad_oriented', 'float32'): _LSTSQ,
+    ('linalg.matrix_power', 'float32'): _CHECK_ERRORS,
+    ('linalg.lu_factor', 'float32'): _CHECK_ERRORS,
+    ('linalg.inv', 'float32'): _CHECK_ERRORS,
+    ('linalg.solve', 'float32'): _CHECK_ERRORS,
+    ('linalg.tensorinv', 'float32'): _CHECK_ERRORS,
+    ('linalg.tensorsolve', 'float32'): _CHECK_ERRORS,
+    ('combinations', 'grad'): _DATA_DEPENDENT,
+    ('corrcoef', 'grad'): _PY_BOOL,
+    ('cov', 'grad'): _PY_BOOL,
+    ('stft', 'grad'): _AS_STRIDED_VIEW,
+    ('sparse.sampled_addmm', 'grad'): _SPARSE,
+    ('sparse.mm.reduce', 'grad'): _SPARSE,
+    ('masked_select', 'grad'): _DATA_DEPENDENT,
+    ('matmul', 'grad'): _INPLACE_VIEW,
+    ('quantile', 'grad'): _INPLACE_VIEW,
+    ('nanquantile', 'grad'): _INPLACE_VIEW,
+    ('nn.functional.linear_cross_entropy', 'grad', 'eager'): _INPLACE_VIEW,
+    ('nn.functional.normalize', 'grad'): _POW_INPLACE,
+    ('as_strided.partial_views', 'grad'): _STORAGE,
+    ('native_group_norm', 'grad'): _POW_INPLACE,
+    ('nn.functional.multi_margin_loss', 'grad'): _NO_META,
+    ('nn.functional.multilabel_margin_loss', 'grad'): _NO_META,
+    ('dist', 'grad'): _POW_INPLACE,
+    ('sgn', 'grad'): _EFFICIENT_ZERO,
+    ('__rmatmul__', 'grad'): _INPLACE_VIEW,
+    ('index_fill', 'grad'): _DATA_DEPENDENT_BACKWARD,
+    ('index_put', 'grad'): _DATA_DEPENDENT_BACKWARD,
+    ('chalf', 'grad'): _COMPLEX32,
+    ('to_sparse', 'grad'): _SPARSE,
+    ('norm', 'grad'): _POW_INPLACE,
+    ('nn.functional.ctc_loss', 'grad'): _CTC_TENSOR,
+    ('linalg.cholesky', 'grad'): _CHECK_ERRORS,
+    ('linalg.eig', 'grad'): _CHECK_ERRORS,
+    ('linalg.eigvals', 'grad'): _CHECK_ERRORS,
+    ('linalg.lstsq', 'grad'): _LSTSQ,
+    ('linalg.lstsq.grad_oriented', 'grad'): _LSTSQ,
+    ('linalg.norm.subgradients_at_zero', 'grad'): _POW_INPLACE,
+    ('linalg.vector_norm', 'grad'): _POW_INPLACE,
+    ('linalg.lu_factor', 'grad'): _CHECK_ERRORS,
+    ('linalg.inv', 'grad'): _CHECK_ERRORS,
+    ('linalg.solve', 'grad'): _CHECK_ERRORS,
+    ('linalg.tensorinv', 'grad'): _CHECK_ERRORS,
+    ('linalg.tensorsolve', 'grad'): _CHECK_ERRORS,
+}
+
+#: Ops whose backward aborts the process (see _POW_INPLACE): their gradient checks run in
+#: a child process.
+GRAD_CRASHES = frozenset(k for (k, d, *_), why in EXPECTED_FAILURES.items()
+                         if d == "grad" and why is _POW_INPLACE)
 
 
 def op_key(op) -> str:
@@ -293,6 +456,14 @@ def _to_cpu(x):
     return _map(x, one)
 
 
+def _forget_graphs() -> None:
+    """Drop the compiled lazy graphs: every sample compiles its own (new shapes), none is
+    reused, and keeping thousands of them costs gigabytes over op_db."""
+    clear = getattr(sys.modules.get("xlanb.executor"), "clear_graph_cache", None)
+    if clear is not None:
+        clear()
+
+
 def _fallback_counters() -> dict[str, int]:
     return {n: xlanb.metrics.counter_value(n) or 0
             for n in xlanb.metrics.counter_names() if n.startswith("aten::")}
@@ -303,7 +474,8 @@ def _new_fallbacks(before: dict) -> list[str]:
     return sorted(n for n, v in after.items() if v > before.get(n, 0))
 
 
-def _compare(got, want, key: str, values: bool, sample=None, device: bool = True) -> None:
+def _compare(got, want, key: str, values: bool, sample=None, device: bool = True,
+             tolerances=None) -> None:
     """assert_close with the op's tolerance; on xla results, also the device."""
     canon = CANONICAL.get(key)
     if canon is not None and sample is not None:
@@ -324,7 +496,7 @@ def _compare(got, want, key: str, values: bool, sample=None, device: bool = True
                                  f"{want.dtype}{list(want.shape)}")
         if not values:
             return
-        tol = TOLERANCES.get(key)
+        tol = (tolerances or {}).get(key) or TOLERANCES.get(key)
         kw = dict(atol=tol[0], rtol=tol[1]) if tol else {}
         torch.testing.assert_close(g, want.detach(), equal_nan=True, check_device=False, **kw)
         return
@@ -332,7 +504,7 @@ def _compare(got, want, key: str, values: bool, sample=None, device: bool = True
         if not isinstance(got, (list, tuple)) or len(got) != len(want):
             raise AssertionError(f"expected a sequence of {len(want)}, got {type(got).__name__}")
         for g, w in zip(got, want):
-            _compare(g, w, key, values, device=device)
+            _compare(g, w, key, values, device=device, tolerances=tolerances)
         return
     if isinstance(want, float) and isinstance(got, float) and values:
         torch.testing.assert_close(got, want, equal_nan=True)
@@ -401,6 +573,8 @@ def check_op(op, dtype: torch.dtype, mode: str, *, max_samples: int | None = MAX
         n += 1
         fallbacks.update(_new_fallbacks(before))
     dt = time.perf_counter() - t0
+    if mode != "eager":
+        _forget_graphs()
     if failure:
         return Result("fail", failure, n, skipped, tuple(sorted(fallbacks)), dt)
     if fallbacks:
@@ -482,18 +656,22 @@ def check_grad(op, mode: str, *, max_samples: int = GRAD_SAMPLES) -> Result:
                                               allow_unused=True)
                     if mode != "eager":
                         xlanb.sync()
+                rs = RANDOM_SAMPLES.get(key)
+                values = not (rs and rs[0](sample))
                 for g, w in zip(got, want):
                     if w is None:
                         continue
                     if g is None:
                         raise AssertionError("gradient missing on xla")
-                    _compare(g, w, key, True)
+                    _compare(g, w, key, values, tolerances=GRAD_TOLERANCES)
         except Exception as e:
             failure = failure or f"{_first_line(e)} [sample {n + skipped}: {_describe(sample)}]"
             _drain()
         n += 1
         fallbacks.update(_new_fallbacks(before))
     dt = time.perf_counter() - t0
+    if mode != "eager":
+        _forget_graphs()
     if failure:
         return Result("fail", failure, n, skipped, tuple(sorted(fallbacks)), dt)
     if fallbacks:
@@ -586,12 +764,14 @@ def run_grads(keys=None, modes=MODES_CHECKED, progress=None) -> dict:
     import json
     import subprocess
     todo = grad_keys(keys)
+    total = len(todo)
     results: dict = {}
     while todo:
+        chunk = todo[:_GRAD_CHUNK]  # a fresh process per chunk bounds its memory too
         proc = subprocess.Popen(
             [sys.executable, "-m", "xlanb.coverage", "--grad-worker", "--modes", ",".join(modes)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        proc.stdin.write("\n".join(todo) + "\n")
+        proc.stdin.write("\n".join(chunk) + "\n")
         proc.stdin.close()
         current = None
         for line in proc.stdout:
@@ -605,7 +785,7 @@ def run_grads(keys=None, modes=MODES_CHECKED, progress=None) -> dict:
             msg["fallbacks"] = tuple(msg["fallbacks"])
             r = results[(key, "grad", mode)] = Result(**msg)
             if progress:
-                progress(todo.index(key), len(todo), key, "grad", mode, r)
+                progress(total - len(todo) + chunk.index(key), total, key, "grad", mode, r)
         rc = proc.wait()
         done = {k for k, _, _ in results}
         if current is not None and rc != 0:
@@ -614,16 +794,20 @@ def run_grads(keys=None, modes=MODES_CHECKED, progress=None) -> dict:
                     r = results[(current, "grad", mode)] = Result(
                         "fail", f"the process died (exit status {rc}) in the backward")
                     if progress:
-                        progress(todo.index(current), len(todo), current, "grad", mode, r)
+                        progress(total - len(todo) + chunk.index(current), total, current,
+                                 "grad", mode, r)
             done.add(current)
         rest = [k for k in todo if k not in done]
-        if rest == todo:  # no progress at all: do not loop forever
-            for k in rest:
+        if len(rest) == len(todo):  # no progress at all: do not loop forever
+            for k in chunk:
                 for mode in modes:
                     results[(k, "grad", mode)] = Result("fail", f"worker failed (exit {rc})")
-            break
+            rest = todo[len(chunk):]
         todo = rest
     return results
+
+
+_GRAD_CHUNK = 80
 
 
 STATUSES = ("pass", "fallback", "fail", "skip")
@@ -648,65 +832,131 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ").replace("<", "&lt;").replace(">", "&gt;")
 
 
+_NO_DTYPE = "dtype not supported by torch on CPU"
+
+
+def headline(results: dict, mode: str = "eager") -> dict:
+    """The target's numbers: per op_db entry, its float32 samples in ``mode`` (an entry
+    with no float32 dtype is judged by its int64, else bool, samples). Entries that CPU
+    torch cannot run at all (CUDA-only ops) are counted apart: there is nothing to
+    compare with."""
+    keys = list(dict.fromkeys(k[0] for k in results))
+    out = {"entries": len(keys), "pass": 0, "not_float32": 0, "not_runnable": [],
+           "failing": []}
+    for key in keys:
+        primary = None
+        for dt in ("float32", "int64", "bool"):
+            r = results.get((key, dt, mode))
+            if r is not None and not (r.status == "skip" and r.reason == _NO_DTYPE):
+                primary = (dt, r)
+                break
+        if primary is None or primary[1].status == "skip":
+            out["not_runnable"].append(key)
+            continue
+        if primary[0] != "float32":
+            out["not_float32"] += 1
+        if primary[1].status == "pass":
+            out["pass"] += 1
+        else:
+            out["failing"].append(key)
+    return out
+
+
 def render(results: dict, *, seconds: float | None = None, max_samples=MAX_SAMPLES) -> str:
-    """docs/op-coverage.md: totals per mode and dtype, the entries that do not pass with
-    their reasons, and a table of every op."""
+    """docs/op-coverage.md: the headline, totals per mode and dtype, the expected
+    failures with their reasons, everything else that does not pass, and every op."""
     modes = [m for m in MODES_CHECKED if any(k[2] == m for k in results)]
-    dts = [d for d in DTYPE_NAMES.values() if any(k[1] == d for k in results)]
+    cols = [d for d in (*DTYPE_NAMES.values(), "grad") if any(k[1] == d for k in results)]
     keys = list(dict.fromkeys(k[0] for k in results))
     tot = totals(results)
-    lines = ["# Op coverage against PyTorch's OpInfo database", "",
-             f"Generated by `python -m xlanb.coverage` (torch {torch.__version__}, "
-             f"{len(keys)} op_db entries, up to {max_samples} sample inputs per op and dtype"
-             + (f", {seconds / 60:.0f} min" if seconds else "") + ").",
-             "Each sample runs on the `xla` device and is compared with CPU torch by "
-             "`torch.testing.assert_close`; eager mode runs the op at once, lazy mode records "
-             "it and syncs after it. **pass**: every sample matches with no CPU fallback; "
-             "**CPU**: matches, but some op ran on CPU torch (counted as `aten::<op>`); "
-             "**FAIL**: an error or a mismatch; **skip**: torch has no such dtype for the op, "
-             "or CPU torch rejects every sample. Random ops and uninitialized memory are "
-             "compared by shape and dtype only. The expected-failure list, tolerances and "
-             "the list of random ops live in `xlanb/coverage.py`; `tests/test_opinfo.py` "
-             "checks the same things (`XLANB_OPINFO=full pytest tests/test_opinfo.py` for "
-             "every op).", "", "## Totals", "",
-             "| dtype | mode | pass | CPU fallback | fail | skip | pass rate (of run) |",
-             "|---|---|---|---|---|---|---|"]
-    for dt in dts:
+    lines = [
+        "# Op coverage against PyTorch's OpInfo database", "",
+        f"Generated by `python -m xlanb.coverage` (torch {torch.__version__}, "
+        f"{len(keys)} op_db entries, the first {max_samples} sample inputs per op and dtype, "
+        f"{GRAD_SAMPLES} for gradients" + (f"; {seconds / 60:.0f} min" if seconds else "") + ").",
+        "",
+        "Each sample runs on the `xla` device and is compared with CPU torch by "
+        "`torch.testing.assert_close` (torch's default tolerances unless the op has its own, "
+        "with the reason, in `TOLERANCES`). **eager** runs the op at once; **lazy** records "
+        "it and syncs after it. **grad** compares the gradients of the op's float32 "
+        "samples (a random cotangent, `torch.autograd.grad`) with CPU torch's.",
+        "",
+        "- **pass**: every sample matches, and nothing ran on CPU torch;",
+        "- **CPU**: the values match, but an op ran on CPU torch (an `aten::<op>` counter);",
+        "- **FAIL**: an error or a mismatch;",
+        "- **skip**: torch has no such dtype for the op, or CPU torch rejects every sample.",
+        "",
+        "Random ops and uninitialized memory are compared by shape and dtype only. The tables "
+        "(tolerances, random ops, `EXPECTED_FAILURES`) live in `xlanb/coverage.py`; "
+        "`tests/test_opinfo.py` checks the same cases (a CI slice; "
+        "`XLANB_OPINFO=full python -m pytest tests/test_opinfo.py` for every op).",
+    ]
+    for mode in modes:
+        h = headline(results, mode)
+        runnable = h["entries"] - len(h["not_runnable"])
+        lines += ["", f"**{mode}: {h['pass']} of {h['entries']} op_db entries pass "
+                      f"({100 * h['pass'] / max(h['entries'], 1):.1f}%); "
+                      f"{h['pass']} of the {runnable} that CPU torch can run "
+                      f"({100 * h['pass'] / max(runnable, 1):.1f}%).** Float32 samples; the "
+                      f"{h['not_float32']} entries with no float32 dtype are judged by their "
+                      "int64 (else bool) samples. CPU torch cannot run "
+                      + (", ".join(f"`{k}`" for k in h["not_runnable"]) or "none")
+                      + " (CUDA-only ops: there is nothing to compare with)."]
+    if "eager" in modes and "lazy" in modes:
+        diff = [f"`{k}` ({d})" for (k, d, m), r in results.items() if m == "lazy"
+                and (k, d, "eager") in results and results[(k, d, "eager")].status != r.status]
+        lines += ["", "Lazy matches eager on every entry and dtype." if not diff else
+                  "Lazy and eager differ on: " + ", ".join(diff) + "."]
+    lines += ["", "## Totals", "",
+              "| samples | mode | pass | CPU fallback | fail | skip |",
+              "|---|---|---|---|---|---|"]
+    for dt in cols:
         for m in modes:
             c = tot.get((dt, m))
-            if not c:
-                continue
-            ran = c["pass"] + c["fallback"] + c["fail"]
-            rate = f"{100 * c['pass'] / ran:.1f}%" if ran else "-"
-            lines.append(f"| {dt} | {m} | {c['pass']} | {c['fallback']} | {c['fail']} | {c['skip']} | {rate} |")
-    # The headline: op_db entries whose float32 samples pass in eager mode.
-    if ("float32", "eager") in tot:
-        c = tot[("float32", "eager")]
-        lines += ["", f"**float32, eager: {c['pass']} of {len(keys)} op_db entries pass "
-                      f"({100 * c['pass'] / len(keys):.1f}%)**; "
-                      f"{c['skip']} have no float32 samples. "
-                      + ("Lazy matches eager on every entry." if all(
-                          results.get((k, 'float32', 'lazy'), Result('x')).status ==
-                          results.get((k, 'float32', 'eager'), Result('y')).status
-                          for k in keys) or 'lazy' not in modes else
-                         "Lazy differs from eager on: " + ", ".join(
-                             f"`{k}`" for k in keys if ('float32', 'lazy') in tot and
-                             results.get((k, 'float32', 'lazy')).status !=
-                             results.get((k, 'float32', 'eager')).status) + ".")]
-    lines += ["", "## Entries that do not pass", "",
-              "| op | dtype | mode | status | reason |", "|---|---|---|---|---|"]
+            if c:
+                lines.append(f"| {dt} | {m} | {c['pass']} | {c['fallback']} | {c['fail']} | "
+                             f"{c['skip']} |")
+    # Entries that do not pass: the expected ones (grouped by reason), then any other
+    expected, other = {}, []
     for (key, dt, m), r in results.items():
-        if r.status in ("fail", "fallback") or (r.status == "skip" and r.reason != "dtype not supported by torch on CPU"):
-            reason = expected_failure(key, dt, m) or r.reason
-            if expected_failure(key, dt, m) and r.reason and r.status != "skip":
-                reason = f"{reason} ({r.reason})"
-            lines.append(f"| `{key}` | {dt} | {m} | {r.status} | {_md_escape(reason)} |")
+        if r.status not in ("fail", "fallback"):
+            continue
+        why = expected_failure(key, dt, m)
+        if why:
+            expected.setdefault(why, []).append((key, dt, m, r))
+        else:
+            other.append((key, dt, m, r))
+    lines += ["", "## Expected failures", "",
+              "`EXPECTED_FAILURES` in `xlanb/coverage.py`, grouped by reason. A listed case "
+              "that starts to pass fails its test, so the list only shrinks.", ""]
+    for why, cases in expected.items():
+        lines.append(f"- {_md_escape(why)}")
+        by_key: dict = {}
+        for key, dt, m, r in cases:
+            by_key.setdefault(key, []).append(f"{dt} {m}")
+        lines.append("  " + "; ".join(f"`{k}` ({', '.join(v)})" for k, v in by_key.items()))
+    lines += ["", "## Other entries that do not pass", ""]
+    if other:
+        lines += ["| op | samples | mode | status | reason |", "|---|---|---|---|---|"]
+        lines += [f"| `{k}` | {dt} | {m} | {r.status} | {_md_escape(r.reason)} |"
+                  for k, dt, m, r in other]
+    else:
+        lines.append("None.")
+    skipped = [(k, r) for (k, dt, m), r in results.items()
+               if r.status == "skip" and r.reason != _NO_DTYPE and m == modes[0]]
+    if skipped:
+        lines += ["", "## Skipped", ""]
+        seen = set()
+        for k, r in skipped:
+            if k not in seen:
+                seen.add(k)
+                lines.append(f"- `{k}`: {_md_escape(r.reason)}")
     lines += ["", "## Every op", "",
-              "| op | " + " | ".join(f"{dt} {m}" for dt in dts for m in modes) + " |",
-              "|---|" + "---|" * (len(dts) * len(modes))]
+              "| op | " + " | ".join(f"{dt} {m}" for dt in cols for m in modes) + " |",
+              "|---|" + "---|" * (len(cols) * len(modes))]
     for key in keys:
         lines.append(f"| `{key}` | " + " | ".join(_cell(results.get((key, dt, m)))
-                                                  for dt in dts for m in modes) + " |")
+                                                  for dt in cols for m in modes) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -741,9 +991,14 @@ def main(argv=None) -> int:
         results.update(run_grads(keys, modes, progress))
     seconds = time.perf_counter() - t0
     print()
-    print("dtype    mode    pass  fallback  fail  skip")
+    print("samples  mode    pass  fallback  fail  skip")
     for (dt, m), c in totals(results).items():
         print(f"{dt:8} {m:6} {c['pass']:5} {c['fallback']:9} {c['fail']:5} {c['skip']:5}")
+    for m in modes:
+        h = headline(results, m)
+        if h["entries"]:
+            print(f"{m}: {h['pass']}/{h['entries']} entries pass "
+                  f"({100 * h['pass'] / h['entries']:.1f}%)")
     print(f"{seconds:.0f} s")
     if a.json:
         import json

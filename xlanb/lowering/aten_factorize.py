@@ -272,3 +272,13 @@ def linalg_matrix_exp(a):
 def cholesky_inverse(factor, upper=False):
     eye = jnp.broadcast_to(jnp.eye(factor.shape[-1], dtype=factor.dtype), factor.shape)
     return cholesky_solve(eye, factor, upper)
+
+
+@register(aten.linalg_eig.default, may_refuse=True)
+def linalg_eig(a):
+    # XLA implements the non-symmetric eigendecomposition (LAPACK geev) on the CPU only;
+    # elsewhere the op runs on CPU torch.
+    if jax.default_backend() != "cpu":
+        raise NotImplementedError("linalg_eig: XLA has geev on the CPU backend only")
+    w, v = jnp.linalg.eig(a)
+    return w, v

@@ -198,3 +198,18 @@ def masked_scatter(x, mask, source):
     k = jnp.clip(jnp.cumsum(mask) - 1, 0, max(source.size - 1, 0))
     taken = source.reshape(-1)[k].astype(x.dtype) if source.size else jnp.zeros_like(k, x.dtype)
     return jnp.where(mask, taken, x.reshape(-1)).reshape(shape)
+
+
+@register(aten.masked_scatter_backward.default)
+def masked_scatter_backward(grad, mask, sizes):
+    # The source's k-th element went to the k-th True position: gather it back; source
+    # elements past the number of Trues get no gradient.
+    shape = jnp.broadcast_shapes(grad.shape, mask.shape)
+    g = jnp.broadcast_to(grad, shape).reshape(-1)
+    m = jnp.broadcast_to(mask, shape).reshape(-1)
+    n = 1
+    for s in sizes:
+        n *= s
+    k = jnp.cumsum(m) - 1
+    out = jnp.zeros((n + 1,), grad.dtype).at[jnp.where(m & (k < n), k, n)].add(jnp.where(m, g, 0))
+    return out[:n].reshape(tuple(sizes))

@@ -510,3 +510,35 @@ def triu_indices(row, col, offset=0, *, dtype=None, **_):
 @register(aten.tril_indices.default)
 def tril_indices(row, col, offset=0, *, dtype=None, **_):
     return jnp.asarray(np.stack(np.tril_indices(row, offset, col)), jdtype(dtype, jnp.int64))
+
+
+@register(aten._segment_reduce_backward.default, may_refuse=True)
+def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0,
+                            initial=None):
+    if lengths is None and offsets is not None:
+        lengths = jnp.diff(offsets, axis=-1)
+    if lengths is None or lengths.ndim != 1:
+        raise NotImplementedError("segment_reduce backward with batched lengths/offsets")
+    axis = wrap(axis, data.ndim)
+    x = jnp.moveaxis(data, axis, 0)
+    g = jnp.moveaxis(grad, axis, 0)
+    out = jnp.moveaxis(output, axis, 0)
+    nseg = lengths.shape[0]
+    ends = jnp.cumsum(lengths)
+    seg = jnp.searchsorted(ends, jnp.arange(x.shape[0]), side="right")
+    inside = seg < nseg
+    segc = jnp.clip(seg, 0, max(nseg - 1, 0))
+    gs, os_ = g[segc], out[segc]
+    if reduce == "sum":
+        gx = gs
+    elif reduce == "mean":
+        gx = gs / jnp.maximum(lengths, 1)[segc].reshape((-1,) + (1,) * (x.ndim - 1))
+    elif reduce in ("max", "min"):
+        # torch shares the gradient equally between the elements equal to the result
+        hit = (x == os_) & inside.reshape((-1,) + (1,) * (x.ndim - 1))
+        count = jax.ops.segment_sum(hit.astype(x.dtype), jnp.where(inside, seg, nseg), nseg + 1)
+        gx = jnp.where(hit, gs / jnp.maximum(count[segc], 1), 0)
+    else:  # prod: d/dx_i = prod / x_i (no zeros in the segment), torch's general case
+        gx = gs * os_ / x
+    gx = jnp.where(inside.reshape((-1,) + (1,) * (x.ndim - 1)), gx, 0)
+    return jnp.moveaxis(gx.astype(data.dtype), 0, axis)
