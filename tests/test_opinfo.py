@@ -31,37 +31,34 @@ FULL = os.environ.get("XLANB_OPINFO", "").strip().lower() == "full"
 #: expected-failure list, so that both paths of the check run on every CI run.
 SLICE = (
     # pointwise
-    "abs", "exp", "sigmoid", "erfinv", "special.i1e", "special.zeta", "polygamma.polygamma_n_1",
-    "add", "div.floor_rounding", "pow", "atan2", "remainder", "maximum", "bitwise_and",
-    "eq", "logical_xor", "where", "clamp", "nan_to_num", "lerp",
+    "abs", "exp", "sigmoid", "erfinv", "special.i1e", "add", "div.floor_rounding", "pow",
+    "atan2", "bitwise_and", "eq", "where", "nan_to_num", "lerp",
     # reductions, scans, sorting
-    "sum", "mean", "amax", "argmax", "var_mean", "prod", "cumsum", "logsumexp",
-    "linalg.matrix_norm", "topk", "sort", "median", "mode",
+    "sum", "mean", "amax", "argmax", "var_mean", "cumsum", "logsumexp", "linalg.matrix_norm",
+    "topk", "median", "mode",
     # shapes and views
-    "cat", "stack", "reshape", "permute", "transpose", "unsqueeze", "expand", "flip", "roll",
-    "split", "tril", "movedim", "view_as_real", "diag_embed",
+    "cat", "stack", "reshape", "permute", "transpose", "flip", "roll", "split", "tril",
+    "movedim", "view_as_real",
     # indexing
     "index_select", "gather", "scatter_add", "index_put", "index_add", "masked_fill",
-    "masked_scatter", "take_along_dim", "__getitem__",
+    "masked_scatter", "__getitem__",
     # nn
     "nn.functional.linear", "nn.functional.conv2d", "nn.functional.conv_transpose2d",
-    "nn.functional.max_pool2d", "nn.functional.adaptive_max_pool2d",
-    "nn.functional.layer_norm", "nn.functional.batch_norm", "nn.functional.group_norm",
-    "softmax", "nn.functional.cross_entropy", "nn.functional.gelu",
-    "nn.functional.embedding", "nn.functional.embedding_bag",
-    "nn.functional.interpolate.bilinear", "nn.functional.pad.reflect",
-    "nn.functional.scaled_dot_product_attention", "nn.functional.grid_sample",
+    "nn.functional.adaptive_max_pool2d", "nn.functional.layer_norm",
+    "nn.functional.batch_norm", "nn.functional.group_norm", "softmax",
+    "nn.functional.cross_entropy", "nn.functional.gelu", "nn.functional.embedding",
+    "nn.functional.embedding_bag", "nn.functional.interpolate.bilinear",
+    "nn.functional.pad.reflect", "nn.functional.scaled_dot_product_attention",
     "nn.functional.smooth_l1_loss",
     # linear algebra
-    "matmul", "addmm", "einsum", "linalg.qr", "linalg.det", "linalg.pinv", "linalg.eigh",
-    "linalg.lu_solve", "cholesky_inverse",
+    "matmul", "addmm", "einsum", "linalg.qr", "linalg.det", "linalg.eigh",
     # FFT
     "fft.fft", "fft.irfft",
     # factories and random ops
     "arange", "full", "zeros_like", "linspace.tensor_overload", "rand_like", "bernoulli",
     "nn.functional.dropout",
     # misc
-    "histc", "searchsorted", "isin", "cdist", "index_reduce.amax",
+    "histc", "searchsorted",
     # expected failures (data-dependent shapes, no meta kernel, a missing core feature)
     "nonzero", "unique", "linalg.inv", "equal",
 )
