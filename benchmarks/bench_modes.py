@@ -1,12 +1,24 @@
 """Per-mode speed of xlanb, side by side with native CPU torch and (optionally) torch_xla,
-measured in one run. Each backend runs ``scenarios.py`` in a fresh process.
+measured in one run. Each backend runs ``scenarios.py`` in fresh processes.
 
     python benchmarks/bench_modes.py [--steps N] [--torch-xla /path/to/venv/bin/python]
+                                     [--only ops,bert,inspect,coldwarm] [--out FILE] [--json FILE]
 
-Prints a table and writes docs/benchmarks.md (machine, versions, date). torch_xla is
-measured only when a Python with torch_xla installed is given (keep it out of CI: it is a
-download of several GB). XLANB_CACHE_DIR is pointed at an empty directory so first-step
-figures include real compiles.
+Prints a table and writes docs/benchmarks.md (machine, versions, date); ``--out`` writes
+elsewhere (trial runs), ``--only`` runs some of the scenarios:
+
+``ops``       per-op overhead of eager dispatch and of lazy tracing
+``bert``      BERT training step per mode: steady and first step, compiles
+``inspect``   seeds/003: looking at a layer's output at a moving pdb breakpoint (each
+              look timed), and the graph compiles that costs; plus the same steps without
+              looking, as a reference; each run in its own fresh process
+``coldwarm``  first BERT step in a fresh process with an empty persistent compilation
+              cache, then in a second fresh process reusing that cache
+
+torch_xla is measured only when a Python with torch_xla installed is given (keep it out of
+CI: it is a download of several GB). XLANB_CACHE_DIR is pointed at an empty directory for
+every process (except the warm half of ``coldwarm``) so first-step figures include real
+compiles.
 """
 from __future__ import annotations
 
@@ -21,53 +33,147 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+GROUPS = ("ops", "bert", "inspect", "coldwarm")
 
 
-def run_backend(python: str, backend: str, steps: int, modes: str) -> dict:
-    env = dict(os.environ, PJRT_DEVICE="CPU", XLANB_CACHE_DIR=tempfile.mkdtemp(prefix="xlanb-bench-"))
-    out = subprocess.run([python, os.path.join(HERE, "scenarios.py"), backend, "--steps", str(steps),
-                          "--modes", modes], capture_output=True, text=True, env=env, check=False)
+def run_backend(python: str, backend: str, steps: int, modes: str, only: str = "ops,bert",
+                cache_dir: str | None = None) -> dict:
+    """Run ``scenarios.py`` once in a fresh process; ``cache_dir`` (default: a new empty
+    one) is both xlanb's XLANB_CACHE_DIR and torch_xla's persistent cache."""
+    cache_dir = cache_dir or tempfile.mkdtemp(prefix="xlanb-bench-")
+    env = dict(os.environ, PJRT_DEVICE="CPU", XLANB_CACHE_DIR=cache_dir)
+    cmd = [python, os.path.join(HERE, "scenarios.py"), backend, "--steps", str(steps),
+           "--modes", modes, "--only", only]
+    if backend == "torch_xla" and only == "first_step":
+        cmd += ["--cache-dir", cache_dir]  # torch_xla's cache is off unless asked for
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if out.returncode != 0:
-        raise RuntimeError(f"{backend} failed:\n{out.stderr[-3000:]}")
+        raise RuntimeError(f"{backend} {only} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure(python: str, backend: str, steps: int, modes: list[str], groups: list[str]) -> dict:
+    """The scenarios in ``groups`` for one backend; ``modes`` are the BERT step's modes."""
+    res: dict = {}
+    inproc = [g for g in groups if g in ("ops", "bert")]
+    if inproc:  # these tolerate sharing a process: each measures after its own warm-up
+        res.update(run_backend(python, backend, steps, ",".join(modes), ",".join(inproc)))
+    if "inspect" in groups:
+        # a user's first debugging session: nothing compiled yet, in memory or on disk
+        res.update(run_backend(python, backend, steps, "lazy", "inspect"))
+        res["inspect_ref"] = run_backend(python, backend, steps, "lazy", "inspect_ref")["inspect_ref"]
+    if "coldwarm" in groups:
+        res["coldwarm"] = {}
+        for mode in ("lazy", "eager"):  # opbyop compiles nothing worth caching
+            d = tempfile.mkdtemp(prefix="xlanb-bench-")  # one cache per mode: cold is cold
+            cold = run_backend(python, backend, 1, mode, "first_step", d)
+            warm = run_backend(python, backend, 1, mode, "first_step", d)
+            res["coldwarm"][mode] = {"cold": cold["first_step"][mode], "warm": warm["first_step"][mode]}
+            res.setdefault("torch", cold["torch"])
+    return res
 
 
 def fmt(v, unit="", digits=2) -> str:
     return "–" if v is None else f"{v:.{digits}f}{unit}"
 
 
-def table(results: dict) -> str:
+def table(results: dict) -> tuple[str, list[str]]:
+    """The markdown table and the notes under it."""
     x, t, c = results.get("xlanb"), results.get("torch_xla"), results.get("cpu")
+    t = t or {}
+    notes: list[str] = []
     lines = ["| scenario | xlanb | torch_xla 2.9 | native CPU torch |", "|---|---|---|---|"]
+
+    def row(label, xv, tv, cv="–"):
+        lines.append(f"| {label} | {xv} | {tv} | {cv} |")
+
     for key, label in (("eager_op_us", "eager per-op overhead, cached add 16x16 (µs/op)"),
                        ("lazy_trace_us", "lazy tracing cost, mul+add 16x16 (µs/op)")):
-        lines.append(f"| {label} | {fmt(x.get(key), digits=1)} | "
-                     f"{fmt(t.get(key) if t else None, digits=1)} | – |")
+        if key in x:
+            row(label, fmt(x.get(key), digits=1), fmt(t.get(key), digits=1))
     for mode in ("lazy", "eager", "opbyop"):
-        xb = x["bert"].get(mode)
-        tb = t["bert"].get(mode) if t else None
+        xb = x.get("bert", {}).get(mode)
+        tb = t.get("bert", {}).get(mode)
         if xb is None:
             continue
-        lines.append(f"| BERT step, {mode}: steady (s) | {fmt(xb['steady_step_s'], digits=3)} | "
-                     f"{fmt(tb['steady_step_s'] if tb else None, digits=3)} | "
-                     f"{fmt(c['bert']['cpu']['steady_step_s'] if c else None, digits=3)} |")
-        lines.append(f"| BERT step, {mode}: first step (s) | {fmt(xb['first_step_s'])} | "
-                     f"{fmt(tb['first_step_s'] if tb else None)} | – |")
-        lines.append(f"| BERT step, {mode}: compiles (compile s) | {xb['compiles']} ({fmt(xb['compile_s'])}) | "
-                     + (f"{tb['compiles']} ({fmt(tb['compile_s'])})" if tb else "–") + " | – |")
-    return "\n".join(lines)
+        cb = c["bert"]["cpu"]["steady_step_s"] if c and "bert" in c else None
+        row(f"BERT step, {mode}: steady (s)", fmt(xb["steady_step_s"], digits=3),
+            fmt(tb["steady_step_s"] if tb else None, digits=3), fmt(cb, digits=3))
+        row(f"BERT step, {mode}: first step (s)", fmt(xb["first_step_s"]),
+            fmt(tb["first_step_s"] if tb else None))
+        row(f"BERT step, {mode}: compiles (compile s)", f"{xb['compiles']} ({fmt(xb['compile_s'])})",
+            f"{tb['compiles']} ({fmt(tb['compile_s'])})" if tb else "–")
+
+    xi, ti = x.get("inspect"), t.get("inspect")
+    if xi:
+        xr, tr = x["inspect_ref"], t.get("inspect_ref")
+        ratio = (f" = {xi['look_median_s'] / ti['look_median_s']:.2f}× torch_xla" if ti else "")
+        row("pdb inspection (seeds/003): breakpoint → value, median of 3 looks (s)",
+            fmt(xi["look_median_s"], digits=3) + ratio, fmt(ti["look_median_s"], digits=3) if ti else "–")
+        row("pdb inspection: each look, steps 1 / 2 / 3 (s)", " / ".join(fmt(v) for v in xi["look_s"]),
+            " / ".join(fmt(v) for v in ti["look_s"]) if ti else "–")
+        row("pdb inspection: graph compiles over the 3 steps (same steps without looking)",
+            f"{xi['graph_compiles']} ({xr['graph_compiles']})",
+            f"{ti['graph_compiles']} ({tr['graph_compiles']})" if ti else "–")
+        row("pdb inspection: single-op compiles for the looks (OpCompile)", str(xi["OpCompile"]), "–")
+        row("pdb inspection: step times, steps 1 / 2 / 3 (s)", " / ".join(fmt(v) for v in xi["step_s"]),
+            " / ".join(fmt(v) for v in ti["step_s"]) if ti else "–")
+        notes.append("pdb inspection: 4-layer BERT (otherwise as below), lazy mode, 3 training steps in a "
+                     "fresh process with an empty compilation cache; in step k a forward hook after "
+                     "encoder layer k stands in for the breakpoint and runs `repr(t)` on the layer's "
+                     "output, as pdb's `p t` does: xlanb peeks op by op and leaves the pending graph "
+                     "alone, torch_xla runs the pending graph up to `t`, cutting the step's graph. "
+                     "xlanb's graph compiles are UncachedCompile, torch_xla's are CompileTime samples.")
+        for why in xi.get("recompile_why", []):
+            notes.append(f"xlanb's reason for a graph compile after the first in the inspection run: {why}")
+
+    cw_x, cw_t = x.get("coldwarm", {}), t.get("coldwarm", {})
+    for mode in ("lazy", "eager"):
+        xc, tc = cw_x.get(mode), cw_t.get(mode)
+        if xc is None:
+            continue
+        t_broken = tc is not None and tc["warm"].get("PersistentCacheDeserializeFailure")
+        row(f"BERT first step, {mode}: cold process, empty persistent cache (s)",
+            fmt(xc["cold"]["first_step_s"]), fmt(tc["cold"]["first_step_s"]) if tc else "–")
+        tw = "–" if not tc else (f"– (cache unusable, recompiled: {fmt(tc['warm']['first_step_s'])})"
+                                 if t_broken else fmt(tc["warm"]["first_step_s"]))
+        row(f"BERT first step, {mode}: warm process, same cache (s)", fmt(xc["warm"]["first_step_s"]), tw)
+        row(f"BERT first step, {mode}: warm ÷ cold",
+            fmt(xc["warm"]["first_step_s"] / xc["cold"]["first_step_s"]),
+            "–" if not tc or t_broken else fmt(tc["warm"]["first_step_s"] / tc["cold"]["first_step_s"]))
+        row(f"BERT first step, {mode}: persistent cache hits / misses, warm process",
+            f"{xc['warm']['PersistentCacheHit']} / {xc['warm']['PersistentCacheMiss']}",
+            f"{tc['warm']['PersistentCacheHit']} / {tc['warm']['PersistentCacheMiss']}" if tc else "–")
+        if t_broken:
+            notes.append(f"torch_xla, {mode}: `torch_xla.runtime.initialize_cache(path, readonly=False)` "
+                         "writes the cache, but the CPU PJRT client cannot load it (\"Deserializing "
+                         "serialized executable not supported\"; counter PersistentCacheDeserializeFailure="
+                         f"{tc['warm']['PersistentCacheDeserializeFailure']}), so the warm process "
+                         "compiles again.")
+    if cw_x:
+        notes.append("cold vs warm: the 2-layer BERT step below, one mode per process, timing only the "
+                     "first step (model setup excluded); the warm process reuses the cold one's "
+                     "persistent cache directory (XLANB_CACHE_DIR; for torch_xla initialize_cache).")
+    return "\n".join(lines), notes
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--torch-xla", metavar="PYTHON", help="a Python with torch_xla installed")
-    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks.md"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks.md"),
+                    help="markdown file to write (default docs/benchmarks.md)")
+    ap.add_argument("--json", metavar="FILE", help="also write the raw results as JSON")
+    ap.add_argument("--only", default=",".join(GROUPS), help=f"comma list of {', '.join(GROUPS)}")
     args = ap.parse_args()
-    results = {"xlanb": run_backend(sys.executable, "xlanb", args.steps, "lazy,eager,opbyop"),
-               "cpu": run_backend(sys.executable, "cpu", args.steps, "")}
+    groups = args.only.split(",")
+    if unknown := set(groups) - set(GROUPS):
+        ap.error(f"unknown scenarios: {', '.join(sorted(unknown))}")
+    results = {"xlanb": measure(sys.executable, "xlanb", args.steps, ["lazy", "eager", "opbyop"], groups)}
+    if "bert" in groups:
+        results["cpu"] = run_backend(sys.executable, "cpu", args.steps, "", "bert")
     if args.torch_xla:
-        results["torch_xla"] = run_backend(args.torch_xla, "torch_xla", args.steps, "lazy,eager")
+        results["torch_xla"] = measure(args.torch_xla, "torch_xla", args.steps, ["lazy", "eager"], groups)
     import jax
     import torch
     head = (f"Measured {datetime.date.today()} on {platform.machine()}, {os.cpu_count()} cores, "
@@ -76,14 +182,18 @@ def main() -> None:
             + f"; {args.steps} steps per BERT run (BertForSequenceClassification: 2 layers, hidden "
             "256, 4 heads, intermediate 1024, sequence 128, batch 8, AdamW); steady = median of "
             "steps 2..N. All on the CPU.")
-    body = table(results)
-    print(head)
-    print(body)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    body, notes = table(results)
+    text = head + "\n\n" + body + ("\n\n" + "\n".join(f"- {n}" for n in notes) if notes else "")
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)  # the raw figures, for a closer look
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         f.write("# Benchmarks\n\nGenerated by `python benchmarks/bench_modes.py"
-                + (" --torch-xla PYTHON" if args.torch_xla else "") + "`.\n\n"
-                + head + "\n\n" + body + "\n")
+                + (" --torch-xla PYTHON" if args.torch_xla else "")
+                + (f" --only {args.only}" if set(groups) != set(GROUPS) else "") + "`.\n\n"
+                + text + "\n")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,12 @@ Run by ``bench_modes.py`` in this process (backend "xlanb") and, with ``--torch-
 PYTHON``, by that interpreter (backend "torch_xla", torch_xla with PJRT_DEVICE=CPU), so
 the two are measured side by side in one run. Prints one JSON object.
 
-    python benchmarks/scenarios.py xlanb|torch_xla [--steps N]
+    python benchmarks/scenarios.py xlanb|torch_xla|cpu [--steps N] [--modes lazy,eager]
+                                   [--only ops,bert,inspect,inspect_ref,first_step]
+                                   [--cache-dir DIR]
+
+``inspect`` and ``first_step`` measure what happens in a process's first minutes, so
+``bench_modes.py`` runs each of them alone in a fresh process (see there).
 """
 from __future__ import annotations
 
@@ -20,11 +25,13 @@ import torch
 class Backend:
     """What differs between xlanb and torch_xla: device, sync, mode switching, counters."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, cache_dir: str | None = None):
         self.name = name
         if name == "cpu":  # native CPU torch: the floor the others are compared with
             self.device = torch.device("cpu")
         elif name == "xlanb":
+            # measure the checkout this file lives in, not whichever xlanb is installed
+            sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
             import xlanb
             self.x = xlanb
             self.device = xlanb.device()
@@ -33,6 +40,11 @@ class Backend:
             import torch_xla
             import torch_xla.core.xla_model as xm
             import torch_xla.debug.metrics as met
+            if cache_dir:
+                # torch_xla's persistent cache must be set up before anything runs (xlanb
+                # reads XLANB_CACHE_DIR, which bench_modes.py sets, instead).
+                import torch_xla.runtime as xr
+                xr.initialize_cache(cache_dir, readonly=False)
             self.x, self.xm, self.met = torch_xla, xm, met
             self.device = torch_xla.device()
 
@@ -71,8 +83,26 @@ class Backend:
             n = (m.counter_value("UncachedCompile") or 0) + (m.counter_value("OpCompile") or 0)
             secs = sum((m.metric_data(k) or (0, 0.0, ()))[1] for k in ("CompileTime", "OpCompileTime"))
             return n, secs
-        data = self.met.metric_data("CompileTime")
-        return (data[0], data[1] / 1e9) if data else (0, 0.0)
+        # torch_xla's eager mode times its compiles as EagerOpCompileTime, not CompileTime
+        n, ns = 0, 0
+        for name in ("CompileTime", "EagerOpCompileTime"):
+            data = self.met.metric_data(name)
+            if data:
+                n, ns = n + data[0], ns + data[1]
+        return n, ns / 1e9
+
+    def counter(self, name: str) -> int:
+        """A counter of the backend's metrics (both use torch_xla's names where they agree)."""
+        if self.name == "cpu":
+            return 0
+        return (self.x.metrics if self.name == "xlanb" else self.met).counter_value(name) or 0
+
+    def metric_count(self, name: str) -> int:
+        """How many samples a metric has, e.g. torch_xla's compiles are samples of CompileTime."""
+        if self.name == "cpu":
+            return 0
+        data = (self.x.metrics if self.name == "xlanb" else self.met).metric_data(name)
+        return data[0] if data else 0
 
     def clear(self) -> None:
         if self.name == "cpu":
@@ -114,27 +144,40 @@ def lazy_trace_us(b: Backend, n: int = 5000) -> float:
     return dt / (2 * n) * 1e6
 
 
-def bert_step(b: Backend, mode: str, steps: int) -> dict:
+def make_bert(b: Backend, layers: int):
+    """A randomly initialised BERT classifier (no downloads), AdamW and one batch, on the
+    device; hidden 256, 4 heads, intermediate 1024, sequence 128, batch 8."""
     from transformers import BertConfig, BertForSequenceClassification
     torch.manual_seed(0)
-    cfg = BertConfig(num_hidden_layers=2, hidden_size=256, num_attention_heads=4,
+    cfg = BertConfig(num_hidden_layers=layers, hidden_size=256, num_attention_heads=4,
                      intermediate_size=1024, vocab_size=1000, max_position_embeddings=128,
                      attn_implementation="eager")
-    b.set_mode(mode)
     model = BertForSequenceClassification(cfg).to(b.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, 1000, (8, 128)).to(b.device)
     labels = torch.randint(0, 2, (8,)).to(b.device)
+    return model, opt, ids, labels
+
+
+def train_step(b: Backend, model, opt, ids, labels) -> torch.Tensor:
+    """Forward, backward, AdamW step, sync: one training step as a user writes it."""
+    loss = model(input_ids=ids, labels=labels).loss
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    b.sync()
+    return loss
+
+
+def bert_step(b: Backend, mode: str, steps: int) -> dict:
+    b.set_mode(mode)
+    model, opt, ids, labels = make_bert(b, layers=2)
     b.sync()
     b.clear()
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        b.sync()
+        loss = train_step(b, model, opt, ids, labels)
         loss.item()
         times.append(time.perf_counter() - t0)
     later = sorted(times[1:])
@@ -144,16 +187,83 @@ def bert_step(b: Backend, mode: str, steps: int) -> dict:
             "compiles": n, "compile_s": secs}
 
 
-def run(backend: str, steps: int, modes) -> dict:
-    b = Backend(backend)
-    res = {"backend": backend, "torch": torch.__version__, "bert": {}}
+def inspect_at_breakpoints(b: Backend, steps: int = 3, look: bool = True) -> dict:
+    """seeds/003: a user stops in pdb inside the forward pass and prints a layer's output.
+
+    4-layer BERT, lazy mode, ``steps`` training steps; in step k the breakpoint sits after
+    encoder layer k (it moves, as it does while someone hunts a bug). "Looking" is
+    ``repr(t)``, what pdb's ``p t`` runs: xlanb peeks (op by op, the pending graph is left
+    as it was); torch_xla can only run the pending graph up to ``t`` (``t.cpu()``), which
+    cuts the step's graph. Meant for a fresh process: the numbers include first compiles.
+    ``look=False`` runs the same steps without looking, as a reference.
+    """
+    b.set_mode("lazy")
+    model, opt, ids, labels = make_bert(b, layers=4)
+    b.sync()
+    b.clear()
+    graphs_before = len(b.x.graphs()) if b.name == "xlanb" else 0
+    looks, step_times = [], []
+
+    def breakpoint_here(module, args, out):
+        t = out[0] if isinstance(out, tuple) else out
+        t0 = time.perf_counter()
+        repr(t)  # pdb's `p t`: from the breakpoint to the value on screen
+        looks.append(time.perf_counter() - t0)
+
+    layers = model.bert.encoder.layer
+    for k in range(steps):
+        hook = layers[k % len(layers)].register_forward_hook(breakpoint_here) if look else None
+        t0 = time.perf_counter()
+        loss = train_step(b, model, opt, ids, labels)
+        loss.item()
+        step_times.append(time.perf_counter() - t0)
+        if hook is not None:
+            hook.remove()
+    res = {"look_s": looks, "look_median_s": sorted(looks)[len(looks) // 2] if looks else None,
+           "step_s": step_times}
+    if b.name == "xlanb":
+        # graph compiles, single-op compiles (what peeks use) and their cache hits
+        res.update({k: b.counter(k) for k in ("UncachedCompile", "CachedCompile", "OpCompile", "OpCacheHit")})
+        res["graph_compiles"] = res["UncachedCompile"]
+        # xlanb says why each graph after the first was compiled: keep that for the report
+        res["recompile_why"] = [g.explanation[:300] for g in b.x.graphs()[graphs_before:] if g.explanation]
+    else:
+        res["graph_compiles"] = b.metric_count("CompileTime")
+    return res
+
+
+def first_step(b: Backend, mode: str) -> dict:
+    """The BERT step's first step in this process; run in a fresh process with an empty
+    or a filled persistent compilation cache to compare cold and warm starts (one mode
+    per process: a second mode in the same process would no longer start cold)."""
+    r = bert_step(b, mode, steps=1)
+    # torch_xla counts PersistentCacheDeserializeFailure when it cannot load an entry
+    names = ("PersistentCacheHit", "PersistentCacheMiss", "PersistentCacheDeserializeFailure")
+    return {"first_step_s": r["first_step_s"], "compiles": r["compiles"], "compile_s": r["compile_s"],
+            **{k: b.counter(k) for k in names}}
+
+
+SCENARIOS = ("ops", "bert", "inspect", "inspect_ref", "first_step")
+
+
+def run(backend: str, steps: int, modes, only=SCENARIOS, cache_dir: str | None = None) -> dict:
+    b = Backend(backend, cache_dir=cache_dir)
+    res = {"backend": backend, "torch": torch.__version__}
     if backend == "cpu":
-        res["bert"]["cpu"] = bert_step(b, "cpu", steps)
+        if "bert" in only:
+            res["bert"] = {"cpu": bert_step(b, "cpu", steps)}
         return res
-    res["eager_op_us"] = eager_op_us(b)
-    res["lazy_trace_us"] = lazy_trace_us(b)
-    for mode in modes:
-        res["bert"][mode] = bert_step(b, mode, steps)
+    if "ops" in only:
+        res["eager_op_us"] = eager_op_us(b)
+        res["lazy_trace_us"] = lazy_trace_us(b)
+    if "bert" in only:
+        res["bert"] = {mode: bert_step(b, mode, steps) for mode in modes}
+    if "inspect" in only:
+        res["inspect"] = inspect_at_breakpoints(b)
+    if "inspect_ref" in only:  # the same 3 steps without looking: the compiles a look adds
+        res["inspect_ref"] = inspect_at_breakpoints(b, look=False)
+    if "first_step" in only:
+        res["first_step"] = {mode: first_step(b, mode) for mode in modes}
     return res
 
 
@@ -162,5 +272,10 @@ if __name__ == "__main__":
     ap.add_argument("backend", choices=["xlanb", "torch_xla", "cpu"])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--modes", default="lazy,eager")
+    ap.add_argument("--only", default="ops,bert", help=f"comma list of {', '.join(SCENARIOS)}")
+    ap.add_argument("--cache-dir", help="torch_xla: persistent compilation cache directory")
     a = ap.parse_args()
-    sys.stdout.write(json.dumps(run(a.backend, a.steps, a.modes.split(","))) + "\n")
+    only = a.only.split(",")
+    if unknown := set(only) - set(SCENARIOS):
+        ap.error(f"unknown scenarios: {', '.join(sorted(unknown))}")
+    sys.stdout.write(json.dumps(run(a.backend, a.steps, a.modes.split(","), only, a.cache_dir)) + "\n")
