@@ -111,11 +111,7 @@ def test_op(key, dtype, mode):
 
 @pytest.mark.parametrize("key,mode", list(_grad_cases()))
 def test_grad(key, mode):
-    if key in cov.GRAD_CRASHES:
-        # Its backward aborts the process (see the reason): run it in a child process.
-        result = cov.run_grads([key], (mode,))[(key, "grad", mode)]
-    else:
-        result = cov.check_grad(cov.op_db()[key], mode, max_samples=cov.GRAD_SAMPLES)
+    result = cov.check_grad(cov.op_db()[key], mode, max_samples=cov.GRAD_SAMPLES)
     _check_expected(result, cov.expected_failure(key, "grad", mode), f"{key} (grad, {mode})")
 
 
@@ -124,7 +120,7 @@ def test_tables_name_real_ops():
     db = cov.op_db()
     named = [k[0] for k in cov.EXPECTED_FAILURES] + list(cov.TOLERANCES) \
         + list(cov.NONDETERMINISTIC) + list(cov.CANONICAL) + list(cov.RANDOM_SAMPLES) \
-        + list(cov.ARGS_ON_CPU) + list(cov.GRAD_TOLERANCES) + list(cov.GRAD_CRASHES) \
+        + list(cov.ARGS_ON_CPU) + list(cov.GRAD_TOLERANCES) \
         + [k for k in SLICE]
     missing = sorted({k for k in named if k not in db})
     assert not missing, f"not in op_db: {missing}"

@@ -102,7 +102,8 @@ def _copy_from_and_resize(self, dst):
 # Factories whose composite kernels make an empty tensor and then resize it through an
 # out= op: wrapper tensors cannot be resized, so these go straight to dispatch.
 _FACTORIES = ("arange", "arange.start", "arange.start_step", "linspace", "logspace", "eye",
-              "eye.m", "randperm", "scalar_tensor")
+              "eye.m", "randperm", "scalar_tensor", "triu_indices", "tril_indices",
+              "_efficientzerotensor")
 
 
 def _factory_kernel(op):

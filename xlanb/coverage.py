@@ -20,14 +20,12 @@ the ``expecttest`` package, which torch's test utilities import).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import functools
 import gc
 import os
 import sys
 import time
-import traceback
 import warnings
 from typing import Iterable
 
@@ -40,7 +38,10 @@ import xlanb
 
 MODES_CHECKED = ("eager", "lazy")
 DTYPES_CHECKED = (torch.float32, torch.int64, torch.bool)
-DTYPE_NAMES = {torch.float32: "float32", torch.int64: "int64", torch.bool: "bool"}
+#: Checked only for entries that support none of DTYPES_CHECKED (complex-only ops).
+EXTRA_DTYPES = (torch.complex64,)
+DTYPE_NAMES = {torch.float32: "float32", torch.int64: "int64", torch.bool: "bool",
+               torch.complex64: "complex64"}
 
 #: Samples per (op, dtype, mode): the first ones op_db gives (the CI slice and the full
 #: run use the same number, so an expected failure fails in both).
@@ -203,60 +204,31 @@ _DATA_DEPENDENT = ("the result's shape depends on the input's values; XLA compil
                    "shapes, so the op runs on CPU torch (a counted fallback, by design)")
 _DATA_DEPENDENT_BACKWARD = ("the backward uses an op whose result shape depends on values "
                             "(unique / boolean-mask indexing), which runs on CPU torch")
-_PY_BOOL = ("returns a Python bool, which the core cannot compute from a device value: the "
-            "meta kernel has no value to give (core; lowerings for equal/allclose are in "
-            "aten_misc.py)")
-_CHECK_ERRORS = ("calls aten._linalg_check_errors, which returns nothing: the core wraps "
-                 "an empty result as a tensor (core; the lowering is in aten_factorize.py)")
-_NO_META = ("torch has no meta kernel for the op (or its backward) and the core takes "
-            "result shapes from meta kernels (core: take them from the lowering with "
-            "jax.eval_shape; the lowering is ready)")
 _LSTSQ = ("linalg_lstsq has no meta kernel, and its residuals' shape depends on the "
           "matrix rank (data)")
-_INPLACE_VIEW = ("uses an in-place view op (squeeze_/unsqueeze_) after which the core "
-                 "leaves the tensor's shape stale (core bug; lazy mode happens to survive "
-                 "the forward)")
-_POW_INPLACE = ("the backward calls pow_(Tensor, Scalar), which the core maps to the wrong "
-                "functional overload (pow.Scalar); raised inside torch's C++ backward, the "
-                "error aborts the process (core bugs). Checked in a child process")
-_AS_STRIDED_VIEW = "as_strided of a view is not supported (core)"
 _RESIZE = "resizing a tensor in place (resize_/resize_as_) is not supported (core)"
 _SPARSE = "sparse layouts are not supported on the xla device: a clear error, by design"
 _COMPLEX32 = "complex32 (chalf) has no XLA dtype"
 _STORAGE = ("as_strided reaches outside its input view, into the base's storage; the "
             "device copy of a view has no such storage")
 _LDL = "LDL with Bunch-Kaufman pivoting (LAPACK sytrf) has no XLA counterpart"
-_UINT64 = "returns uint64, which the xla device does not support (core dtype table)"
 _CTC_TENSOR = ("lengths given as tensors go through _ctc_loss.Tensor, which has no meta "
                "kernel and a result shape set by the lengths' values (core: move the "
                "lengths to the host and call _ctc_loss, lowered, as CUDA does)")
-_FACTORY = "a factory op with no xla (PrivateUse1) kernel (core: backend.py); lowered"
-_EFFICIENT_ZERO = ("the backward creates an _efficientzerotensor, which has no xla kernel "
-                   "(core: backend.py)")
 
-#: The one list of expected failures: (op key, "float32" | "int64" | "bool" | "grad")
+#: The one list of expected failures: (op key, "float32" | "int64" | "bool" | "complex64" |
+#: "grad")
 #: -> reason, for both modes (lazy matches eager); (op key, dtype, mode) for one mode.
 #: A listed case that passes fails its test: remove it from here.
 EXPECTED_FAILURES: dict[tuple, str] = {
-    ('allclose', 'float32'): _PY_BOOL,
     ('combinations', 'float32'): _DATA_DEPENDENT,
     ('combinations', 'int64'): _DATA_DEPENDENT,
     ('combinations', 'bool'): _DATA_DEPENDENT,
-    ('corrcoef', 'float32'): _PY_BOOL,
-    ('corrcoef', 'int64'): _PY_BOOL,
-    ('cov', 'float32'): _PY_BOOL,
-    ('cov', 'int64'): _PY_BOOL,
-    ('equal', 'float32'): _PY_BOOL,
-    ('equal', 'int64'): _PY_BOOL,
-    ('equal', 'bool'): _PY_BOOL,
-    ('stft', 'float32'): _AS_STRIDED_VIEW,
     ('sparse.sampled_addmm', 'float32'): _SPARSE,
     ('sparse.mm.reduce', 'float32'): _SPARSE,
-    ('geqrf', 'float32'): _NO_META,
     ('masked_select', 'float32'): _DATA_DEPENDENT,
     ('masked_select', 'int64'): _DATA_DEPENDENT,
     ('masked_select', 'bool'): _DATA_DEPENDENT,
-    ('nn.functional.linear_cross_entropy', 'float32', 'eager'): _INPLACE_VIEW,
     ('as_strided.partial_views', 'float32'): _STORAGE,
     ('as_strided.partial_views', 'int64'): _STORAGE,
     ('as_strided.partial_views', 'bool'): _STORAGE,
@@ -269,8 +241,6 @@ EXPECTED_FAILURES: dict[tuple, str] = {
     ('chalf', 'float32'): _COMPLEX32,
     ('chalf', 'int64'): _COMPLEX32,
     ('chalf', 'bool'): _COMPLEX32,
-    ('histogram', 'float32'): _NO_META,
-    ('histogramdd', 'float32'): _NO_META,
     ('bincount', 'int64'): _DATA_DEPENDENT,
     ('resize_', 'float32'): _RESIZE,
     ('resize_', 'int64'): _RESIZE,
@@ -278,8 +248,6 @@ EXPECTED_FAILURES: dict[tuple, str] = {
     ('resize_as_', 'float32'): _RESIZE,
     ('resize_as_', 'int64'): _RESIZE,
     ('resize_as_', 'bool'): _RESIZE,
-    ('triu_indices', 'int64'): _FACTORY,
-    ('tril_indices', 'int64'): _FACTORY,
     ('to_sparse', 'float32'): _SPARSE,
     ('to_sparse', 'int64'): _SPARSE,
     ('to_sparse', 'bool'): _SPARSE,
@@ -289,69 +257,28 @@ EXPECTED_FAILURES: dict[tuple, str] = {
     ('argwhere', 'float32'): _DATA_DEPENDENT,
     ('argwhere', 'int64'): _DATA_DEPENDENT,
     ('argwhere', 'bool'): _DATA_DEPENDENT,
-    ('hash_tensor', 'float32'): _UINT64,
-    ('hash_tensor', 'int64'): _UINT64,
-    ('hash_tensor', 'bool'): _UINT64,
     ('nn.functional.ctc_loss', 'float32'): _CTC_TENSOR,
     ('repeat_interleave', 'float32'): _DATA_DEPENDENT,
     ('repeat_interleave', 'int64'): _DATA_DEPENDENT,
     ('repeat_interleave', 'bool'): _DATA_DEPENDENT,
-    ('linalg.cholesky', 'float32'): _CHECK_ERRORS,
     ('linalg.ldl_factor', 'float32'): _LDL,
     ('linalg.ldl_factor_ex', 'float32'): _LDL,
     ('linalg.ldl_solve', 'float32'): _LDL,
     ('linalg.lstsq', 'float32'): _LSTSQ,
     ('linalg.lstsq.grad_oriented', 'float32'): _LSTSQ,
-    ('linalg.matrix_power', 'float32'): _CHECK_ERRORS,
-    ('linalg.lu_factor', 'float32'): _CHECK_ERRORS,
-    ('linalg.inv', 'float32'): _CHECK_ERRORS,
-    ('linalg.solve', 'float32'): _CHECK_ERRORS,
-    ('linalg.tensorinv', 'float32'): _CHECK_ERRORS,
-    ('linalg.tensorsolve', 'float32'): _CHECK_ERRORS,
     ('combinations', 'grad'): _DATA_DEPENDENT,
-    ('corrcoef', 'grad'): _PY_BOOL,
-    ('cov', 'grad'): _PY_BOOL,
-    ('stft', 'grad'): _AS_STRIDED_VIEW,
     ('sparse.sampled_addmm', 'grad'): _SPARSE,
     ('sparse.mm.reduce', 'grad'): _SPARSE,
     ('masked_select', 'grad'): _DATA_DEPENDENT,
-    ('matmul', 'grad'): _INPLACE_VIEW,
-    ('quantile', 'grad'): _INPLACE_VIEW,
-    ('nanquantile', 'grad'): _INPLACE_VIEW,
-    ('nn.functional.linear_cross_entropy', 'grad', 'eager'): _INPLACE_VIEW,
-    ('nn.functional.normalize', 'grad'): _POW_INPLACE,
     ('as_strided.partial_views', 'grad'): _STORAGE,
-    ('native_group_norm', 'grad'): _POW_INPLACE,
-    ('nn.functional.multi_margin_loss', 'grad'): _NO_META,
-    ('nn.functional.multilabel_margin_loss', 'grad'): _NO_META,
-    ('dist', 'grad'): _POW_INPLACE,
-    ('sgn', 'grad'): _EFFICIENT_ZERO,
-    ('__rmatmul__', 'grad'): _INPLACE_VIEW,
     ('index_fill', 'grad'): _DATA_DEPENDENT_BACKWARD,
     ('index_put', 'grad'): _DATA_DEPENDENT_BACKWARD,
     ('chalf', 'grad'): _COMPLEX32,
     ('to_sparse', 'grad'): _SPARSE,
-    ('norm', 'grad'): _POW_INPLACE,
     ('nn.functional.ctc_loss', 'grad'): _CTC_TENSOR,
-    ('linalg.cholesky', 'grad'): _CHECK_ERRORS,
-    ('linalg.eig', 'grad'): _CHECK_ERRORS,
-    ('linalg.eigvals', 'grad'): _CHECK_ERRORS,
     ('linalg.lstsq', 'grad'): _LSTSQ,
     ('linalg.lstsq.grad_oriented', 'grad'): _LSTSQ,
-    ('linalg.norm.subgradients_at_zero', 'grad'): _POW_INPLACE,
-    ('linalg.vector_norm', 'grad'): _POW_INPLACE,
-    ('linalg.lu_factor', 'grad'): _CHECK_ERRORS,
-    ('linalg.inv', 'grad'): _CHECK_ERRORS,
-    ('linalg.solve', 'grad'): _CHECK_ERRORS,
-    ('linalg.tensorinv', 'grad'): _CHECK_ERRORS,
-    ('linalg.tensorsolve', 'grad'): _CHECK_ERRORS,
 }
-
-#: Ops whose backward aborts the process (see _POW_INPLACE): their gradient checks run in
-#: a child process.
-GRAD_CRASHES = frozenset(k for (k, d, *_), why in EXPECTED_FAILURES.items()
-                         if d == "grad" and why is _POW_INPLACE)
-
 
 def op_key(op) -> str:
     return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
@@ -367,8 +294,11 @@ def op_db() -> dict:
 
 
 def supported_dtypes(op) -> list[torch.dtype]:
+    """The dtypes checked for ``op``: float32, int64 and bool where torch supports them;
+    complex64 for ops that support none of these."""
     sup = op.supported_dtypes("cpu")
-    return [d for d in DTYPES_CHECKED if d in sup]
+    main = [d for d in DTYPES_CHECKED if d in sup]
+    return main or [d for d in EXTRA_DTYPES if d in sup]
 
 
 def expected_failure(key: str, dtype, mode: str) -> str | None:
@@ -697,7 +627,7 @@ def _leaves(x):
 # The report
 
 
-def run(keys: Iterable[str] | None = None, modes=MODES_CHECKED, dtypes=DTYPES_CHECKED,
+def run(keys: Iterable[str] | None = None, modes=MODES_CHECKED, dtypes=DTYPES_CHECKED + EXTRA_DTYPES,
         max_samples: int | None = MAX_SAMPLES, progress=None) -> dict:
     """{(op key, dtype name, mode): Result} for the chosen ops (default: all of op_db)."""
     db = op_db()
@@ -708,6 +638,8 @@ def run(keys: Iterable[str] | None = None, modes=MODES_CHECKED, dtypes=DTYPES_CH
         op = db[key]
         sup = supported_dtypes(op)
         for dtype in dtypes:
+            if dtype in EXTRA_DTYPES and dtype not in sup:
+                continue  # only complex-only ops get a complex64 row
             for mode in modes:
                 if dtype not in sup:
                     r = Result("skip", "dtype not supported by torch on CPU")
@@ -845,7 +777,7 @@ def headline(results: dict, mode: str = "eager") -> dict:
            "failing": []}
     for key in keys:
         primary = None
-        for dt in ("float32", "int64", "bool"):
+        for dt in ("float32", "int64", "bool", "complex64"):
             r = results.get((key, dt, mode))
             if r is not None and not (r.status == "skip" and r.reason == _NO_DTYPE):
                 primary = (dt, r)
@@ -866,7 +798,8 @@ def render(results: dict, *, seconds: float | None = None, max_samples=MAX_SAMPL
     """docs/op-coverage.md: the headline, totals per mode and dtype, the expected
     failures with their reasons, everything else that does not pass, and every op."""
     modes = [m for m in MODES_CHECKED if any(k[2] == m for k in results)]
-    cols = [d for d in (*DTYPE_NAMES.values(), "grad") if any(k[1] == d for k in results)]
+    cols = [d for d in ("float32", "int64", "bool", "complex64", "grad")
+            if any(k[1] == d for k in results)]
     keys = list(dict.fromkeys(k[0] for k in results))
     tot = totals(results)
     lines = [
@@ -899,9 +832,10 @@ def render(results: dict, *, seconds: float | None = None, max_samples=MAX_SAMPL
                       f"{h['pass']} of the {runnable} that CPU torch can run "
                       f"({100 * h['pass'] / max(runnable, 1):.1f}%).** Float32 samples; the "
                       f"{h['not_float32']} entries with no float32 dtype are judged by their "
-                      "int64 (else bool) samples. CPU torch cannot run "
+                      "int64 (else bool, else complex64) samples. Not checked: "
                       + (", ".join(f"`{k}`" for k in h["not_runnable"]) or "none")
-                      + " (CUDA-only ops: there is nothing to compare with)."]
+                      + " (CUDA-only or float8-only ops: CPU torch has nothing to compare "
+                        "with, or xlanb has no float8 dtype)."]
     if "eager" in modes and "lazy" in modes:
         diff = [f"`{k}` ({d})" for (k, d, m), r in results.items() if m == "lazy"
                 and (k, d, "eager") in results and results[(k, d, "eager")].status != r.status]
@@ -965,7 +899,8 @@ def main(argv=None) -> int:
                                 description="Op coverage against torch's OpInfo database.")
     p.add_argument("--ops", help="comma-separated op keys (default: all of op_db)")
     p.add_argument("--modes", default=",".join(MODES_CHECKED))
-    p.add_argument("--dtypes", default=",".join(DTYPE_NAMES.values()))
+    p.add_argument("--dtypes", default=",".join(DTYPE_NAMES.values()),
+                   help="complex64 is run only for ops with none of the others")
     p.add_argument("--max-samples", type=int, default=MAX_SAMPLES)
     p.add_argument("--out", default=os.path.join("docs", "op-coverage.md"),
                    help="markdown report path ('' to skip writing)")

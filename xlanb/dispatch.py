@@ -36,6 +36,11 @@ def _plan(op) -> OpPlan:
     if plan is None:
         plan = _plans[id(op)] = make_plan(op)
         plan.special = _SPECIAL.get(op)
+        if plan.special is None and plan.kind == "inplace" and plan.fop is not None \
+                and make_plan(plan.fop).kind == "view":
+            plan.special = _inplace_view  # squeeze_, unsqueeze_, transpose_, t_, ...
+        elif plan.special is None and plan.kind == "functional" and not op._schema.returns:
+            plan.special = _no_result
     return plan
 
 
@@ -234,8 +239,6 @@ def _factory_device(kwargs) -> int:
 
 def _view_result(func, info: OpInfo, src: XlaTensor):
     storage = src._storage
-    if func is aten.as_strided.default and src._view:
-        raise NotImplementedError("xlanb: as_strided of a view")
     node = run_node(info, (value_node(src),), ())
     if not info.multi:
         return XlaTensor(info.out, storage, src._view + ((info, None),), node)
@@ -243,6 +246,40 @@ def _view_result(func, info: OpInfo, src: XlaTensor):
     for i, m in enumerate(info.out):
         res.append(XlaTensor(m, storage, src._view + ((info, i),), output_node(node, info, i)))
     return res if func._schema.returns[0].type.kind() == "ListType" else tuple(res)
+
+
+def _inplace_view(func, args, kwargs):
+    # An in-place view op changes the tensor's own shape: it becomes the view of its old
+    # self, and torch's C++ metadata (sizes, strides) is updated by the op itself.
+    t = args[0]
+    v = dispatch(_plan(func).fop, args, kwargs)
+    with torch._C._DisableTorchDispatch():
+        func(*args, **kwargs)
+    t._meta, t._view, t._node, t._ver, t._key = v._meta, v._view, v._node, v._ver, v._key
+    return t
+
+
+def _no_result(func, args, kwargs):
+    # Nothing to compute (aten._linalg_check_errors): XLA has no error path; the results
+    # of a failed factorization hold NaNs instead of raising as LAPACK does.
+    return None
+
+
+def _as_strided(func, args, kwargs):
+    # as_strided's sizes and strides index the storage, not the view: apply it to the
+    # base (whose layout is the storage's when it is contiguous), as torch does.
+    src = args[0]
+    if not src._view:
+        return NotImplemented
+    s = src._storage
+    if s.meta.stride != contiguous_strides(s.meta.shape) or s.meta.offset:
+        raise NotImplementedError("xlanb: as_strided of a view of a non-contiguous base")
+    size, stride = args[1], args[2]
+    offset = args[3] if len(args) > 3 else kwargs.get("storage_offset")
+    if offset is None:
+        offset = src.storage_offset()
+    base = XlaTensor(s.meta, s)
+    return dispatch(func, (base, size, stride, offset), {})
 
 
 def _identity_view(func, args, kwargs):
@@ -307,6 +344,29 @@ def _local_scalar_dense(func, args, kwargs):
     return to_host(args[0], cause="value needed by .item()").item()
 
 
+def _device_bool(t: XlaTensor, cause: str) -> bool:
+    from .transfer import to_host
+    return bool(to_host(t, cause=cause).item())
+
+
+def _equal(func, args, kwargs):
+    # A Python bool: computed on the device, then fetched (a sync, as in torch_xla).
+    a, b = args[0], args[1]
+    if tuple(a.shape) != tuple(b.shape):
+        return False
+    same = dispatch(aten.all.default, (dispatch(aten.eq.Tensor, (a, b), {}),), {})
+    return _device_bool(same, "value needed by torch.equal")
+
+
+def _allclose(func, args, kwargs):
+    close = dispatch(aten.isclose.default, args, kwargs)
+    return _device_bool(dispatch(aten.all.default, (close,), {}), "value needed by torch.allclose")
+
+
+def _is_nonzero(func, args, kwargs):
+    return _device_bool(args[0], "value needed by bool()")
+
+
 def _is_same_size(func, args, kwargs):
     return tuple(args[0].shape) == tuple(args[1].shape)
 
@@ -327,4 +387,8 @@ _SPECIAL = {
     aten._to_copy.default: _to_copy,
     aten._local_scalar_dense.default: _local_scalar_dense,
     aten.is_same_size.default: _is_same_size,
+    aten.equal.default: _equal,
+    aten.as_strided.default: _as_strided,
+    aten.allclose.default: _allclose,
+    aten.is_nonzero.default: _is_nonzero,
 }

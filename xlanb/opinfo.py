@@ -62,16 +62,24 @@ def functional_variant(op, kind, schema):
     name = packet.__name__
     overload = op._overloadname
     if kind == "inplace":
-        candidates = [(name[:-1], overload), (name[:-1] + "_functional", overload),
-                      (name[:-1], "default")]
-        for pname, oname in candidates:
+        # The functional overload must take the same arguments: pow_.Scalar is
+        # pow_(Tensor self, Scalar exponent), but pow.Scalar is pow(Scalar self, Tensor).
+        want = _arg_types(schema)
+        fallback = None
+        for pname in (name[:-1], name[:-1] + "_functional"):
             p = getattr(aten, pname, None)
-            if p is not None and oname in p.overloads():
+            if p is None:
+                continue
+            names = p.overloads()
+            for oname in ([overload] if overload in names else []) + sorted(names):
                 f = getattr(p, oname)
-                if not any(a.alias_info is not None and a.alias_info.is_write
-                           for a in f._schema.arguments):
+                if any(_is_written(a) for a in f._schema.arguments):
+                    continue
+                if _arg_types(f._schema) == want:
                     return f
-        return None
+                if fallback is None and oname in (overload, "default"):
+                    fallback = f
+        return fallback
     if kind == "out":
         want = [a.name for a in schema.arguments if not _is_written(a)]
         for oname in packet.overloads():
@@ -91,6 +99,10 @@ def functional_variant(op, kind, schema):
                 return getattr(p, overload)
         return None
     return op
+
+
+def _arg_types(schema) -> list:
+    return [(a.name, str(a.type)) for a in schema.arguments]
 
 
 def _is_written(arg) -> bool:
@@ -214,14 +226,20 @@ def new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device, outs
     for name, o in zip(plan.mutated if plan.kind == "out" else (), outs):
         mkwargs[name] = meta_tensor(o)
     tkwargs = {k: v for k, v in tkwargs.items() if k not in ("device", "pin_memory")}
-    with torch._C._DisableTorchDispatch():
-        meta_res = op(*margs, **mkwargs)
-        # ...and the functional op that nodes record gives the result shapes and dtypes.
-        if plan.fop is not op:
-            fargs, fkwargs = fill_call((targs, tkwargs), [meta_tensor(t) for t in tensors], scalars)
-            meta_res = plan.fop(*fargs, **fkwargs)
-    out = metas_of(meta_res)
     template = (targs, tkwargs)
+    try:
+        with torch._C._DisableTorchDispatch():
+            meta_res = op(*margs, **mkwargs)
+            # ...and the functional op that nodes record gives the result shapes and dtypes.
+            if plan.fop is not op:
+                fargs, fkwargs = fill_call(template, [meta_tensor(t) for t in tensors], scalars)
+                meta_res = plan.fop(*fargs, **fkwargs)
+        out = metas_of(meta_res)
+    except NotImplementedError:
+        if plan.lowering is None or plan.kind in ("view", "out"):
+            raise
+        # No meta kernel (geqrf, histogram, some backwards): the lowering gives the shapes.
+        out = _metas_from_lowering(plan, template, tensors, scalars)
     if plan.lowering is not None:
         fn = _lowered_fn(plan, template, out)
         if plan.lowering.may_refuse:
@@ -237,6 +255,27 @@ def new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device, outs
     view_raw = _view_raw_fn(plan, template) if plan.kind == "view" else None
     info.extra = _InfoExtra(plan, tuple(t._meta for t in tensors), view_raw, template)
     return info
+
+
+def _metas_from_lowering(plan: OpPlan, template, tensors, scalars):
+    from .dtypes import to_torch_dtype
+    from .signature import contiguous_strides
+    fn = _lowered_fn(plan, template, None)
+    specs = [jax.ShapeDtypeStruct(t._meta.shape, to_jax_dtype(t._meta.dtype)) for t in tensors]
+    scs = list(scalars) + ([np.zeros(2, np.uint32)] if plan.random else [])
+    try:
+        with jax.enable_x64(True):
+            res = jax.eval_shape(lambda *a: fn(a, scs), *specs)
+    except Exception as e:
+        raise NotImplementedError(f"{plan.name}: no meta kernel, and the lowering "
+                                  f"does not trace: {e}") from e
+
+    def meta(r):
+        if isinstance(r, (tuple, list)):
+            return tuple(meta(x) for x in r)
+        shape = tuple(r.shape)
+        return TensorMeta(shape, contiguous_strides(shape), to_torch_dtype(r.dtype))
+    return meta(res)
 
 
 def getitem_info(info: OpInfo, i: int) -> OpInfo:

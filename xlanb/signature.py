@@ -92,7 +92,12 @@ def fill_call(template, ins, scs):
 
 def meta_tensor(t: XlaTensor) -> torch.Tensor:
     m = t._meta
-    return torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device="meta")
+    if not m.offset:
+        return torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device="meta")
+    # A view's offset matters to the meta kernels of views of it (storage_offset, as_strided).
+    extent = 0 if 0 in m.shape else 1 + sum((n - 1) * st for n, st in zip(m.shape, m.stride))
+    base = torch.empty(m.offset + extent, dtype=m.dtype, device="meta")
+    return base.as_strided(m.shape, m.stride, m.offset)
 
 
 def _meta_of(x) -> TensorMeta:

@@ -27,11 +27,11 @@ def torch_device(index: int) -> torch.device:
 # Signature elements are small ints: (shape, stride, dtype, device) is interned once per
 # tensor, so hashing an op's signature on every call hashes ints, not nested tuples.
 _sig_keys: dict[tuple, int] = {}
-sig_key_meta: list[tuple] = []  # int -> (shape, stride, dtype, device), for readable sigs
+sig_key_meta: list[tuple] = []  # int -> (shape, stride, dtype, device, offset), for readable sigs
 
 
 def sig_key(meta: TensorMeta, device: int) -> int:
-    full = (meta.shape, meta.stride, meta.dtype, device)
+    full = (meta.shape, meta.stride, meta.dtype, device, meta.offset)
     k = _sig_keys.get(full)
     if k is None:
         k = _sig_keys[full] = len(sig_key_meta)

@@ -20,8 +20,13 @@ def to_device(cpu: torch.Tensor, device: int):
     from .tensor import new_tensor
     t0 = time.perf_counter()
     arr = tensor_to_numpy(cpu)
+    dev = jax_device(device)
+    if dev.platform == "cpu":
+        # JAX's CPU client adopts an aligned numpy buffer without copying (may_alias=False
+        # does not stop it), so a later in-place op on ``cpu`` would change the device value.
+        arr = arr.copy()
     with jax.enable_x64(True):
-        data = jax.device_put(arr, jax_device(device))
+        data = jax.device_put(arr, dev)
     metrics.record("TransferToDeviceTime", time.perf_counter() - t0)
     shape = tuple(cpu.shape)
     meta = TensorMeta(shape, contiguous_strides(shape), cpu.dtype)

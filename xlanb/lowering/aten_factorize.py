@@ -157,11 +157,7 @@ def _linalg_svd(a, full_matrices=False, compute_uv=True, *, driver=None):
 
 # ---- checks, inverses and products built on the factorizations above ------------
 
-# Not registered yet: the core wraps a functional op's empty result as a tensor.
-# @register(aten._linalg_check_errors.default)
-def _linalg_check_errors(info, api_name, *, is_matrix):
-    # XLA reports failed factorizations as NaNs, not LAPACK codes: nothing to raise.
-    return None
+# aten._linalg_check_errors returns nothing; the core skips it (dispatch._no_result).
 
 
 def _pinv_tols(a, atol, rtol, m, n):

@@ -74,7 +74,9 @@ def _factory(fill):
     return lowering
 
 
-register(aten.zeros.default, aten.empty.memory_format, aten.empty_strided.default)(_factory(0))
+# _efficientzerotensor (autograd's "known zero" gradient) is an ordinary zero tensor here.
+register(aten.zeros.default, aten.empty.memory_format, aten.empty_strided.default,
+         aten._efficientzerotensor.default)(_factory(0))
 register(aten.ones.default)(_factory(1))
 
 

@@ -306,6 +306,4 @@ def _register_linear_ce():
         return out.reshape(x.shape[:1] if x.ndim > 1 else ()).astype(x.dtype)
 
 
-import torch  # noqa: E402
-
 _register_linear_ce()

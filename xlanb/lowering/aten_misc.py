@@ -542,3 +542,25 @@ def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets
         gx = gs * os_ / x
     gx = jnp.where(inside.reshape((-1,) + (1,) * (x.ndim - 1)), gx, 0)
     return jnp.moveaxis(gx.astype(data.dtype), 0, axis)
+
+
+@register(aten.hash_tensor.default, may_refuse=True)
+def hash_tensor(x, dim=(), *, keepdim=False, mode=0):
+    """torch's xor_sum: each element widened to 64 bits (double for floats), its bit
+    pattern xor-reduced; the result is uint64 (which the device needs in its dtype table)."""
+    if mode != 0:
+        raise NotImplementedError(f"hash_tensor mode {mode}")
+    if is_float(x):
+        bits = lax.bitcast_convert_type(x.astype(jnp.float64), jnp.uint64)
+    elif x.dtype == jnp.bool_:
+        bits = x.astype(jnp.uint64)
+    else:
+        bits = lax.bitcast_convert_type(x.astype(jnp.int64), jnp.uint64)
+    if isinstance(dim, int):
+        dim = (dim,)
+    if x.ndim == 0:
+        axes = ()  # dim 0 / -1 of a scalar name the scalar itself
+    else:
+        axes = tuple(range(x.ndim)) if not dim else tuple(sorted({wrap(d, x.ndim) for d in dim}))
+    out = lax.reduce(bits, np.uint64(0), lax.bitwise_xor, axes)
+    return jnp.expand_dims(out, axes) if keepdim else out

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from xlanb.lowering._util import aten, is_float, upcast, wrap
+from xlanb.lowering._util import aten, is_float, upcast
 from xlanb.lowering.registry import register
 
 

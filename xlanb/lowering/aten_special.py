@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 import jax.scipy.special as jss
 from jax import lax
