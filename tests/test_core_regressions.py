@@ -54,3 +54,32 @@ def test_refusing_lowering_falls_back_instead_of_breaking_the_sync(mode):
     z = y + 1  # work recorded after the fallback still syncs
     xlanb.sync()
     assert z.cpu().tolist() == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]
+
+
+def test_device_copy_does_not_alias_the_host_tensor(mode):
+    # JAX's CPU client adopts aligned numpy buffers: without a copy, mutating the CPU
+    # tensor afterwards would change the device tensor too.
+    cpu = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+    x = cpu.to("xla")
+    cpu.mul_(2)
+    torch.testing.assert_close(x.cpu(), torch.arange(64, dtype=torch.float32).reshape(8, 8))
+
+
+def test_python_bool_results_are_computed_on_the_device(mode):
+    a = torch.randn(5)
+    x, y = a.to("xla"), (a + 1e-9).to("xla")
+    assert torch.equal(x, x.clone()) and not torch.equal(x, x + 1)
+    assert not torch.equal(x, torch.zeros(4, device="xla"))
+    assert torch.allclose(x, y) and not torch.allclose(x, y + 1)
+    assert xlanb.metrics.counter_value("aten::equal") is None
+    assert xlanb.metrics.counter_value("aten::allclose") is None
+
+
+def test_failed_factorization_gives_nans_not_a_fallback(mode):
+    # aten._linalg_check_errors returns nothing; XLA reports a failed factorization
+    # through NaNs instead of an error.
+    a = torch.randn(4, 4)
+    spd = a @ a.T + 4 * torch.eye(4)
+    torch.testing.assert_close(torch.linalg.cholesky(spd.to("xla")).cpu(),
+                               torch.linalg.cholesky(spd))
+    assert xlanb.metrics.counter_value("aten::_linalg_check_errors") is None

@@ -59,8 +59,15 @@ SLICE = (
     "nn.functional.dropout",
     # misc
     "histc", "searchsorted",
-    # expected failures (data-dependent shapes, no meta kernel, a missing core feature)
-    "nonzero", "unique", "linalg.inv", "equal",
+    # core fixes the OpInfo run found: in-place view ops in backwards (matmul above),
+    # in-place overload matching (pow_ in norm backwards), ops without results
+    # (_linalg_check_errors), shapes from lowerings without meta kernels, Python-bool
+    # results, as_strided of views, more factories and dtypes
+    "nn.functional.normalize", "linalg.vector_norm", "linalg.solve", "linalg.cholesky",
+    "allclose", "cov", "geqrf", "histogram", "stft", "triu_indices", "sgn",
+    "hash_tensor",
+    # expected failures (data-dependent shapes, a missing core feature)
+    "nonzero", "unique", "linalg.inv", "equal", "resize_",
 )
 
 #: Samples per case (the same in the slice and the full run, so that an expected

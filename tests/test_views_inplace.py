@@ -154,7 +154,31 @@ def int64_inplace(dev):
     return [x]
 
 
-SCENARIOS = [index_add_one, view_flat_add_, transpose_copy_, slice_assign_zero,
+def inplace_view_ops(dev):
+    # squeeze_/unsqueeze_/transpose_ change the tensor's own shape (matmul's backward uses
+    # them); a later write must go through the new view into the same storage.
+    x = _base(dev, (3, 1, 4))
+    x.squeeze_(1)
+    x.unsqueeze_(0)
+    x.transpose_(0, 2)
+    x.mul_(2)
+    y = _base(dev, (2, 3))
+    y.t_()
+    y[0] += 10
+    return [x, y, x.contiguous()]
+
+
+def as_strided_of_a_view(dev):
+    # as_strided indexes the storage, not the view: offsets and strides are the base's.
+    x = _base(dev, (20,))
+    v = x[2:].view(3, 6)[1:]
+    a = v.as_strided((3, 2), (1, 3))
+    b = v.as_strided((3, 2), (1, 3), 1)
+    b.mul_(10)
+    return [a, b, x, torch.tensor([v.storage_offset(), a.storage_offset()]).to(dev)]
+
+
+SCENARIOS = [inplace_view_ops, as_strided_of_a_view, index_add_one, view_flat_add_, transpose_copy_, slice_assign_zero,
              slice_assign_tensor, out_add, out_variants, out_into_view, chained_views_write,
              write_visible_via_base_and_other_views, base_write_visible_via_view,
              inplace_on_view_of_view_then_read_base, diagonal_zero_,
