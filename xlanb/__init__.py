@@ -14,6 +14,7 @@ _backend.register()
 
 from . import lowering as _lowering  # noqa: E402  (fills the lowering registry)
 from . import metrics  # noqa: E402
+from .capture import CompiledFunction, compile  # noqa: E402
 from .config import config  # noqa: E402
 from .devices import device_count  # noqa: E402
 from .executor import CompiledGraph  # noqa: E402
@@ -29,7 +30,7 @@ _install_scope_hooks()
 __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "sync",
            "mark_step", "peek", "pending_ir", "pending_count", "pending_summary", "render_svg", "hlo", "graphs",
            "GraphList", "RecompileWarning", "metrics", "config", "XlaTensor", "CompiledGraph",
-           "manual_seed", "set_trace", "load_ipython_extension", "unload_ipython_extension"]
+           "manual_seed", "set_trace", "compile", "CompiledFunction", "load_ipython_extension", "unload_ipython_extension"]
 
 __version__ = "0.1.0"
 

@@ -14,6 +14,7 @@ import jax
 import torch
 
 from . import rng
+from .capture import _recorder
 from .executor import node_array, op_executable
 from .ir import Node, OpInfo, TensorMeta, current_scope, user_frame
 from .modes import state as mode_state
@@ -189,6 +190,9 @@ def dispatch(func, args, kwargs):
             from .fallback import cpu_fallback
             return cpu_fallback(func, args, kwargs)
         _infos[sig] = info
+    if _recorder[0] is not None:  # xlanb.compile: where the graph's inputs come from
+        _recorder[0].saw(tensors)
+        _recorder[0].saw(outs)
     if plan.random:
         scalars.append(rng.next_key())
     if kind == "view":

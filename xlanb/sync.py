@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import weakref
 
+from .capture import _recorder
 from .executor import run_graph, run_op_by_op
 from .ir import Node, plan_graph, user_frame
 from .modes import state as mode_state
@@ -68,6 +69,8 @@ def materialize(roots: list[Node], cause: str) -> None:
     roots = [r for r in roots if r.data is None]
     if not roots:
         return
+    if _recorder[0] is not None:
+        _recorder[0].host_read(cause)  # inside xlanb.compile: this call cannot be replayed
     src = user_frame()
     by_device: dict[int, list[Node]] = {}
     for r in roots:
@@ -89,6 +92,8 @@ def materialize(roots: list[Node], cause: str) -> None:
 def sync(cause: str = "user sync") -> None:
     """Run all pending work as one graph (per device). Alias: ``mark_step``."""
     __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    if _recorder[0] is not None:
+        return  # inside xlanb.compile the function's end is the sync
     roots = pending_roots()
     if roots:
         materialize(roots, cause)
