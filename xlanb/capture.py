@@ -231,8 +231,6 @@ class CompiledFunction:
                 entry.lazy_reason = why
                 entry.traces = []
                 _warn(self.name, why)
-            else:
-                entry.last_difference = why
         return out
 
 
