@@ -56,6 +56,51 @@ def test_lazy_training_steps_compile_once_despite_changing_lr():
     assert losses[-1] < losses[0]
 
 
+def test_first_step_creating_optimizer_state_compiles_the_same_graph():
+    # AdamW makes its moments with zeros_like on the first step, and they enter later
+    # steps as device data: the first step must cut that same graph, not a second one.
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Linear(13, 17), nn.Tanh(), nn.Linear(17, 5))
+    x, y = torch.randn(6, 13), torch.randint(0, 5, (6,))
+    xlanb.set_mode("lazy")
+    dev = copy.deepcopy(cpu).to("xla")
+    xd, yd = x.to("xla"), y.to("xla")
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (cpu, dev)]
+    xlanb.sync()
+    metrics.clear()
+    for step in range(3):
+        for m, opt, xi, yi in ((cpu, opts[0], x, y), (dev, opts[1], xd, yd)):
+            opt.zero_grad()
+            nn.functional.cross_entropy(m(xi), yi).backward()
+            opt.step()
+        xlanb.sync()
+    assert c("UncachedCompile") == 1, metrics.short_report()
+    assert c("CachedCompile") == 2, metrics.short_report()
+    for p, q in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(q.cpu(), p, rtol=1e-5, atol=1e-6)
+    for p, q in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(opts[1].state[q]["exp_avg_sq"].cpu(), opts[0].state[p]["exp_avg_sq"],
+                                   rtol=1e-5, atol=1e-9)
+
+
+def test_fresh_zeros_written_in_place_read_correctly():
+    # The fill becomes device data before its first write; every mode reads the writes.
+    for mode in ("lazy", "opbyop", "eager"):
+        xlanb.set_mode(mode)
+        base = torch.arange(12.0).reshape(3, 4)
+        buf = torch.zeros(3, 4, device="xla")
+        buf[1].add_(base[1].to("xla"))
+        ones = torch.ones(2, 4, dtype=torch.int16, device="xla")
+        ones.mul_(3)
+        keep = torch.zeros_like(buf)  # a fill nobody writes stays an ordinary node
+        expect = torch.zeros(3, 4)
+        expect[1] += base[1]
+        torch.testing.assert_close(buf.cpu(), expect)
+        torch.testing.assert_close(ones.cpu(), torch.full((2, 4), 3, dtype=torch.int16))
+        torch.testing.assert_close(keep.cpu(), torch.zeros(3, 4))
+    xlanb.set_mode("lazy")
+
+
 def test_lazy_step_graph_matches_cpu_with_changing_lr():
     # The lifted learning rate is really used: the parameters track CPU torch.
     xlanb.set_mode("lazy")

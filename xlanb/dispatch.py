@@ -15,7 +15,7 @@ import torch
 
 from . import rng
 from .capture import _recorder
-from .executor import node_array, op_executable
+from .executor import node_array, op_executable, settle_fill
 from .ir import Node, OpInfo, TensorMeta, current_scope, user_frame
 from .modes import state as mode_state
 from .opinfo import (OpPlan, data_info, getitem_info, make_plan, new_info,
@@ -190,6 +190,8 @@ def dispatch(func, args, kwargs):
             from .fallback import cpu_fallback
             return cpu_fallback(func, args, kwargs)
         _infos[sig] = info
+    if kind != "functional" and kind != "view" and mode_state.recording:
+        _settle_written_fills(func, plan, args, kwargs, outs)
     if _recorder[0] is not None:  # xlanb.compile: where the graph's inputs come from
         _recorder[0].saw(tensors)
         _recorder[0].saw(outs)
@@ -231,6 +233,24 @@ def dispatch(func, args, kwargs):
         return None
     res = outs[:n_ret]
     return res[0] if n_ret == 1 else res
+
+
+def _settle_written_fills(func, plan: OpPlan, args, kwargs, outs) -> None:
+    # State made on a training step's first call (optimizer moments from zeros_like,
+    # caches from zeros) and written in place enters later steps' graphs as device data.
+    # Making the fresh fill device data before its first write gives the first step that
+    # same graph, so it compiles once, not twice.
+    if plan.kind == "inplace":
+        targets = (args[0],)
+    elif plan.kind == "out":
+        targets = outs
+    else:
+        names = func._schema.arguments
+        targets = [args[p] if p < len(args) else kwargs.get(names[p].name) for p in plan.mutated]
+    for t in targets:
+        for x in (t if isinstance(t, (list, tuple)) else (t,)):
+            if isinstance(x, XlaTensor) and x._storage.node.data is None:
+                settle_fill(x._storage.node)
 
 
 def _factory_device(kwargs) -> int:

@@ -56,16 +56,33 @@ def op_executable(info: OpInfo):
     return exe
 
 
+# Fills whose value does not depend on their inputs' values: made on the host and put on
+# the device, with nothing to compile.
+_FILL_VALUES = {"aten::empty": 0, "aten::empty_like": 0, "aten::new_empty": 0,
+                "aten::empty_strided": 0, "aten::new_empty_strided": 0, "aten::zeros": 0,
+                "aten::zeros_like": 0, "aten::new_zeros": 0, "aten::ones": 1,
+                "aten::ones_like": 1, "aten::new_ones": 1}
+
+
+def settle_fill(node: Node) -> bool:
+    """Turn a pending fill node (zeros, ones, empty, their ``_like``/``new_`` forms) into
+    device data; False if ``node`` is not one."""
+    value = _FILL_VALUES.get(node.info.name)
+    if value is None or node.data is not None or node.info.multi:
+        return False
+    meta = node.info.out
+    with jax.enable_x64(True):
+        node.materialize(jax.device_put(np.full(meta.shape, value, to_jax_dtype(meta.dtype)),
+                                        jax_device(node.info.device)))
+    return True
+
+
 def node_array(node: Node, cause: str = "value needed"):
     """The node's device array, computing pending work if there is any."""
     data = node.data
     if data is not None:
         return data
-    if node.info.name == "aten::empty" and not node.inputs:
-        meta = node.info.out
-        with jax.enable_x64(True):
-            node.data = jax.device_put(np.zeros(meta.shape, to_jax_dtype(meta.dtype)),
-                                       jax_device(node.info.device))
+    if node.info.name == "aten::empty" and settle_fill(node):
         return node.data
     from .sync import materialize
     materialize([node], cause=cause)

@@ -13,8 +13,10 @@ from .executor import run_graph, run_op_by_op
 from .ir import Node, plan_graph, user_frame
 from .modes import state as mode_state
 
-# Storages whose node may be pending, in the order they were first written: graph
-# structure (and so the cache key) must not depend on set iteration order. Weak: a
+# Storages whose node may be pending, appended on every write. Read in last-write order,
+# which is the program order of their pending nodes: graph structure (and so the cache
+# key) depends on neither set iteration order nor when a tensor was created, so a first
+# step that creates optimizer state cuts the same graph as the steps after it. Weak: a
 # tensor nobody holds is never computed. A list of weakrefs, because tracking happens on
 # every recorded op; duplicates and dead entries are dropped when it is read or compacted.
 _live: list = []
@@ -31,14 +33,15 @@ def track(storage) -> None:
 
 
 def _live_storages() -> list:
-    """Live storages with pending nodes, each once, in first-write order."""
+    """Live storages with pending nodes, each once, in last-write order."""
     seen = set()
     out = []
-    for ref in _live:
+    for ref in reversed(_live):
         s = ref()
         if s is not None and s.node.data is None and id(s) not in seen:
             seen.add(id(s))
             out.append(s)
+    out.reverse()
     return out
 
 
