@@ -20,7 +20,7 @@ from .devices import device_count  # noqa: E402
 from .executor import CompiledGraph  # noqa: E402
 from .executor import GraphList, RecompileWarning, graphs  # noqa: E402
 from .inspection import hlo, pending_count, pending_ir, pending_summary, render_svg  # noqa: E402
-from .ir import install_scope_hooks as _install_scope_hooks  # noqa: E402
+from .scopes import install_scope_hooks as _install_scope_hooks  # noqa: E402
 from .modes import MODES, get_mode, mode, set_mode  # noqa: E402
 from .sync import sync  # noqa: E402
 from .tensor import XlaTensor  # noqa: E402

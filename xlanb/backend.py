@@ -46,6 +46,7 @@ def _device_module() -> types.ModuleType:
     """``torch.xla``: what torch asks a device module for (seeding, counts)."""
     m = types.ModuleType("torch.xla")
     m.is_available = lambda: True
+    m.is_initialized = lambda: True  # FakeTensor asks (torch.compile traces on device xla)
     m.device_count = devices.device_count
     m.current_device = lambda: 0
     m._is_in_bad_fork = lambda: False

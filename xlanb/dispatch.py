@@ -15,9 +15,10 @@ import torch
 
 from . import rng
 from .capture import _recorder
-from .executor import node_array, op_executable, settle_fill
-from .ir import Node, OpInfo, TensorMeta, current_scope, user_frame
+from .executor import FILL_VALUES, node_array, op_executable, settle_fill
+from .ir import Node, OpInfo, TensorMeta, user_frame
 from .modes import state as mode_state
+from .scopes import current_scope
 from .opinfo import (OpPlan, data_info, getitem_info, make_plan, new_info,
                      view_scatter_info)
 from .signature import contiguous_strides, readable_sig, sig_of
@@ -249,8 +250,10 @@ def _settle_written_fills(func, plan: OpPlan, args, kwargs, outs) -> None:
         targets = [args[p] if p < len(args) else kwargs.get(names[p].name) for p in plan.mutated]
     for t in targets:
         for x in (t if isinstance(t, (list, tuple)) else (t,)):
-            if isinstance(x, XlaTensor) and x._storage.node.data is None:
-                settle_fill(x._storage.node)
+            if isinstance(x, XlaTensor):
+                node = x._storage.node
+                if node.data is None and node.info.name in FILL_VALUES:
+                    settle_fill(node)
 
 
 def _factory_device(kwargs) -> int:

@@ -56,25 +56,27 @@ def op_executable(info: OpInfo):
     return exe
 
 
-# Fills whose value does not depend on their inputs' values: made on the host and put on
-# the device, with nothing to compile.
-_FILL_VALUES = {"aten::empty": 0, "aten::empty_like": 0, "aten::new_empty": 0,
-                "aten::empty_strided": 0, "aten::new_empty_strided": 0, "aten::zeros": 0,
-                "aten::zeros_like": 0, "aten::new_zeros": 0, "aten::ones": 1,
-                "aten::ones_like": 1, "aten::new_ones": 1}
+# Fills whose value does not depend on their inputs' values. Zeros and ones are made
+# device data before their first in-place write (see dispatch); empties only when read
+# (an empty is usually overwritten whole, and its node costs nothing in a graph).
+FILL_VALUES = {"aten::zeros": 0, "aten::zeros_like": 0, "aten::new_zeros": 0,
+               "aten::ones": 1, "aten::ones_like": 1, "aten::new_ones": 1}
+_EMPTIES = ("aten::empty", "aten::empty_like", "aten::new_empty", "aten::empty_strided",
+            "aten::new_empty_strided")
 
 
-def settle_fill(node: Node) -> bool:
-    """Turn a pending fill node (zeros, ones, empty, their ``_like``/``new_`` forms) into
-    device data; False if ``node`` is not one."""
-    value = _FILL_VALUES.get(node.info.name)
-    if value is None or node.data is not None or node.info.multi:
-        return False
+def settle_fill(node: Node) -> None:
+    """Make a pending fill node (a name in FILL_VALUES or _EMPTIES) device data."""
     meta = node.info.out
+    dtype = to_jax_dtype(meta.dtype)
+    value = FILL_VALUES.get(node.info.name, 0)
+    device = jax_device(node.info.device)
     with jax.enable_x64(True):
-        node.materialize(jax.device_put(np.full(meta.shape, value, to_jax_dtype(meta.dtype)),
-                                        jax_device(node.info.device)))
-    return True
+        if device.platform == "cpu":  # a host buffer is the device's: nothing to compile
+            arr = jax.device_put(np.full(meta.shape, value, dtype), device)
+        else:  # made on the device: no transfer (JAX compiles one fill per shape)
+            arr = jax.numpy.full(meta.shape, value, dtype, device=device)
+    node.materialize(arr)
 
 
 def node_array(node: Node, cause: str = "value needed"):
@@ -82,7 +84,8 @@ def node_array(node: Node, cause: str = "value needed"):
     data = node.data
     if data is not None:
         return data
-    if node.info.name == "aten::empty" and settle_fill(node):
+    if node.info.name in _EMPTIES and not node.info.multi:
+        settle_fill(node)
         return node.data
     from .sync import materialize
     materialize([node], cause=cause)

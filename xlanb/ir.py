@@ -14,7 +14,6 @@ import hashlib
 import itertools
 import os
 import sys
-import weakref
 from typing import Callable, NamedTuple
 
 import torch
@@ -211,6 +210,7 @@ _SKIP_PREFIXES = (
     contextlib.__file__,
     *(os.path.join(_stdlib_dir, m) for m in ("bdb.py", "pdb.py", "cmd.py", "code.py")),
     "<decorator-gen-",  # IPython's magic wrappers
+    "<eval_with_key>",  # torch.fx's generated forward (a torch.compile graph): its caller
 )
 
 
@@ -237,41 +237,3 @@ def format_src(src) -> str:
     return f"{os.path.basename(code.co_filename)}:{line} {code.co_name}"
 
 
-_scope_stack: list[str] = []
-_module_names: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
-
-
-def current_scope() -> str:
-    return _scope_stack[-1] if _scope_stack else ""
-
-
-def _enter_module(module, _args):
-    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
-    name = _module_names.get(module)
-    if name is None:
-        if _scope_stack:
-            name = f"{_scope_stack[-1]}.?{type(module).__name__}"
-        else:
-            root = type(module).__name__
-            for sub_name, sub in module.named_modules():
-                _module_names.setdefault(sub, f"{root}.{sub_name}" if sub_name else root)
-            name = _module_names[module]
-    _scope_stack.append(name)
-
-
-def _exit_module(module, _args, _out):
-    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
-    if _scope_stack:
-        _scope_stack.pop()
-
-
-_scope_hooks = []
-
-
-def install_scope_hooks() -> None:
-    """Track the nn.Module path of each recorded op (global module hooks, once)."""
-    if _scope_hooks:
-        return
-    from torch.nn.modules import module as m
-    _scope_hooks.append(m.register_module_forward_pre_hook(_enter_module))
-    _scope_hooks.append(m.register_module_forward_hook(_exit_module, always_call=True))

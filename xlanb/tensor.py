@@ -93,14 +93,24 @@ class XlaTensor(torch.Tensor):
     # The traceable-subclass protocol makes nn.Module.to("xla") swap each parameter in
     # place (torch.utils.swap_tensors) instead of wrapping a new Parameter per module, so
     # tied weights (BERT's decoder and word embeddings) stay one Parameter on the device.
-    # XlaTensor holds no inner tensors: its value lives in the IR.
+    # It is also how torch.compile fakes its inputs. XlaTensor holds no inner tensors (its
+    # value lives in the IR), so unflattening builds a plain FakeTensor on the xla device:
+    # dynamo traces with meta kernels and never reaches __torch_dispatch__. The context is
+    # small and equal for all tensors of one dtype and device because dynamo deep-copies
+    # it into a guard and compares it on every call.
     def __tensor_flatten__(self):
-        return [], (self._meta, self._storage, self._view)
+        return [], (self._storage.device, self.dtype)
 
     @staticmethod
     def __tensor_unflatten__(inner_tensors, ctx, outer_size, outer_stride):
-        meta, storage, view = ctx
-        return XlaTensor(meta, storage, view)
+        device, dtype = ctx
+        fake_mode = torch._guards.detect_fake_mode()
+        if fake_mode is None:
+            raise NotImplementedError("xlanb: an XlaTensor can only be unflattened into a fake "
+                                      "tensor (inside torch.compile or a FakeTensorMode)")
+        with fake_mode:
+            return torch.empty_strided(outer_size, outer_stride, dtype=dtype,
+                                       device=torch_device(device))
 
     def __bool__(self) -> bool:
         __debuggerskip__ = True  # IPython's debugger steps over xlanb frames

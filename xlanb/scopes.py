@@ -1,0 +1,56 @@
+"""The nn.Module path of each recorded op, kept by two global module hooks.
+
+Its own module because ``torch.compile`` must trace these hooks (they run inside every
+module call it traces) while it skips the rest of xlanb: under dynamo they do nothing.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+_scope_stack: list[str] = []
+_module_names: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+
+
+def current_scope() -> str:
+    return _scope_stack[-1] if _scope_stack else ""
+
+
+def _enter_module(module, _args):
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    if torch.compiler.is_compiling():
+        return  # a graph being captured has no scope to track
+    module = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: name the model
+    name = _module_names.get(module)
+    if name is None:
+        if _scope_stack and isinstance(module, torch.fx.GraphModule):
+            name = _scope_stack[-1]  # a torch.compile graph runs in its model's scope
+        elif _scope_stack:
+            name = f"{_scope_stack[-1]}.?{type(module).__name__}"
+        else:
+            root = type(module).__name__
+            for sub_name, sub in module.named_modules():
+                _module_names.setdefault(sub, f"{root}.{sub_name}" if sub_name else root)
+            name = _module_names[module]
+    _scope_stack.append(name)
+
+
+def _exit_module(module, _args, _out):
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    if torch.compiler.is_compiling():
+        return
+    if _scope_stack:
+        _scope_stack.pop()
+
+
+_scope_hooks = []
+
+
+def install_scope_hooks() -> None:
+    """Track the nn.Module path of each recorded op (global module hooks, once)."""
+    if _scope_hooks:
+        return
+    from torch.nn.modules import module as m
+    _scope_hooks.append(m.register_module_forward_pre_hook(_enter_module))
+    _scope_hooks.append(m.register_module_forward_hook(_exit_module, always_call=True))
