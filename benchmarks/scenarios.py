@@ -92,6 +92,28 @@ class Backend:
                 n, ns = n + data[0], ns + data[1]
         return n, ns / 1e9
 
+    def execute_total(self) -> float:
+        """xlanb: seconds spent running graph executables so far (0 for the others)."""
+        if self.name != "xlanb":
+            return 0.0
+        return (self.x.metrics.metric_data("ExecuteTime") or (0, 0.0, ()))[1]
+
+    def profile(self, step_s: float) -> dict | None:
+        """xlanb only: where a step's time went, from the metrics since the last clear:
+        JAX tracing and lowering, XLA compiling (or loading from the persistent cache),
+        running executables, and the rest (Python: dispatch and recording)."""
+        if self.name != "xlanb":
+            return None
+        m = self.x.metrics
+
+        def total(*names):
+            return sum((m.metric_data(k) or (0, 0.0, ()))[1] for k in names)
+        lower = total("LowerTime", "OpLowerTime")
+        compile_ = total("CompileTime", "OpCompileTime") - lower
+        run = total("ExecuteTime")
+        return {"lower_s": lower, "xla_compile_s": compile_, "execute_s": run,
+                "python_s": step_s - lower - compile_ - run}
+
     def counter(self, name: str) -> int:
         """A counter of the backend's metrics (both use torch_xla's names where they agree)."""
         if self.name == "cpu":
@@ -190,18 +212,27 @@ def bert_step(b: Backend, mode: str, steps: int) -> dict:
     b.sync()
     b.clear()
     times = []
+    first_profile = None
+    executes = []  # xlanb: seconds running executables in each step
     for _ in range(steps):
+        e0 = b.execute_total()
         t0 = time.perf_counter()
         loss = step(ids, labels)
         loss.item()
         times.append(time.perf_counter() - t0)
+        executes.append(b.execute_total() - e0)
+        if first_profile is None:
+            first_profile = b.profile(times[0])
     # Steady: after the compiled function replays (call 4 on: setup, then two agreeing
     # traces); the other modes are steady from step 2.
-    later = sorted(times[3:] if mode == "compile" else times[1:])
+    steady = slice(3, None) if mode == "compile" else slice(1, None)
+    later = sorted(times[steady])
+    later_exec = sorted(executes[steady])
     n, secs = b.compiles()
     b.set_mode("lazy")
     res = {"first_step_s": times[0], "steady_step_s": later[len(later) // 2] if later else None,
-           "compiles": n, "compile_s": secs}
+           "compiles": n, "compile_s": secs, "first_step_profile": first_profile,
+           "steady_execute_s": later_exec[len(later_exec) // 2] if b.name == "xlanb" and later_exec else None}
     if mode == "compile":
         res["status"] = step.status()
     return res
@@ -260,7 +291,7 @@ def first_step(b: Backend, mode: str) -> dict:
     # torch_xla counts PersistentCacheDeserializeFailure when it cannot load an entry
     names = ("PersistentCacheHit", "PersistentCacheMiss", "PersistentCacheDeserializeFailure")
     return {"first_step_s": r["first_step_s"], "compiles": r["compiles"], "compile_s": r["compile_s"],
-            **{k: b.counter(k) for k in names}}
+            "profile": r["first_step_profile"], **{k: b.counter(k) for k in names}}
 
 
 SCENARIOS = ("ops", "bert", "inspect", "inspect_ref", "first_step")

@@ -83,3 +83,24 @@ def test_failed_factorization_gives_nans_not_a_fallback(mode):
     torch.testing.assert_close(torch.linalg.cholesky(spd.to("xla")).cpu(),
                                torch.linalg.cholesky(spd))
     assert xlanb.metrics.counter_value("aten::_linalg_check_errors") is None
+
+
+def test_signature_tells_tensors_bools_ints_and_floats_apart():
+    # A tensor's signature element once was a small int, so mul(x, t) could find the
+    # executable of mul(x, 3); and True == 1 == 1.0 gives three result dtypes.
+    from xlanb.tensor import sig_key
+    xlanb.set_mode("lazy")
+    for k in range(8):  # whatever the interned keys are, none may equal a static int
+        x = torch.arange(3.0 + k).to("xla")
+        assert (x * k).cpu().tolist() == (torch.arange(3.0 + k) * k).tolist()
+        ones = torch.ones(3 + k, device="xla")
+        assert (x * ones).cpu().tolist() == torch.arange(3.0 + k).tolist()
+        assert sig_key(xlanb.dispatch.value_node(x).info.out, 0) != k
+    b = torch.tensor([True, False]).to("xla")
+    for other in (True, 1, 1.0):
+        for mode in ("lazy", "eager"):
+            xlanb.set_mode(mode)
+            got, want = b.to("xla") * other, torch.tensor([True, False]) * other
+            assert got.dtype == want.dtype, (other, mode)
+            assert got.cpu().tolist() == want.tolist()
+    xlanb.set_mode("lazy")

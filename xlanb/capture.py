@@ -244,7 +244,7 @@ _MISS = _Miss()
 def _static(x):
     try:
         hash(x)
-        return ("S", x)
+        return ("S", type(x), x)  # typed: True == 1 == 1.0, but a function may tell them apart
     except TypeError:
         return ("R", repr(x))
 

@@ -15,7 +15,7 @@ import torch
 
 from . import rng
 from .capture import _recorder
-from .executor import FILL_VALUES, node_array, op_executable, settle_fill
+from .executor import fill_value, node_array, op_executable, settle_fill
 from .ir import Node, OpInfo, TensorMeta, user_frame
 from .modes import state as mode_state
 from .scopes import current_scope
@@ -252,8 +252,10 @@ def _settle_written_fills(func, plan: OpPlan, args, kwargs, outs) -> None:
         for x in (t if isinstance(t, (list, tuple)) else (t,)):
             if isinstance(x, XlaTensor):
                 node = x._storage.node
-                if node.data is None and node.info.name in FILL_VALUES:
-                    settle_fill(node)
+                if node.data is None and not node.info.multi:
+                    value = fill_value(node)
+                    if value is not None:
+                        settle_fill(node, value)
 
 
 def _factory_device(kwargs) -> int:

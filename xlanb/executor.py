@@ -50,26 +50,39 @@ def op_executable(info: OpInfo):
     fn = info.fn
     specs = [_tensor_spec(m, info.device) for m in info.extra.in_metas]
     specs += [_scalar_spec(k, info.device) for k in info.scalar_specs]
-    _, exe = compile_jitted(lambda *flat: fn(flat[:n], flat[n:]), specs, metric="OpCompileTime")
+    _, exe = compile_jitted(lambda *flat: fn(flat[:n], flat[n:]), specs, metric="OpCompileTime",
+                            lower_metric="OpLowerTime")
     info.exe = exe
     metrics.counter("OpCompile")
     return exe
 
 
-# Fills whose value does not depend on their inputs' values. Zeros and ones are made
+# Fills: nodes whose value does not depend on their inputs' values. Zeros, ones and
+# fill_/zero_ (what torch.zeros(..., device="xla") records: empty, then zero_) are made
 # device data before their first in-place write (see dispatch); empties only when read
 # (an empty is usually overwritten whole, and its node costs nothing in a graph).
-FILL_VALUES = {"aten::zeros": 0, "aten::zeros_like": 0, "aten::new_zeros": 0,
-               "aten::ones": 1, "aten::ones_like": 1, "aten::new_ones": 1}
+_FILL_VALUES = {"aten::zeros": 0, "aten::zeros_like": 0, "aten::new_zeros": 0, "aten::zero_": 0,
+                "aten::ones": 1, "aten::ones_like": 1, "aten::new_ones": 1}
 _EMPTIES = ("aten::empty", "aten::empty_like", "aten::new_empty", "aten::empty_strided",
             "aten::new_empty_strided")
 
 
-def settle_fill(node: Node) -> None:
-    """Make a pending fill node (a name in FILL_VALUES or _EMPTIES) device data."""
+def fill_value(node: Node):
+    """The value a pending fill node fills with, or None if ``node`` is not a fill."""
+    name = node.info.name
+    value = _FILL_VALUES.get(name)
+    if value is None and name == "aten::fill_" and len(node.inputs) == 1:
+        # the value is the lifted scalar, or (not lifted: bool, int) in the signature
+        value = node.scalars[0] if node.scalars else node.info.sig[1][1]
+        if not isinstance(value, (bool, int, float)):
+            return None
+    return value
+
+
+def settle_fill(node: Node, value=0) -> None:
+    """Make the pending fill ``node`` device data: ``value`` everywhere."""
     meta = node.info.out
     dtype = to_jax_dtype(meta.dtype)
-    value = FILL_VALUES.get(node.info.name, 0)
     device = jax_device(node.info.device)
     with jax.enable_x64(True):
         if device.platform == "cpu":  # a host buffer is the device's: nothing to compile
@@ -221,7 +234,8 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src) -> tuple[Compi
     if rec is None:
         specs = graph_specs(plan, device)
         t0 = time.perf_counter()
-        lowered, exe = compile_jitted(_graph_fn(plan), specs, metric="CompileTime")
+        lowered, exe = compile_jitted(_graph_fn(plan), specs, metric="CompileTime",
+                                        lower_metric="LowerTime")
         metrics.counter("UncachedCompile")
         where = format_src(src)
         summary = summarize(plan)

@@ -48,6 +48,9 @@ Metrics (``record`` / ``timer``), each sample in seconds:
 ``ExecuteTime``             running a compiled graph (dispatch to completion as
                             far as the caller measures it).
 ``OpCompileTime``           compiling a single-op executable.
+``LowerTime`` / ``OpLowerTime``  the part of a CompileTime / OpCompileTime sample
+                            spent tracing and lowering to StableHLO (JAX), before
+                            XLA compiles or the persistent cache loads it.
 ``TransferToDeviceTime``    host -> device copies.
 ``TransferFromDeviceTime``  device -> host copies.
 

@@ -41,9 +41,9 @@ def jax_context():
         yield
 
 
-def compile_jitted(fn, arg_specs, *, metric: str):
-    """Trace, lower and compile ``fn`` for ``arg_specs``; time it all into ``metric``.
-    Returns ``(lowered, compiled)``.
+def compile_jitted(fn, arg_specs, *, metric: str, lower_metric: str):
+    """Trace, lower and compile ``fn`` for ``arg_specs``; time it all into ``metric``,
+    and the tracing and lowering alone into ``lower_metric``. Returns ``(lowered, compiled)``.
 
     Persistent-cache hits and misses seen while doing so are counted as
     ``PersistentCacheHit`` / ``PersistentCacheMiss``.
@@ -53,6 +53,7 @@ def compile_jitted(fn, arg_specs, *, metric: str):
     try:
         with jax_context():
             lowered = jax.jit(fn).lower(*arg_specs)
+            metrics.record(lower_metric, time.perf_counter() - t0)
             compiled = lowered.compile()
     finally:
         _local.compiling = False

@@ -1,8 +1,8 @@
 """Op signatures and argument templates.
 
-A signature is the cache key of one op call: the op, each tensor as a small interned int
-(shape, strides, dtype, device), static arguments as they are, and a marker for each
-lifted float. A template is the same argument structure with ``_In(i)``/``_Sc(j)`` slots
+A signature is the cache key of one op call: the op, each tensor as an interned
+``SigKey`` (shape, strides, dtype, device), static arguments as they are (bools, floats
+and complex numbers with their type), and a marker for each lifted float. A template is the same argument structure with ``_In(i)``/``_Sc(j)`` slots
 where the tensors and lifted floats go, so one ``OpInfo`` can rebuild the call for any
 inputs: JAX arrays when lowering, meta tensors for shapes, names when printing.
 """
@@ -47,6 +47,10 @@ def sig_of(x, tensors, scalars, lift):
         return _FLOAT
     if tx is list or tx is tuple:
         return tuple([sig_of(e, tensors, scalars, lift) for e in x])
+    if tx is bool or tx is float or tx is complex:
+        # True == 1 == 1.0 == 1+0j, but each gives another result dtype (mul of a bool
+        # tensor by True is bool, by 1 int64, by 1.0 float32): keep the type
+        return (tx, x)
     return x
 
 

@@ -24,18 +24,29 @@ def torch_device(index: int) -> torch.device:
     return d
 
 
-# Signature elements are small ints: (shape, stride, dtype, device) is interned once per
-# tensor, so hashing an op's signature on every call hashes ints, not nested tuples.
-_sig_keys: dict[tuple, int] = {}
-sig_key_meta: list[tuple] = []  # int -> (shape, stride, dtype, device, offset), for readable sigs
+class SigKey:
+    """A tensor's element in an op signature: its (shape, stride, dtype, device, offset),
+    interned once per distinct layout. Signatures hash and compare it by identity, which
+    is fast, and no static argument (an int, a bool, a tuple) can ever equal it: an int
+    key could, and ``mul(x, t)`` would then find the OpInfo of ``mul(x, 3)``."""
+
+    __slots__ = ("layout",)
+
+    def __init__(self, layout: tuple):
+        self.layout = layout
+
+    def __repr__(self) -> str:
+        return f"<SigKey {self.layout}>"
 
 
-def sig_key(meta: TensorMeta, device: int) -> int:
+_sig_keys: dict[tuple, SigKey] = {}
+
+
+def sig_key(meta: TensorMeta, device: int) -> SigKey:
     full = (meta.shape, meta.stride, meta.dtype, device, meta.offset)
     k = _sig_keys.get(full)
     if k is None:
-        k = _sig_keys[full] = len(sig_key_meta)
-        sig_key_meta.append(full)
+        k = _sig_keys[full] = SigKey(full)
     return k
 
 
