@@ -181,8 +181,8 @@ def table(results: dict) -> tuple[str, list[str]]:
             f"xlanb.compile = {xc['steady_step_s'] / cb:.2f}× CPU torch" if cb else "–")
         notes.append("BERT step, compile: `xlanb.compile` over the same step with "
                      "AdamW(capturable=True), so that no Python number changes between steps; "
-                     "steady = median from step 4 on (call 1 sets up AdamW's state, calls 2 and 3 "
-                     "agree, later calls replay the executable without running Python). Its status: "
+                     "steady = median from step 4 on (calls 1 and 2 are traced and agree, later calls "
+                     "replay the executable without running Python). Its status: "
                      + xc.get("status", "").replace("\n", "; "))
 
     xi, ti = x.get("inspect"), t.get("inspect")

@@ -223,8 +223,8 @@ def bert_step(b: Backend, mode: str, steps: int) -> dict:
         executes.append(b.execute_total() - e0)
         if first_profile is None:
             first_profile = b.profile(times[0])
-    # Steady: after the compiled function replays (call 4 on: setup, then two agreeing
-    # traces); the other modes are steady from step 2.
+    # Steady: once the compiled function replays (call 3 on: calls 1 and 2 agree), with
+    # one step of margin; the other modes are steady from step 2.
     steady = slice(3, None) if mode == "compile" else slice(1, None)
     later = sorted(times[steady])
     later_exec = sorted(executes[steady])

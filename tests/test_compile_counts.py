@@ -29,13 +29,20 @@ def _adamw_with_state(model, lr):
     return opt
 
 
-def test_lazy_training_steps_compile_once_despite_changing_lr():
-    xlanb.set_mode("lazy")
+def _mlp_and_batch(mode, n_in, hidden, n_out, batch):
+    """In ``mode``, a seeded Linear-ReLU-Linear classifier on xla and a batch for it (the
+    sizes are the caller's own, so that no other test compiled its graphs)."""
+    xlanb.set_mode(mode)
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(11, 23), nn.ReLU(), nn.Linear(23, 3)).to("xla")
+    model = nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, n_out)).to("xla")
+    x = torch.randn(batch, n_in).to("xla")
+    y = torch.randint(0, n_out, (batch,)).to("xla")
+    return model, x, y
+
+
+def test_lazy_training_steps_compile_once_despite_changing_lr():
+    model, x, y = _mlp_and_batch("lazy", 11, 23, 3, batch=9)
     opt = _adamw_with_state(model, lr=1e-3)
-    x = torch.randn(9, 11).to("xla")
-    y = torch.randint(0, 3, (9,)).to("xla")
     loss_fn = nn.CrossEntropyLoss()
     xlanb.sync()  # the setup work is not part of the step graph
     metrics.clear()
@@ -180,11 +187,7 @@ def _mlp_step(model, x, y):
 
 
 def test_eager_second_identical_forward_backward_compiles_nothing():
-    xlanb.set_mode("eager")
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(14, 29), nn.ReLU(), nn.Linear(29, 6)).to("xla")
-    x = torch.randn(10, 14).to("xla")
-    y = torch.randint(0, 6, (10,)).to("xla")
+    model, x, y = _mlp_and_batch("eager", 14, 29, 6, batch=10)
     metrics.clear()
     l1 = _mlp_step(model, x, y)
     first = c("OpCompile")
@@ -232,11 +235,7 @@ def test_opbyop_sync_compiles_each_distinct_signature_once():
 
 
 def test_opbyop_training_step_second_time_compiles_nothing():
-    xlanb.set_mode("opbyop")
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(15, 31), nn.ReLU(), nn.Linear(31, 4)).to("xla")
-    x = torch.randn(5, 15).to("xla")
-    y = torch.randint(0, 4, (5,)).to("xla")
+    model, x, y = _mlp_and_batch("opbyop", 15, 31, 4, batch=5)
     opt = _adamw_with_state(model, lr=1e-3)
     xlanb.sync()
     metrics.clear()

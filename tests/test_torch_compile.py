@@ -42,11 +42,16 @@ def test_function_matches_cpu_and_recompiles_for_a_new_shape():
         torch.testing.assert_close(out.cpu(), f(x, y))
 
 
-def test_inference_replays_the_executable():
+def _compiled_pair(*layers):
+    """A seeded CPU model, its copy on xla, and that copy under torch.compile."""
     torch.manual_seed(0)
-    cpu = nn.Sequential(nn.Linear(8, 19), nn.ReLU(), nn.Linear(19, 4))
+    cpu = nn.Sequential(*layers)
     model = copy.deepcopy(cpu).to("xla")
-    cm = torch.compile(model, backend="xlanb")
+    return cpu, model, torch.compile(model, backend="xlanb")
+
+
+def test_inference_replays_the_executable():
+    cpu, model, cm = _compiled_pair(nn.Linear(8, 19), nn.ReLU(), nn.Linear(19, 4))
     x = torch.randn(3, 8)
     metrics.clear()
     with torch.no_grad():
@@ -59,10 +64,7 @@ def test_inference_replays_the_executable():
 
 
 def test_training_gradients_match_cpu_and_scope_names_the_model():
-    torch.manual_seed(0)
-    cpu = nn.Sequential(nn.Linear(8, 21), nn.Tanh(), nn.Linear(21, 3))
-    model = copy.deepcopy(cpu).to("xla")
-    cm = torch.compile(model, backend="xlanb")
+    cpu, model, cm = _compiled_pair(nn.Linear(8, 21), nn.Tanh(), nn.Linear(21, 3))
     x = torch.randn(5, 8)
     for _ in range(2):
         model.zero_grad(set_to_none=True)
@@ -111,10 +113,7 @@ def test_in_place_on_input_and_tensors_made_inside():
 
 
 def test_batchnorm_training_updates_running_stats():
-    torch.manual_seed(0)
-    cpu = nn.Sequential(nn.Linear(6, 10), nn.BatchNorm1d(10), nn.ReLU())
-    model = copy.deepcopy(cpu).to("xla")
-    cm = torch.compile(model, backend="xlanb")
+    cpu, model, cm = _compiled_pair(nn.Linear(6, 10), nn.BatchNorm1d(10), nn.ReLU())
     for _ in range(2):
         x = torch.randn(7, 6)
         torch.testing.assert_close(cm(x.to("xla")).cpu(), cpu(x), rtol=1e-5, atol=1e-5)

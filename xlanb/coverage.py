@@ -463,16 +463,16 @@ def samples_of(op, dtype, *, requires_grad=False, max_samples=None):
     return out
 
 
-def check_op(op, dtype: torch.dtype, mode: str, *, max_samples: int | None = MAX_SAMPLES) -> Result:
-    """Run ``op``'s samples of ``dtype`` on xla in ``mode``; compare with CPU torch."""
-    key = op_key(op)
-    t0 = time.perf_counter()
-    values = key not in NONDETERMINISTIC
-    try:
-        samples = samples_of(op, dtype, max_samples=max_samples)
-    except Exception as e:
-        return Result("skip", f"sample inputs fail on CPU: {_first_line(e)}")
-    fn = op.op
+class _SkipSample(Exception):
+    """CPU torch gives nothing to compare this sample with."""
+
+
+def _run_samples(samples, mode: str, t0: float, reference, check, *, all_skipped: str,
+                 no_samples: str) -> Result:
+    """The loop check_op and check_grad share. ``reference(sample)`` computes CPU torch's
+    answer: a sample where it raises (CPU torch rejects it, or _SkipSample) is skipped.
+    ``check(sample, answer)`` runs the sample on xla in ``mode`` and compares; the first
+    failure is reported, and an op that ran on CPU instead makes the result a fallback."""
     n = skipped = 0
     fallbacks: set = set()
     failure = None
@@ -480,8 +480,7 @@ def check_op(op, dtype: torch.dtype, mode: str, *, max_samples: int | None = MAX
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                torch.manual_seed(0)
-                want = fn(sample.input, *sample.args, **sample.kwargs)
+                answer = reference(sample)
         except Exception:
             skipped += 1
             continue
@@ -489,14 +488,7 @@ def check_op(op, dtype: torch.dtype, mode: str, *, max_samples: int | None = MAX
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                inp, args, kwargs = _xla_sample(sample, key)
-                with xlanb.mode(mode):
-                    torch.manual_seed(0)
-                    got = fn(inp, *args, **kwargs)
-                    if mode != "eager":
-                        xlanb.sync()
-                rs = RANDOM_SAMPLES.get(key)
-                _compare(got, want, key, values and not (rs and rs[0](sample)), sample)
+                check(sample, answer)
         except Exception as e:
             failure = failure or f"{_first_line(e)} [sample {n + skipped}: {_describe(sample)}]"
             _drain()
@@ -511,9 +503,37 @@ def check_op(op, dtype: torch.dtype, mode: str, *, max_samples: int | None = MAX
         return Result("fallback", "runs on CPU: " + ", ".join(sorted(fallbacks)), n, skipped,
                       tuple(sorted(fallbacks)), dt)
     if n == 0:
-        return Result("skip", "CPU torch rejects every sample" if skipped else "no samples",
-                      0, skipped, (), dt)
+        return Result("skip", all_skipped if skipped else no_samples, 0, skipped, (), dt)
     return Result("pass", "", n, skipped, (), dt)
+
+
+def check_op(op, dtype: torch.dtype, mode: str, *, max_samples: int | None = MAX_SAMPLES) -> Result:
+    """Run ``op``'s samples of ``dtype`` on xla in ``mode``; compare with CPU torch."""
+    key = op_key(op)
+    t0 = time.perf_counter()
+    values = key not in NONDETERMINISTIC
+    try:
+        samples = samples_of(op, dtype, max_samples=max_samples)
+    except Exception as e:
+        return Result("skip", f"sample inputs fail on CPU: {_first_line(e)}")
+    fn = op.op
+
+    def reference(sample):
+        torch.manual_seed(0)
+        return fn(sample.input, *sample.args, **sample.kwargs)
+
+    def check(sample, want):
+        inp, args, kwargs = _xla_sample(sample, key)
+        with xlanb.mode(mode):
+            torch.manual_seed(0)
+            got = fn(inp, *args, **kwargs)
+            if mode != "eager":
+                xlanb.sync()
+        rs = RANDOM_SAMPLES.get(key)
+        _compare(got, want, key, values and not (rs and rs[0](sample)), sample)
+
+    return _run_samples(samples, mode, t0, reference, check,
+                        all_skipped="CPU torch rejects every sample", no_samples="no samples")
 
 
 def _describe(sample) -> str:
@@ -547,69 +567,45 @@ def check_grad(op, mode: str, *, max_samples: int = GRAD_SAMPLES) -> Result:
         samples = samples_of(op, torch.float32, requires_grad=True, max_samples=max_samples)
     except Exception as e:
         return Result("skip", f"sample inputs fail on CPU: {_first_line(e)}")
-    n = skipped = 0
-    fallbacks: set = set()
-    failure = None
-    for sample in samples:
+
+    def reference(sample):
         leaves = [t for t in _leaves((sample.input, sample.args, sample.kwargs))
                   if t.requires_grad and t.is_floating_point()]
         if not leaves:
-            skipped += 1
-            continue
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                out = sample.output_process_fn_grad(op.op(sample.input, *sample.args, **sample.kwargs))
-                out = _canonical(key, sample, out)
-                outs = [o for o in _leaves(out) if o.requires_grad]
-                if not outs:
-                    skipped += 1
-                    continue
-                torch.manual_seed(1)
-                cots = [torch.randn_like(o) for o in outs]
-                want = torch.autograd.grad(outs, leaves, cots, allow_unused=True)
-        except Exception:
-            skipped += 1
-            continue
-        before = _fallback_counters()
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                inp, args, kwargs = _xla_sample(sample, key)
-                xleaves = [t for t in _leaves((inp, args, kwargs))
-                           if t.requires_grad and t.is_floating_point()]
-                with xlanb.mode(mode):
-                    out = sample.output_process_fn_grad(op.op(inp, *args, **kwargs))
-                    out = _canonical(key, _Sample(inp, args, kwargs), out)
-                    xouts = [o for o in _leaves(out) if o.requires_grad]
-                    got = torch.autograd.grad(xouts, xleaves, [c.to("xla") for c in cots],
-                                              allow_unused=True)
-                    if mode != "eager":
-                        xlanb.sync()
-                rs = RANDOM_SAMPLES.get(key)
-                values = not (rs and rs[0](sample))
-                for g, w in zip(got, want):
-                    if w is None:
-                        continue
-                    if g is None:
-                        raise AssertionError("gradient missing on xla")
-                    _compare(g, w, key, values, tolerances=GRAD_TOLERANCES)
-        except Exception as e:
-            failure = failure or f"{_first_line(e)} [sample {n + skipped}: {_describe(sample)}]"
-            _drain()
-        n += 1
-        fallbacks.update(_new_fallbacks(before))
-    dt = time.perf_counter() - t0
-    if mode != "eager":
-        _forget_graphs()
-    if failure:
-        return Result("fail", failure, n, skipped, tuple(sorted(fallbacks)), dt)
-    if fallbacks:
-        return Result("fallback", "runs on CPU: " + ", ".join(sorted(fallbacks)), n, skipped,
-                      tuple(sorted(fallbacks)), dt)
-    if n == 0:
-        return Result("skip", "no differentiable samples", 0, skipped, (), dt)
-    return Result("pass", "", n, skipped, (), dt)
+            raise _SkipSample
+        out = sample.output_process_fn_grad(op.op(sample.input, *sample.args, **sample.kwargs))
+        out = _canonical(key, sample, out)
+        outs = [o for o in _leaves(out) if o.requires_grad]
+        if not outs:
+            raise _SkipSample
+        torch.manual_seed(1)
+        cots = [torch.randn_like(o) for o in outs]
+        return cots, torch.autograd.grad(outs, leaves, cots, allow_unused=True)
+
+    def check(sample, answer):
+        cots, want = answer
+        inp, args, kwargs = _xla_sample(sample, key)
+        xleaves = [t for t in _leaves((inp, args, kwargs))
+                   if t.requires_grad and t.is_floating_point()]
+        with xlanb.mode(mode):
+            out = sample.output_process_fn_grad(op.op(inp, *args, **kwargs))
+            out = _canonical(key, _Sample(inp, args, kwargs), out)
+            xouts = [o for o in _leaves(out) if o.requires_grad]
+            got = torch.autograd.grad(xouts, xleaves, [c.to("xla") for c in cots],
+                                      allow_unused=True)
+            if mode != "eager":
+                xlanb.sync()
+        rs = RANDOM_SAMPLES.get(key)
+        values = not (rs and rs[0](sample))
+        for g, w in zip(got, want):
+            if w is None:
+                continue
+            if g is None:
+                raise AssertionError("gradient missing on xla")
+            _compare(g, w, key, values, tolerances=GRAD_TOLERANCES)
+
+    none = "no differentiable samples"
+    return _run_samples(samples, mode, t0, reference, check, all_skipped=none, no_samples=none)
 
 
 def _leaves(x):

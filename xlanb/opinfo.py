@@ -289,34 +289,39 @@ def getitem_info(info: OpInfo, i: int) -> OpInfo:
     return gi
 
 
+def _leaf_info(cache: dict, name: str, tag: str, meta: TensorMeta, device: int,
+               make_fn=None) -> OpInfo:
+    """The one info of a leaf (a node without inputs) of this kind, shape, dtype and
+    device, kept in ``cache``; ``make_fn(meta)`` gives its function, if it has one."""
+    key = (meta.shape, meta.dtype, device)
+    info = cache.get(key)
+    if info is None:
+        fn = make_fn(meta) if make_fn is not None else None
+        info = OpInfo(name, (tag,) + key, fn, meta, device=device)
+        info.extra = _InfoExtra(None, ())
+        cache[key] = info
+    return info
+
+
 _data_infos: dict = {}
 
 
 def data_info(meta: TensorMeta, device: int) -> OpInfo:
     """The info of device data (a leaf) with this shape and dtype."""
-    key = (meta.shape, meta.dtype, device)
-    info = _data_infos.get(key)
-    if info is None:
-        info = OpInfo("device_data", ("data",) + key, None, meta, device=device)
-        info.extra = _InfoExtra(None, ())
-        _data_infos[key] = info
-    return info
+    return _leaf_info(_data_infos, "device_data", "data", meta, device)
 
 
 _empty_infos: dict = {}
 
 
+def _zeros_fn(meta: TensorMeta):
+    shape, dt = meta.shape, to_jax_dtype(meta.dtype)
+    return lambda ins, scs: jax.numpy.zeros(shape, dt)
+
+
 def empty_info(meta: TensorMeta, device: int) -> OpInfo:
     """Uninitialized memory: zeros if ever read, usually overwritten first."""
-    key = (meta.shape, meta.dtype, device)
-    info = _empty_infos.get(key)
-    if info is None:
-        shape, dt = meta.shape, to_jax_dtype(meta.dtype)
-        info = OpInfo("aten::empty", ("empty",) + key,
-                      lambda ins, scs: jax.numpy.zeros(shape, dt), meta, device=device)
-        info.extra = _InfoExtra(None, ())
-        _empty_infos[key] = info
-    return info
+    return _leaf_info(_empty_infos, "aten::empty", "empty", meta, device, _zeros_fn)
 
 
 _scatter_infos: dict = {}

@@ -122,7 +122,8 @@ def scatter_add(x, dim, index, src):
     return scatter(x, dim, index, src, reduce="add")
 
 
-def _identity(reduce, dtype):
+def _reduce_identity(reduce, dtype):
+    """The value a ``reduce`` reduction starts from (scatter_reduce, index_reduce)."""
     if reduce in ("sum", "mean"):
         return 0
     if reduce == "prod":
@@ -138,7 +139,7 @@ def _identity(reduce, dtype):
 @register(aten.scatter_reduce.two)
 def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     if not include_self:  # written positions start from the reduction's identity
-        x = scatter(x, dim, index, _identity(reduce, x.dtype))
+        x = scatter(x, dim, index, _reduce_identity(reduce, x.dtype))
     out = scatter(x, dim, index, src, reduce=reduce)
     if reduce != "mean":
         return out

@@ -9,6 +9,7 @@ import numpy as np
 from jax import lax
 
 from xlanb.lowering._util import aten, default_float, is_float, jdtype, to_float, wrap
+from xlanb.lowering.aten_indexing import _reduce_identity
 from xlanb.lowering.registry import register
 
 
@@ -260,19 +261,6 @@ def mode(x, dim=-1, keepdim=False):
 
 # ---- index reductions -------------------------------------------------------------------
 
-def _reduce_identity(reduce, dtype):
-    if reduce in ("sum", "mean"):
-        return 0
-    if reduce == "prod":
-        return 1
-    if jnp.issubdtype(dtype, jnp.floating):
-        return -jnp.inf if reduce == "amax" else jnp.inf
-    if dtype == jnp.bool_:
-        return reduce == "amin"
-    info = jnp.iinfo(dtype)
-    return info.min if reduce == "amax" else info.max
-
-
 @register(aten.index_reduce.default)
 def index_reduce(x, dim, index, source, reduce, *, include_self=True):
     if x.ndim == 0:
@@ -332,18 +320,25 @@ def nonzero_static(x, *, size, fill_value=-1):
     return jnp.stack(idx, axis=-1).astype(jnp.int64)
 
 
-@register(aten.segment_reduce.default, may_refuse=True)
-def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0,
-                   unsafe=False, initial=None):
+def _segment_ids(data, lengths, offsets, axis, refusal):
+    """segment_reduce's 1-d lengths (or offsets): the lengths, the wrapped axis and each
+    row's segment along it, nseg for rows past the last segment. Batched ones are refused."""
     if lengths is None and offsets is not None:
         lengths = jnp.diff(offsets, axis=-1)
     if lengths is None or lengths.ndim != 1:
-        raise NotImplementedError("segment_reduce with batched lengths/offsets or indices")
+        raise NotImplementedError(refusal)
     axis = wrap(axis, data.ndim)
+    seg = jnp.searchsorted(jnp.cumsum(lengths), jnp.arange(data.shape[axis]), side="right")
+    return lengths, axis, seg
+
+
+@register(aten.segment_reduce.default, may_refuse=True)
+def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0,
+                   unsafe=False, initial=None):
+    lengths, axis, seg = _segment_ids(data, lengths, offsets, axis,
+                                      "segment_reduce with batched lengths/offsets or indices")
     x = jnp.moveaxis(data, axis, 0)
     nseg = lengths.shape[0]
-    ends = jnp.cumsum(lengths)
-    seg = jnp.searchsorted(ends, jnp.arange(x.shape[0]), side="right")  # nseg: past the end
     if reduce in ("sum", "mean"):
         out = jax.ops.segment_sum(x, seg, nseg + 1)[:nseg]
     elif reduce == "prod":
@@ -515,17 +510,12 @@ def tril_indices(row, col, offset=0, *, dtype=None, **_):
 @register(aten._segment_reduce_backward.default, may_refuse=True)
 def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0,
                             initial=None):
-    if lengths is None and offsets is not None:
-        lengths = jnp.diff(offsets, axis=-1)
-    if lengths is None or lengths.ndim != 1:
-        raise NotImplementedError("segment_reduce backward with batched lengths/offsets")
-    axis = wrap(axis, data.ndim)
+    lengths, axis, seg = _segment_ids(data, lengths, offsets, axis,
+                                      "segment_reduce backward with batched lengths/offsets")
     x = jnp.moveaxis(data, axis, 0)
     g = jnp.moveaxis(grad, axis, 0)
     out = jnp.moveaxis(output, axis, 0)
     nseg = lengths.shape[0]
-    ends = jnp.cumsum(lengths)
-    seg = jnp.searchsorted(ends, jnp.arange(x.shape[0]), side="right")
     inside = seg < nseg
     segc = jnp.clip(seg, 0, max(nseg - 1, 0))
     gs, os_ = g[segc], out[segc]

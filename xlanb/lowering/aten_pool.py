@@ -305,6 +305,7 @@ def _reflect(c, twice_low, twice_high):
 
 
 def _source_coord(g, size, padding_mode, align_corners):
+    """Grid values in [-1, 1] as source coordinates along one axis of ``size`` pixels."""
     c = (g + 1) / 2 * (size - 1) if align_corners else ((g + 1) * size - 1) / 2
     if padding_mode == 2:  # reflection
         c = _reflect(c, 0, 2 * (size - 1)) if align_corners else _reflect(c, -1, 2 * size - 1)
@@ -339,10 +340,15 @@ def _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners):
 register(aten.grid_sampler_2d.default, may_refuse=True)(_grid_sample)
 
 
-@register(aten.grid_sampler_2d_backward.default, may_refuse=True)
-def grid_sampler_2d_backward(g, x, grid, interpolation_mode, padding_mode, align_corners,
-                             output_mask):
-    out, vjp = jax.vjp(lambda a, b: _grid_sample(a, b, interpolation_mode, padding_mode,
-                                                 align_corners), x, grid)
-    gx, ggrid = vjp(g.astype(out.dtype))
-    return (gx if output_mask[0] else None), ggrid
+def _grid_sampler_backward(forward):
+    """A grid sampler's backward: the vjp of ``forward`` (2-d here, 3-d in aten_sampling)."""
+    def backward(g, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+        out, vjp = jax.vjp(lambda a, b: forward(a, b, interpolation_mode, padding_mode,
+                                                align_corners), x, grid)
+        gx, ggrid = vjp(g.astype(out.dtype))
+        return (gx if output_mask[0] else None), ggrid
+    return backward
+
+
+register(aten.grid_sampler_2d_backward.default, may_refuse=True)(
+    _grid_sampler_backward(_grid_sample))

@@ -14,6 +14,7 @@ import numpy as np
 from jax import lax
 
 from xlanb.lowering._util import aten, is_float, upcast
+from xlanb.lowering.aten_pool import _grid_sampler_backward, _source_coord
 from xlanb.lowering.registry import register
 
 
@@ -200,16 +201,20 @@ def _apply_mats(x, mats):
     return x.astype(dt)
 
 
+def _source_scale(size, out, align_corners, scale):
+    """Input pixels per output pixel, torch's area_pixel_compute_scale (out > 0)."""
+    if align_corners:
+        return (size - 1) / (out - 1) if out > 1 else 0.0
+    return (1.0 / scale) if scale else size / out
+
+
 def _cubic_matrix(size, out, align_corners, scale, a=-0.75):
     """torch's bicubic weights (out, in), clamped taps at the borders."""
     m = np.zeros((out, size), np.float64)
     if out == 0 or size == 0:
         return m
-    if align_corners:
-        ratio = (size - 1) / (out - 1) if out > 1 else 0.0
-    else:
-        ratio = (1.0 / scale) if scale else size / out
-    ratio = float(np.float32(ratio))  # torch computes the scale in the op's accumulate type
+    # torch computes the scale in the op's accumulate type
+    ratio = float(np.float32(_source_scale(size, out, align_corners, scale)))
     for i in range(out):
         src = ratio * i if align_corners else ratio * (i + 0.5) - 0.5
         src = float(np.float32(src))
@@ -229,10 +234,7 @@ def _aa_matrix(size, out, align_corners, scale, cubic):
     m = np.zeros((out, size), np.float64)
     if out == 0 or size == 0:
         return m
-    if align_corners:
-        sc = (size - 1) / (out - 1) if out > 1 else 0.0
-    else:
-        sc = (1.0 / scale) if scale else size / out
+    sc = _source_scale(size, out, align_corners, scale)
     support = (2.0 if cubic else 1.0) * (sc if sc >= 1.0 else 1.0)
     invscale = 1.0 / sc if sc >= 1.0 else 1.0
 
@@ -320,31 +322,13 @@ for _name, _cubic in (("bilinear2d", False), ("bicubic2d", True)):
 
 # ---- grid_sampler_3d -------------------------------------------------------------------
 
-def _reflect(c, twice_low, twice_high):
-    if twice_low == twice_high:
-        return jnp.zeros_like(c)
-    low, span = twice_low / 2, (twice_high - twice_low) / 2
-    c = jnp.abs(c - low)
-    extra, flips = jnp.fmod(c, span), jnp.floor(c / span)
-    return jnp.where(flips % 2 == 0, extra + low, span - extra + low)
-
-
-def _source(g, size, padding_mode, align_corners):
-    c = (g + 1) / 2 * (size - 1) if align_corners else ((g + 1) * size - 1) / 2
-    if padding_mode == 2:
-        c = _reflect(c, 0, 2 * (size - 1)) if align_corners else _reflect(c, -1, 2 * size - 1)
-    if padding_mode in (1, 2):
-        c = jnp.clip(c, 0, size - 1)
-    return c
-
-
 def _grid_sample_3d(x, grid, interpolation_mode, padding_mode, align_corners):
     if interpolation_mode not in (0, 1):
         raise NotImplementedError("grid_sampler_3d supports bilinear and nearest")
     n, c, d, h, w = x.shape
-    ix = _source(grid[..., 0], w, padding_mode, align_corners)
-    iy = _source(grid[..., 1], h, padding_mode, align_corners)
-    iz = _source(grid[..., 2], d, padding_mode, align_corners)
+    ix = _source_coord(grid[..., 0], w, padding_mode, align_corners)
+    iy = _source_coord(grid[..., 1], h, padding_mode, align_corners)
+    iz = _source_coord(grid[..., 2], d, padding_mode, align_corners)
     flat = x.reshape(n, c, d * h * w)
 
     def tap(zz, yy, xx):
@@ -371,13 +355,8 @@ def _grid_sample_3d(x, grid, interpolation_mode, padding_mode, align_corners):
 register(aten.grid_sampler_3d.default, may_refuse=True)(_grid_sample_3d)
 
 
-@register(aten.grid_sampler_3d_backward.default, may_refuse=True)
-def grid_sampler_3d_backward(g, x, grid, interpolation_mode, padding_mode, align_corners,
-                             output_mask):
-    out, vjp = jax.vjp(lambda a, b: _grid_sample_3d(a, b, interpolation_mode, padding_mode,
-                                                    align_corners), x, grid)
-    gx, ggrid = vjp(g.astype(out.dtype))
-    return (gx if output_mask[0] else None), ggrid
+register(aten.grid_sampler_3d_backward.default, may_refuse=True)(
+    _grid_sampler_backward(_grid_sample_3d))
 
 
 # ---- embedding bags and renorm -------------------------------------------------------

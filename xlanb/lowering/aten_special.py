@@ -170,6 +170,20 @@ def _chbevl(coeffs, z, count):
     return a, p
 
 
+def _bessel_large_x(x, T, order, second_kind):
+    """Math.h's expansion for x > 5, the same in J0, J1, Y0 and Y1 but for the order's
+    argument and phase, and for J (first kind) and Y (second kind) swapping sin and cos."""
+    xs = jnp.where(x <= 5.0, 6.0, x)  # keep this branch finite where the caller uses the other
+    if order == 0:
+        z, w = 25.0 / (xs * xs), xs - 0.785398163397448309615660845819875721
+    else:
+        z, w = 5.0 / xs * (5.0 / xs), xs - 2.356194490192344928846982537459627163
+    p = _horner(T["PP"], z) / _horner(T["PQ"], z)
+    q = 5.0 / xs * (_horner(T["QP"], z) / _horner(T["QQ"], z))
+    wave = p * jnp.sin(w) + q * jnp.cos(w) if second_kind else p * jnp.cos(w) - q * jnp.sin(w)
+    return wave * 0.797884560802865355879892119868763737 / jnp.sqrt(xs)
+
+
 def _bessel_j0(x):
     T = C.BESSEL_J0
     x = jnp.abs(x)
@@ -177,14 +191,7 @@ def _bessel_j0(x):
     small = jnp.where(x < 1e-5, 1.0 - xx / 4.0,
                       (xx - 5.78318596294678452118e+00) * (xx - 3.04712623436620863991e+01)
                       * _horner(T["RP"], xx) / _horner(T["RQ"], xx))
-    xs = jnp.where(x <= 5.0, 6.0, x)  # keep the other branch finite
-    z = 25.0 / (xs * xs)
-    pp, pq = _horner(T["PP"], z), _horner(T["PQ"], z)
-    qp, qq = _horner(T["QP"], z), _horner(T["QQ"], z)
-    w = xs - 0.785398163397448309615660845819875721
-    big = (pp / pq * jnp.cos(w) - 5.0 / xs * (qp / qq) * jnp.sin(w)) \
-        * 0.797884560802865355879892119868763737 / jnp.sqrt(xs)
-    return jnp.where(x <= 5.0, small, big)
+    return jnp.where(x <= 5.0, small, _bessel_large_x(x, T, 0, second_kind=False))
 
 
 def _bessel_j1_pos(x):
@@ -192,14 +199,7 @@ def _bessel_j1_pos(x):
     xx = x * x
     small = _horner(T["RP"], xx) / _horner(T["RQ"], xx) * x \
         * (xx - 1.46819706421238932572e+01) * (xx - 4.92184563216946036703e+01)
-    xs = jnp.where(x <= 5.0, 6.0, x)
-    z = 5.0 / xs * (5.0 / xs)
-    pp, pq = _horner(T["PP"], z), _horner(T["PQ"], z)
-    qp, qq = _horner(T["QP"], z), _horner(T["QQ"], z)
-    w = xs - 2.356194490192344928846982537459627163
-    big = (pp / pq * jnp.cos(w) - 5.0 / xs * (qp / qq) * jnp.sin(w)) \
-        * 0.797884560802865355879892119868763737 / jnp.sqrt(xs)
-    return jnp.where(x <= 5.0, small, big)
+    return jnp.where(x <= 5.0, small, _bessel_large_x(x, T, 1, second_kind=False))
 
 
 def _bessel_j1(x):
@@ -212,20 +212,11 @@ def _bessel_y(x, T, order):
     if order == 0:
         small = _horner(T["YP"], xx) / _horner(T["YQ"], xx) \
             + 0.636619772367581343075535053490057448 * jnp.log(xpos) * _bessel_j0(x)
-        phase, zf = 0.785398163397448309615660845819875721, lambda v: 25.0 / (v * v)
     else:
         small = x * (_horner(T["YP"], xx) / _horner(T["YQ"], xx)) \
             + 0.636619772367581343075535053490057448 * (_bessel_j1(x) * jnp.log(xpos) - 1.0 / xpos)
-        phase, zf = 2.356194490192344928846982537459627163, lambda v: 5.0 / v * (5.0 / v)
     small = jnp.where(x == 0, -jnp.inf, jnp.where(x < 0, jnp.nan, small))
-    xs = jnp.where(x <= 5.0, 6.0, x)
-    z = zf(xs)
-    pp, pq = _horner(T["PP"], z), _horner(T["PQ"], z)
-    qp, qq = _horner(T["QP"], z), _horner(T["QQ"], z)
-    w = xs - phase
-    big = (pp / pq * jnp.sin(w) + 5.0 / xs * (qp / qq) * jnp.cos(w)) \
-        * 0.797884560802865355879892119868763737 / jnp.sqrt(xs)
-    return jnp.where(x <= 5.0, small, big)
+    return jnp.where(x <= 5.0, small, _bessel_large_x(x, T, order, second_kind=True))
 
 
 def _modified_bessel_i(x, T, order):
@@ -244,8 +235,7 @@ def _modified_bessel_i(x, T, order):
 
 
 def _modified_bessel_k(x, order, scaled):
-    T = (C.SCALED_MODIFIED_BESSEL_K0 if order == 0 else C.SCALED_MODIFIED_BESSEL_K1) if scaled \
-        else (C.MODIFIED_BESSEL_K0 if order == 0 else C.MODIFIED_BESSEL_K1)
+    T = C.MODIFIED_BESSEL_K0 if order == 0 else C.MODIFIED_BESSEL_K1  # scaled or not
     xs = jnp.where((x > 0) & (x <= 2.0), x, 1.0)
     a, p = _chbevl(T["A"], xs * xs - 2.0, len(T["A"]))
     if order == 0:
@@ -409,14 +399,19 @@ for _kind in "tuvw":
     register(getattr(aten, f"special_shifted_chebyshev_polynomial_{_kind}"))(_chebyshev(_kind, True))
 
 
+def _hermite_bounds(out, n, dtype):
+    """Math.h's Hermite degrees: NaN past getHermitianLimit (128 float, 512 double), 0 below 0."""
+    limit = 128 if dtype == jnp.float32 else 512
+    out = jnp.where(n > limit, jnp.nan, out)
+    return jnp.where(n < 0, 0.0, out)
+
+
 @register(aten.special_hermite_polynomial_h)
 def hermite_h(x, n):
     x, nf = _pair(x, n)
     n = _degree(nf, nan_to=-1)
     out = _recurrence(x, n, x + x, lambda p, q, m: (x + x) * q - 2 * m * p, stop_on_nan=False)
-    limit = 128 if x.dtype == jnp.float32 else 512
-    out = jnp.where(n > limit, jnp.nan, out)
-    return jnp.where(n < 0, 0.0, out)
+    return _hermite_bounds(out, n, x.dtype)
 
 
 @register(aten.special_hermite_polynomial_he)
@@ -424,9 +419,7 @@ def hermite_he(x, n):
     x, nf = _pair(x, n)
     n = _degree(nf)
     out = _recurrence(x, n, x, lambda p, q, m: x * q - m * p, stop_on_nan=False)
-    limit = 128 if x.dtype == jnp.float32 else 512
-    out = jnp.where(n > limit, jnp.nan, out)
-    return jnp.where(n < 0, 0.0, out)
+    return _hermite_bounds(out, n, x.dtype)
 
 
 @register(aten.special_laguerre_polynomial_l)
