@@ -141,9 +141,12 @@ def _split(p: dict | None) -> str:
     """Where a step's time went (xlanb's profile of it), as a clause."""
     if not p:
         return ""
+    bg = p.get("background_compile_s", 0.0)
+    overlap = (f" ({bg:.2f} s of it on background threads, while Python went on; the main "
+               f"thread waited {p.get('compile_wait_s', 0.0):.2f} s for them)") if bg else ""
     return (f": Python {p['python_s']:.2f} s (dispatch and recording; in eager mode also running "
             f"each op), JAX tracing and lowering {p['lower_s']:.2f} s, XLA compiling or loading from "
-            f"the cache {p['xla_compile_s']:.2f} s, running graphs {p['execute_s']:.2f} s")
+            f"the cache {p['xla_compile_s']:.2f} s{overlap}, running graphs {p['execute_s']:.2f} s")
 
 
 def table(results: dict) -> tuple[str, list[str]]:

@@ -101,7 +101,9 @@ class Backend:
     def profile(self, step_s: float) -> dict | None:
         """xlanb only: where a step's time went, from the metrics since the last clear:
         JAX tracing and lowering, XLA compiling (or loading from the persistent cache),
-        running executables, and the rest (Python: dispatch and recording)."""
+        running executables, and the rest (Python: dispatch and recording). Eager mode
+        compiles on background threads: that part of the compile time is reported, and so is
+        the time the main thread waited for it."""
         if self.name != "xlanb":
             return None
         m = self.x.metrics
@@ -110,9 +112,12 @@ class Backend:
             return sum((m.metric_data(k) or (0, 0.0, ()))[1] for k in names)
         lower = total("LowerTime", "OpLowerTime")
         compile_ = total("CompileTime", "OpCompileTime") - lower
+        background = total("OpBackgroundCompileTime")  # part of compile_, off the main thread
+        wait = total("OpCompileWaitTime")  # the main thread waiting for those
         run = total("ExecuteTime")
-        return {"lower_s": lower, "xla_compile_s": compile_, "execute_s": run,
-                "python_s": step_s - lower - compile_ - run}
+        return {"lower_s": lower, "xla_compile_s": compile_, "background_compile_s": background,
+                "compile_wait_s": wait, "execute_s": run,
+                "python_s": step_s - lower - (compile_ - background) - wait - run}
 
     def counter(self, name: str) -> int:
         """A counter of the backend's metrics (both use torch_xla's names where they agree)."""

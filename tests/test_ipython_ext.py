@@ -281,8 +281,9 @@ def test_sync_in_other_modes(ip, mode):
     _, _, (b,) = magic(ip, "xla_sync")
     if mode == "opbyop":
         assert "run one by one" in b["text/plain"]
-    else:
-        assert "nothing was pending" in b["text/plain"]
+    else:  # eager: done already, or ops that waited on a background compile run now
+        assert ("nothing was pending" in b["text/plain"]
+                or "run one by one" in b["text/plain"]), b["text/plain"]
     assert counter("UncachedCompile") == 0
     assert torch.allclose(ip.user_ns["y"].cpu(), torch.full((3,), 2.0).exp())
 

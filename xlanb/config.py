@@ -5,6 +5,8 @@
 ``XLANB_CACHE_DIR``  persistent compilation cache directory; empty turns it off
 ``XLANB_INSPECT``    how repr/print show a pending tensor (peek | sync | meta)
 ``XLANB_DEBUG``      1: print each recompile and its explanation as it happens
+``XLANB_BACKGROUND_COMPILE``  0: eager mode compiles each new op before running it,
+                     instead of going on while XLA compiles it on a background thread
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ class Config:
         self.warn_fallbacks = True
         # Print every recompile with its explanation (XLANB_DEBUG=1).
         self.debug = os.environ.get("XLANB_DEBUG", "") not in ("", "0")
+        # Eager mode: compile new ops' executables on background threads (dispatch.py).
+        self.background_compile = os.environ.get("XLANB_BACKGROUND_COMPILE", "1") not in ("", "0")
         # Warn when one source line compiles this many graphs in at most twice as many syncs.
         self.frequent_compiles = 3
 

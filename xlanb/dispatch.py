@@ -15,14 +15,16 @@ import torch
 
 from . import rng
 from .capture import _recorder
-from .executor import fill_value, node_array, op_executable, settle_fill
+from .config import config
+from .executor import (compile_op_ahead, compiles_in_flight, fill_value, node_array,
+                       op_executable, settle_fill, settled_if_empty)
 from .ir import Node, OpInfo, TensorMeta, user_frame
 from .modes import state as mode_state
 from .scopes import current_scope
 from .opinfo import (OpPlan, data_info, getitem_info, make_plan, new_info,
                      view_scatter_info)
 from .signature import contiguous_strides, readable_sig, sig_of
-from .sync import track
+from .sync import track, track_view
 from .tensor import XlaTensor, new_tensor
 
 _x64 = functools.partial(jax.enable_x64, True)
@@ -78,11 +80,33 @@ def run_node(info: OpInfo, inputs: tuple, scalars: tuple) -> Node:
         return Node(info, inputs, scalars, None, user_frame(), current_scope())
     if _direct[0]:
         return Node(info, (), (), info.fn([n.data for n in inputs], scalars))
+    if (info.exe is None or mode_state.deferred) and config.background_compile:
+        node = _eager_deferred(info, inputs, scalars)
+        if node is not None:
+            return node
     exe = op_executable(info)
     arrays = [n.data if n.data is not None else node_array(n) for n in inputs]
     with _x64():
         data = exe(*arrays, *scalars)
     return Node(info, (), (), data)
+
+
+def _eager_deferred(info: OpInfo, inputs: tuple, scalars: tuple) -> Node | None:
+    """Eager mode while single-op executables compile in the background: an op whose
+    executable is still compiling, or whose inputs wait on one, is recorded instead of
+    run, and Python goes on to the next op (XLA compiles without the GIL, so compiles
+    overlap each other and the Python that follows). The recorded ops run in order,
+    through the same executables, once no compile is in flight or when a value is needed.
+    Returns the recorded node, or None to run the op now."""
+    if mode_state.deferred and not compiles_in_flight():
+        from .sync import sync
+        sync(cause="background compiles done")
+    pending = info.exe is None and (info.compiling or compile_op_ahead(info))
+    waiting = any([n.data is None and not settled_if_empty(n) for n in inputs])
+    if waiting or (pending and not pending.done()):
+        mode_state.deferred = True
+        return Node(info, inputs, scalars, None, user_frame(), current_scope())
+    return None
 
 
 def output_node(parent: Node, info: OpInfo, i: int) -> Node:
@@ -106,6 +130,8 @@ def value_node(t: XlaTensor) -> Node:
                 node = output_node(node, info, idx)
         t._node = node
         t._ver = s.version
+        if node.data is None and mode_state.deferred:
+            track_view(t)
     return t._node
 
 
@@ -121,7 +147,7 @@ def write(t: XlaTensor, node: Node) -> None:
     else:
         s.node = node
         s.version += 1
-    if mode_state.recording and s.node.data is None:
+    if s.node.data is None:  # recorded (lazy, opbyop, or eager waiting on a compile)
         track(s)
 
 
@@ -270,10 +296,15 @@ def _view_result(func, info: OpInfo, src: XlaTensor):
     storage = src._storage
     node = run_node(info, (value_node(src),), ())
     if not info.multi:
-        return XlaTensor(info.out, storage, src._view + ((info, None),), node)
+        t = XlaTensor(info.out, storage, src._view + ((info, None),), node)
+        if mode_state.deferred and node.data is None:
+            track_view(t)
+        return t
     res = []
     for i, m in enumerate(info.out):
         res.append(XlaTensor(m, storage, src._view + ((info, i),), output_node(node, info, i)))
+        if mode_state.deferred and node.data is None:
+            track_view(res[-1])
     return res if func._schema.returns[0].type.kind() == "ListType" else tuple(res)
 
 

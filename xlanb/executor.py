@@ -18,7 +18,7 @@ from .dtypes import to_jax_dtype
 from .explain import explain
 from .summary import summarize
 from .ir import GETITEM, GraphPlan, Node, OpInfo, leaf_meta, format_src, stable_hash
-from .runtime import compile_jitted
+from .runtime import background, compile_jitted, compile_lowered, lower_jitted
 
 _F64 = np.dtype(np.float64)
 _U32 = np.dtype(np.uint32)
@@ -41,20 +41,86 @@ def _scalar_spec(kind: str, device: int):
 # ---------------------------------------------------------------------------------------
 # Single-op executables (eager mode, op-by-op mode and peeks share them)
 
-def op_executable(info: OpInfo):
-    exe = info.exe
-    if exe is not None:
-        metrics.counter("OpCacheHit")
-        return exe
+def _single_op_options(device: int):
+    # XLA:CPU's fusion emitters cost ~25% of a single-op compile and buy nothing for one
+    # op (measured on the BERT eager first step: XLA compile 5.45 -> 4.02 s, same steady
+    # step). Whole graphs keep them.
+    if jax_device(device).platform == "cpu":
+        return {"xla_cpu_use_fusion_emitters": False}
+    return None
+
+
+def _lower_op(info: OpInfo):
     n = info.n_in
     fn = info.fn
     specs = [_tensor_spec(m, info.device) for m in info.extra.in_metas]
     specs += [_scalar_spec(k, info.device) for k in info.scalar_specs]
-    _, exe = compile_jitted(lambda *flat: fn(flat[:n], flat[n:]), specs, metric="OpCompileTime",
-                            lower_metric="OpLowerTime")
+    return lower_jitted(lambda *flat: fn(flat[:n], flat[n:]), specs, lower_metric="OpLowerTime")
+
+
+def op_executable(info: OpInfo):
+    """``info``'s single-op executable: cached, compiled now, or collected from the
+    background compile that ``compile_op_ahead`` started."""
+    exe = info.exe
+    if exe is not None:
+        metrics.counter("OpCacheHit")
+        return exe
+    pending = info.compiling
+    exe = None
+    if pending is not None:
+        t0 = time.perf_counter()
+        try:
+            exe = pending.result()  # an interrupt here keeps the compile for next time
+        except Exception:  # compiled again below, so the error is raised on this thread
+            info.compiling = None
+        finally:
+            metrics.record("OpCompileWaitTime", time.perf_counter() - t0)
+    if exe is None:
+        t0 = time.perf_counter()
+        lowered = _lower_op(info)
+        exe = compile_lowered(lowered, metric="OpCompileTime",
+                              compiler_options=_single_op_options(info.device),
+                              lower_s=time.perf_counter() - t0)
+        if pending is None:
+            metrics.counter("OpCompile")
     info.exe = exe
-    metrics.counter("OpCompile")
+    info.compiling = None
     return exe
+
+
+_in_flight: list = []  # Futures of background single-op compiles not yet seen done
+
+
+def compile_op_ahead(info: OpInfo):
+    """Start compiling ``info``'s single-op executable; returns its Future. Lowering
+    happens here, so an op without a working lowering fails at its own line; XLA's
+    compile runs on a background thread."""
+    if info.compiling is None:
+        t0 = time.perf_counter()
+        lowered = _lower_op(info)
+        info.compiling = background(_compile_off_thread, lowered, info.device,
+                                    time.perf_counter() - t0)
+        metrics.counter("OpCompile")
+        _in_flight.append(info.compiling)
+    return info.compiling
+
+
+def _compile_off_thread(lowered, device: int, lower_s: float):
+    t0 = time.perf_counter()
+    try:
+        return compile_lowered(lowered, metric="OpCompileTime", lower_s=lower_s,
+                               compiler_options=_single_op_options(device))
+    finally:
+        metrics.record("OpBackgroundCompileTime", time.perf_counter() - t0)
+
+
+def compiles_in_flight() -> bool:
+    """Whether a background single-op compile is still running."""
+    for fut in _in_flight:  # usually stops at the first: the oldest finish first
+        if not fut.done():
+            return True
+    _in_flight.clear()
+    return False
 
 
 # Fills: nodes whose value does not depend on their inputs' values. Zeros, ones and
@@ -92,13 +158,20 @@ def settle_fill(node: Node, value=0) -> None:
     node.materialize(arr)
 
 
+def settled_if_empty(node: Node) -> bool:
+    """Settle ``node`` if it is a pending empty (nothing to compile); whether it was."""
+    if node.info.name in _EMPTIES and not node.info.multi:
+        settle_fill(node)
+        return True
+    return False
+
+
 def node_array(node: Node, cause: str = "value needed"):
     """The node's device array, computing pending work if there is any."""
     data = node.data
     if data is not None:
         return data
-    if node.info.name in _EMPTIES and not node.info.multi:
-        settle_fill(node)
+    if settled_if_empty(node):
         return node.data
     from .sync import materialize
     materialize([node], cause=cause)

@@ -34,7 +34,7 @@ class OpInfo:
     """One op signature. ``fn(inputs, scalars)`` evaluates it on JAX values."""
 
     __slots__ = ("uid", "name", "op", "sig", "fn", "out", "multi", "n_in", "scalar_specs",
-                 "exe", "device", "aval_uid", "extra", "__weakref__")
+                 "exe", "compiling", "device", "aval_uid", "extra", "__weakref__")
 
     def __init__(self, name: str, sig, fn: Callable, out, *, op=None, n_in: int = 0,
                  scalar_specs: tuple = (), device: int = 0):
@@ -48,6 +48,7 @@ class OpInfo:
         self.n_in = n_in
         self.scalar_specs = scalar_specs  # ("f" weak float | "u32") per lifted scalar
         self.exe = None           # the single-op executable, compiled on first use
+        self.compiling = None     # its Future while a background thread compiles it
         self.device = device
         self.aval_uid = None      # interned (shape, dtype) when used as a leaf
         self.extra = None         # what the dispatch layer needs besides fn

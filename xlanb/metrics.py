@@ -51,6 +51,9 @@ Metrics (``record`` / ``timer``), each sample in seconds:
 ``LowerTime`` / ``OpLowerTime``  the part of a CompileTime / OpCompileTime sample
                             spent tracing and lowering to StableHLO (JAX), before
                             XLA compiles or the persistent cache loads it.
+``OpBackgroundCompileTime`` the part of an OpCompileTime sample that ran on a
+                            background compile thread (eager mode).
+``OpCompileWaitTime``       the main thread waiting for a background compile.
 ``TransferToDeviceTime``    host -> device copies.
 ``TransferFromDeviceTime``  device -> host copies.
 

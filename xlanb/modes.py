@@ -16,11 +16,13 @@ def _check(name: str) -> str:
 
 class _State:
     # ``recording`` is read on every op: keep it a plain attribute.
-    __slots__ = ("mode", "recording")
+    __slots__ = ("mode", "recording", "deferred")
 
     def __init__(self, mode: str):
         self.mode = mode
         self.recording = mode != "eager"
+        # eager: some ops were recorded while their executables compile (dispatch.py)
+        self.deferred = False
 
 
 state = _State(_check(os.environ.get("XLANB_MODE", "lazy") or "lazy"))
@@ -33,14 +35,17 @@ def get_mode() -> str:
 
 def set_mode(name: str) -> None:
     """Switch modes. Leaving a recording mode for eager syncs the pending work first, so
-    that eager ops only ever see device data (the sync's cause is "mode switch")."""
+    that eager ops only ever see device data (the sync's cause is "mode switch"); so does
+    leaving eager while ops wait on background compiles, so that no lazy graph depends
+    on how fast those compiles were."""
     __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     _check(name)
     if name == state.mode:
         return
-    if state.recording and name == "eager":
+    if (state.recording and name == "eager") or state.deferred:
         from .sync import sync
         sync(cause="mode switch")
+        state.deferred = False
     state.mode = name
     state.recording = name != "eager"
 

@@ -8,6 +8,7 @@ Both are thread-local JAX states, so the user's own JAX code in the process is u
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import threading
@@ -41,9 +42,20 @@ def jax_context():
         yield
 
 
-def compile_jitted(fn, arg_specs, *, metric: str, lower_metric: str):
-    """Trace, lower and compile ``fn`` for ``arg_specs``; time it all into ``metric``,
-    and the tracing and lowering alone into ``lower_metric``. Returns ``(lowered, compiled)``.
+def lower_jitted(fn, arg_specs, *, lower_metric: str):
+    """Trace and lower ``fn`` for ``arg_specs`` (a ``jax.stages.Lowered``), timed into
+    ``lower_metric``. Holds the GIL: it is Python tracing the lowering rules."""
+    t0 = time.perf_counter()
+    with jax_context():
+        lowered = jax.jit(fn).lower(*arg_specs)
+    metrics.record(lower_metric, time.perf_counter() - t0)
+    return lowered
+
+
+def compile_lowered(lowered, *, metric: str, compiler_options=None, lower_s: float = 0.0):
+    """Compile ``lowered``; ``lower_s`` plus the compile time go into ``metric``.
+    ``compiler_options`` are XLA debug options for this executable only. XLA releases the
+    GIL while it compiles, so this may run on a background thread (see ``background``).
 
     Persistent-cache hits and misses seen while doing so are counted as
     ``PersistentCacheHit`` / ``PersistentCacheMiss``.
@@ -51,23 +63,44 @@ def compile_jitted(fn, arg_specs, *, metric: str, lower_metric: str):
     t0 = time.perf_counter()
     _local.compiling = True
     try:
-        with jax_context():
-            lowered = jax.jit(fn).lower(*arg_specs)
-            metrics.record(lower_metric, time.perf_counter() - t0)
-            compiled = lowered.compile()
+        with jax_context():  # thread-local: the cache settings must be set on this thread
+            return lowered.compile(compiler_options)
     finally:
         _local.compiling = False
-        metrics.record(metric, time.perf_counter() - t0)
-    return lowered, compiled
+        metrics.record(metric, lower_s + time.perf_counter() - t0)
+
+
+def compile_jitted(fn, arg_specs, *, metric: str, lower_metric: str, compiler_options=None):
+    """Trace, lower and compile ``fn`` for ``arg_specs``; time it all into ``metric``,
+    and the tracing and lowering alone into ``lower_metric``. Returns ``(lowered, compiled)``."""
+    t0 = time.perf_counter()
+    lowered = lower_jitted(fn, arg_specs, lower_metric=lower_metric)
+    return lowered, compile_lowered(lowered, metric=metric, compiler_options=compiler_options,
+                                    lower_s=time.perf_counter() - t0)
+
+
+_pool: list = []
+
+
+def background(fn, *args, **kwargs) -> concurrent.futures.Future:
+    """Run ``fn`` on xlanb's compile threads (one per core, made on first use)."""
+    if not _pool:
+        _pool.append(concurrent.futures.ThreadPoolExecutor(
+            max_workers=os.cpu_count() or 1, thread_name_prefix="xlanb-compile"))
+    return _pool[0].submit(fn, *args, **kwargs)
+
+
+_event_lock = threading.Lock()
 
 
 def _on_jax_event(event: str, **_kw) -> None:
     if not getattr(_local, "compiling", False):
         return  # the user's own JAX compiles are not ours to count
-    if event == "/jax/compilation_cache/cache_hits":
-        metrics.counter("PersistentCacheHit")
-    elif event == "/jax/compilation_cache/cache_misses":
-        metrics.counter("PersistentCacheMiss")
+    with _event_lock:  # compile threads count too
+        if event == "/jax/compilation_cache/cache_hits":
+            metrics.counter("PersistentCacheHit")
+        elif event == "/jax/compilation_cache/cache_misses":
+            metrics.counter("PersistentCacheMiss")
 
 
 jax.monitoring.register_event_listener(_on_jax_event)

@@ -50,6 +50,15 @@ def _compact() -> None:
     _compact_at[0] = max(4096, 2 * len(_live))
 
 
+# Eager mode: views whose cached value waits on a background compile (dispatch.py). A
+# view's value is not its storage's node, so running the storages alone would leave it.
+_waiting_views: list = []
+
+
+def track_view(t) -> None:
+    _waiting_views.append(weakref.ref(t))
+
+
 def pending_roots() -> list[Node]:
     """The pending nodes of every live tensor, each once."""
     seen = set()
@@ -59,6 +68,13 @@ def pending_roots() -> list[Node]:
         if id(node) not in seen:
             seen.add(id(node))
             roots.append(node)
+    for ref in _waiting_views:
+        t = ref()
+        if t is not None and t._ver == t._storage.version:
+            node = t._node
+            if node.data is None and id(node) not in seen:
+                seen.add(id(node))
+                roots.append(node)
     return roots
 
 
@@ -69,7 +85,10 @@ def clear_peeks() -> None:
 
 def materialize(roots: list[Node], cause: str) -> None:
     """Compute ``roots`` (pending nodes) and swap them for device data."""
-    roots = [r for r in roots if r.data is None]
+    if mode_state.deferred and mode_state.mode == "eager":
+        # eager: a value read runs every op that waited on a background compile
+        roots = list(roots) + pending_roots()
+    roots = list({id(r): r for r in roots if r.data is None}.values())
     if not roots:
         return
     if _recorder[0] is not None:
@@ -89,6 +108,9 @@ def materialize(roots: list[Node], cause: str) -> None:
     for nodes, arrays in results:
         for node, arr in zip(nodes, arrays):
             node.materialize(arr)
+    if mode_state.deferred and mode_state.mode == "eager":
+        mode_state.deferred = False
+        _waiting_views.clear()
     clear_peeks()
 
 

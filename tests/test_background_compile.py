@@ -1,0 +1,142 @@
+"""Eager mode with background compiles: a new op's executable compiles on a compile
+thread while Python goes on; the ops waiting on it are recorded and run in order,
+through the same single-op executables, when a value is needed or the compiles are done.
+
+Compiles are held at a gate (a threading.Event) so that "still compiling" is a fact of
+the test, not of timing.
+"""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import xlanb
+from xlanb import executor
+from xlanb.config import config
+
+
+@pytest.fixture
+def eager():
+    xlanb.set_mode("eager")
+    assert config.background_compile
+    yield
+
+
+@pytest.fixture
+def gate(monkeypatch):
+    """Background compiles wait until ``gate.set()``."""
+    event = threading.Event()
+    real = executor._compile_off_thread
+
+    def held(*args):
+        assert event.wait(60), "test never opened the gate"
+        return real(*args)
+    monkeypatch.setattr(executor, "_compile_off_thread", held)
+    yield event
+    event.set()
+
+
+def test_new_op_waits_recorded_while_it_compiles_then_runs(eager, gate, count):
+    a = torch.arange(35, dtype=torch.float32).reshape(5, 7)
+    x = a.to("xla")
+    y = (x * 3).tanh()  # new signatures: both compile in the background
+    z = y.sum(1)
+    assert executor.compiles_in_flight()
+    assert "aten::tanh" in xlanb.pending_ir(z)  # recorded, not run: Python went on
+    assert count("OpCompile") >= 2
+    assert xlanb.metrics.metric_data("OpCompileWaitTime") is None  # nobody waited yet
+    gate.set()
+    torch.testing.assert_close(z.cpu(), (a * 3).tanh().sum(1))  # waits, then runs op by op
+    assert count("UncachedCompile") == 0  # no graph: the same single-op executables
+    assert xlanb.pending_count() == 0  # a read in eager runs every waiting op, y's too
+
+
+def test_results_are_bitwise_those_of_eager_without_background_compiles(monkeypatch):
+    """The deferred ops run the same executables on the same inputs, so the values are
+    exactly strict eager's, random ops included (keys are taken at dispatch)."""
+    def train():
+        torch.manual_seed(3)
+        model = nn.Sequential(nn.Linear(9, 17), nn.Dropout(0.3), nn.GELU(), nn.Linear(17, 4)).to("xla")
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        x = torch.randn(6, 9).to("xla")
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = model(x).logsumexp(1).mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss)
+        return [v.item() for v in losses], [p.detach().cpu() for p in model.parameters()]
+
+    xlanb.set_mode("eager")
+    background = train()
+    monkeypatch.setattr(config, "background_compile", False)
+    strict = train()
+    assert background[0] == strict[0]
+    for p, q in zip(background[1], strict[1]):
+        torch.testing.assert_close(p, q, atol=0, rtol=0)
+
+
+def test_failed_compile_loses_nothing(eager, monkeypatch):
+    """A compile that fails on the background thread is compiled again on the reading
+    thread, so the error surfaces there; the waiting ops stay pending and readable."""
+    real = executor.compile_lowered
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(threading.current_thread().name)
+        raise RuntimeError("XLA compile failed (injected)")
+    monkeypatch.setattr(executor, "compile_lowered", broken)
+    a = torch.linspace(-2, 2, 22).reshape(2, 11)
+    x = a.to("xla")
+    y = torch.sinh(x)  # one op: a second would find the compile failed and raise there
+    with pytest.raises(RuntimeError, match="injected"):
+        y.cpu()
+    assert any(n.startswith("xlanb-compile") for n in calls)  # tried in the background
+    assert threading.current_thread().name in calls  # then here
+    assert "aten::sinh" in xlanb.pending_ir(y)  # still pending, nothing lost
+    assert x.cpu().equal(a)  # inputs stay readable
+    monkeypatch.setattr(executor, "compile_lowered", real)
+    torch.testing.assert_close(y.cpu(), torch.sinh(a))  # the next read compiles again
+
+
+def test_leaving_eager_runs_the_waiting_ops_first(eager, gate, count):
+    """A lazy graph must not depend on how fast background compiles were."""
+    a = torch.arange(12.0).reshape(3, 4)
+    y = a.to("xla").exp2() - 1
+    assert xlanb.pending_count(y) == 2
+    gate.set()
+    xlanb.set_mode("lazy")
+    assert xlanb.pending_count(y) == 0
+    assert count("UncachedCompile") == 0
+    z = y * 2  # lazy from here
+    assert "aten::mul" in xlanb.pending_ir(z)
+    torch.testing.assert_close(z.cpu(), (a.exp2() - 1) * 2)
+
+
+def test_in_place_writes_and_views_of_waiting_tensors(eager, gate):
+    a = torch.arange(24.0).reshape(4, 6)
+    x = a.to("xla").clone()
+    row = x[1]
+    row.mul_(-1.5)  # a view write into a tensor whose producer still compiles
+    x.t_()
+    s = x.cumsum(0)
+    gate.set()
+    ref = a.clone()
+    ref[1].mul_(-1.5)
+    ref.t_()
+    torch.testing.assert_close(s.cpu(), ref.cumsum(0))
+    torch.testing.assert_close(row.cpu(), ref.t()[1])
+
+
+def test_background_compile_off_compiles_before_the_op_returns(eager, monkeypatch, count):
+    monkeypatch.setattr(config, "background_compile", False)
+    x = torch.ones(3, 5, 2).to("xla")
+    y = x.atan2(x + 1)
+    assert xlanb.pending_count(y) == 0  # ran at once
+    assert not executor.compiles_in_flight()
+    assert xlanb.metrics.metric_data("OpBackgroundCompileTime") is None
+    torch.testing.assert_close(y.cpu(), torch.ones(3, 5, 2).atan2(torch.full((3, 5, 2), 2.0)))
