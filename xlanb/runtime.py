@@ -87,6 +87,12 @@ def background(fn, *args, **kwargs) -> concurrent.futures.Future:
     if not _pool:
         _pool.append(concurrent.futures.ThreadPoolExecutor(
             max_workers=os.cpu_count() or 1, thread_name_prefix="xlanb-compile"))
+        # At exit, drop queued compiles nobody will use: the interpreter joins the pool's
+        # threads, and they would otherwise finish the whole queue first. (Hooks made
+        # this way run before concurrent.futures' own join.)
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:
+            register(_pool[0].shutdown, wait=False, cancel_futures=True)
     return _pool[0].submit(fn, *args, **kwargs)
 
 
