@@ -159,8 +159,8 @@ def table(results: dict) -> tuple[str, list[str]]:
     def row(label, xv, tv, cv="–"):
         lines.append(f"| {label} | {xv} | {tv} | {cv} |")
 
-    for key, label in (("eager_op_us", "eager per-op overhead, cached add 16x16 (µs/op)"),
-                       ("lazy_trace_us", "lazy tracing cost, mul+add 16x16 (µs/op)")):
+    for key, label in (("eager_op_us", "eager per-op overhead, cached add 16x16 (µs/op, median of 5 rounds)"),
+                       ("lazy_trace_us", "lazy tracing cost, mul+add 16x16 (µs/op, median of 5 rounds)")):
         if key in x:
             row(label, fmt(x.get(key), digits=1), fmt(t.get(key), digits=1))
     for mode in ("lazy", "eager", "opbyop", "compile"):

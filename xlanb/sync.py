@@ -124,6 +124,9 @@ def sync(cause: str = "user sync") -> None:
         materialize(roots, cause)
     else:
         clear_peeks()
+        if mode_state.deferred:  # the ops that waited on compiles were never needed
+            mode_state.deferred = False
+            _waiting_views.clear()
     _compact()
 
 
