@@ -163,6 +163,43 @@ def eager_op_us(b: Backend, n: int = 2000) -> float:
     return statistics.median(rounds)
 
 
+def _median_us(fn, n: int = 2000) -> float:
+    rounds = []
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            r = fn()
+        getattr(r, "block_until_ready", lambda: None)()
+        rounds.append((time.perf_counter() - t0) / n * 1e6)
+    return statistics.median(rounds)
+
+
+class _Bare(torch.Tensor):
+    """The least a Python tensor subclass can do per op: answer with a new wrapper."""
+
+    @staticmethod
+    def __new__(cls, like):
+        return torch.Tensor._make_wrapper_subclass(cls, like.shape, dtype=like.dtype)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _Bare(args[0])
+
+
+def per_op_floors() -> dict:
+    """What any per-op path built like xlanb's pays before its own Python: calling a
+    cached JAX executable on two 16x16 arrays, and torch dispatching an op to a Python
+    tensor subclass that returns a new wrapper (µs, medians of rounds)."""
+    import jax
+    import jax.numpy as jnp
+    add = jax.jit(lambda a, b: a + b)
+    a = jnp.ones((16, 16), jnp.float32)
+    add(a, a).block_until_ready()
+    x = _Bare(torch.ones(16, 16))
+    return {"jax_call_us": _median_us(lambda: add(a, a)),
+            "torch_subclass_us": _median_us(lambda: x + x)}
+
+
 def lazy_trace_us(b: Backend, n: int = 2000) -> float:
     b.set_mode("lazy")
     x = torch.randn(16, 16, device=b.device)
@@ -320,6 +357,8 @@ def run(backend: str, steps: int, modes, only=SCENARIOS, cache_dir: str | None =
     if "ops" in only:
         res["eager_op_us"] = eager_op_us(b)
         res["lazy_trace_us"] = lazy_trace_us(b)
+        if backend == "xlanb":
+            res["per_op_floors"] = per_op_floors()
     if "bert" in only:
         res["bert"] = {mode: bert_step(b, mode, steps) for mode in modes}
     if "inspect" in only:
