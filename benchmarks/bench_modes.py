@@ -164,6 +164,17 @@ def _split(p: dict | None) -> str:
             f"the cache {p['xla_compile_s']:.2f} s{overlap}, running graphs {p['execute_s']:.2f} s")
 
 
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 def table(results: dict) -> tuple[str, list[str]]:
     """The markdown table and the notes under it."""
     x, t, c = results.get("xlanb"), results.get("torch_xla"), results.get("cpu")
@@ -294,12 +305,14 @@ def main() -> None:
 def write(args, groups, results) -> None:
     import jax
     import torch
-    head = (f"Measured {datetime.date.today()} on {platform.machine()}, {os.cpu_count()} cores, "
+    head = (f"Measured {datetime.date.today()} on {platform.machine()} ({_cpu_model()}), {os.cpu_count()} cores, "
             f"Python {platform.python_version()}, torch {torch.__version__}, jax {jax.__version__}"
             + (f", torch_xla under torch {results['torch_xla']['torch']}" if "torch_xla" in results else "")
             + f"; {args.steps} steps per BERT run (BertForSequenceClassification: 2 layers, hidden "
             "256, 4 heads, intermediate 1024, sequence 128, batch 8, AdamW); steady = median of "
-            "steps 2..N. All on the CPU.")
+            "steps 2..N. All on the CPU. Figures come from one run; on a shared VM they move "
+            "between runs (the same eager per-op loop measured 48-80 µs on one machine in one "
+            "day), so compare within a run, not across runs.")
     body, notes = table(results)
     text = head + "\n\n" + body + ("\n\n" + "\n".join(f"- {n}" for n in notes) if notes else "")
     goals = targets(results)
