@@ -102,7 +102,10 @@ def _eager_deferred(info: OpInfo, inputs: tuple, scalars: tuple) -> Node | None:
         from .sync import sync
         sync(cause="background compiles done")
     pending = info.exe is None and (info.compiling or compile_op_ahead(info))
-    waiting = any([n.data is None and not settled_if_empty(n) for n in inputs])
+    waiting = False
+    for n in inputs:
+        if n.data is None and not settled_if_empty(n):  # an empty costs nothing to settle
+            waiting = True
     if waiting or (pending and not pending.done()):
         mode_state.deferred = True
         return Node(info, inputs, scalars, None, user_frame(), current_scope())
@@ -295,15 +298,16 @@ def _factory_device(kwargs) -> int:
 def _view_result(func, info: OpInfo, src: XlaTensor):
     storage = src._storage
     node = run_node(info, (value_node(src),), ())
+    waiting = mode_state.deferred and node.data is None  # eager, waiting on a compile
     if not info.multi:
         t = XlaTensor(info.out, storage, src._view + ((info, None),), node)
-        if mode_state.deferred and node.data is None:
+        if waiting:
             track_view(t)
         return t
     res = []
     for i, m in enumerate(info.out):
         res.append(XlaTensor(m, storage, src._view + ((info, i),), output_node(node, info, i)))
-        if mode_state.deferred and node.data is None:
+        if waiting:
             track_view(res[-1])
     return res if func._schema.returns[0].type.kind() == "ListType" else tuple(res)
 

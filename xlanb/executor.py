@@ -78,9 +78,7 @@ def op_executable(info: OpInfo):
     if exe is None:
         t0 = time.perf_counter()
         lowered = _lower_op(info)
-        exe = compile_lowered(lowered, metric="OpCompileTime",
-                              compiler_options=_single_op_options(info.device),
-                              lower_s=time.perf_counter() - t0)
+        exe = _compile_op(lowered, info.device, time.perf_counter() - t0)
         if pending is None:
             metrics.counter("OpCompile")
     info.exe = exe
@@ -105,11 +103,15 @@ def compile_op_ahead(info: OpInfo):
     return info.compiling
 
 
+def _compile_op(lowered, device: int, lower_s: float):
+    return compile_lowered(lowered, metric="OpCompileTime", lower_s=lower_s,
+                           compiler_options=_single_op_options(device))
+
+
 def _compile_off_thread(lowered, device: int, lower_s: float):
     t0 = time.perf_counter()
     try:
-        return compile_lowered(lowered, metric="OpCompileTime", lower_s=lower_s,
-                               compiler_options=_single_op_options(device))
+        return _compile_op(lowered, device, lower_s)
     finally:
         metrics.record("OpBackgroundCompileTime", time.perf_counter() - t0)
 

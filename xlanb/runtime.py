@@ -70,13 +70,12 @@ def compile_lowered(lowered, *, metric: str, compiler_options=None, lower_s: flo
         metrics.record(metric, lower_s + time.perf_counter() - t0)
 
 
-def compile_jitted(fn, arg_specs, *, metric: str, lower_metric: str, compiler_options=None):
+def compile_jitted(fn, arg_specs, *, metric: str, lower_metric: str):
     """Trace, lower and compile ``fn`` for ``arg_specs``; time it all into ``metric``,
     and the tracing and lowering alone into ``lower_metric``. Returns ``(lowered, compiled)``."""
     t0 = time.perf_counter()
     lowered = lower_jitted(fn, arg_specs, lower_metric=lower_metric)
-    return lowered, compile_lowered(lowered, metric=metric, compiler_options=compiler_options,
-                                    lower_s=time.perf_counter() - t0)
+    return lowered, compile_lowered(lowered, metric=metric, lower_s=time.perf_counter() - t0)
 
 
 _pool: list = []
