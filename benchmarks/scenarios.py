@@ -145,33 +145,29 @@ class Backend:
 ROUNDS = 5  # per-op figures are the median of this many rounds: a shared 2-core VM is noisy
 
 
-def eager_op_us(b: Backend, n: int = 2000) -> float:
+def _median_us(fn, n: int = 2000, finish=lambda r: None) -> float:
+    """µs per call of ``fn``, the median of ``ROUNDS`` rounds of ``n`` calls; ``finish``
+    waits for the last result (async dispatch: a round ends when its results exist)."""
+    rounds = []
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            r = fn()
+        finish(r)
+        rounds.append((time.perf_counter() - t0) / n * 1e6)
+    return statistics.median(rounds)
+
+
+def eager_op_us(b: Backend) -> float:
     b.set_mode("eager")
     x = torch.randn(16, 16, device=b.device)
     y = torch.randn(16, 16, device=b.device)
     for _ in range(200):
         z = x + y
     b.wait(z)
-    rounds = []
-    for _ in range(ROUNDS):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            z = x + y
-        b.wait(z)  # async dispatch: the time counts only once the last result exists
-        rounds.append((time.perf_counter() - t0) / n * 1e6)
+    us = _median_us(lambda: x + y, finish=b.wait)
     b.set_mode("lazy")
-    return statistics.median(rounds)
-
-
-def _median_us(fn, n: int = 2000) -> float:
-    rounds = []
-    for _ in range(ROUNDS):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            r = fn()
-        getattr(r, "block_until_ready", lambda: None)()
-        rounds.append((time.perf_counter() - t0) / n * 1e6)
-    return statistics.median(rounds)
+    return us
 
 
 class _Bare(torch.Tensor):
@@ -196,7 +192,7 @@ def per_op_floors() -> dict:
     a = jnp.ones((16, 16), jnp.float32)
     add(a, a).block_until_ready()
     x = _Bare(torch.ones(16, 16))
-    return {"jax_call_us": _median_us(lambda: add(a, a)),
+    return {"jax_call_us": _median_us(lambda: add(a, a), finish=lambda r: r.block_until_ready()),
             "torch_subclass_us": _median_us(lambda: x + x)}
 
 

@@ -44,8 +44,7 @@ def set_mode(name: str) -> None:
         return
     if (state.recording and name == "eager") or state.deferred:
         from .sync import sync
-        sync(cause="mode switch")
-        state.deferred = False
+        sync(cause="mode switch")  # in eager, this also ends the waiting state
     state.mode = name
     state.recording = name != "eager"
 

@@ -59,6 +59,12 @@ def track_view(t) -> None:
     _waiting_views.append(weakref.ref(t))
 
 
+def _end_waiting() -> None:
+    """Eager: nothing waits on a background compile any more."""
+    mode_state.deferred = False
+    _waiting_views.clear()
+
+
 def pending_roots() -> list[Node]:
     """The pending nodes of every live tensor, each once."""
     seen = set()
@@ -109,8 +115,7 @@ def materialize(roots: list[Node], cause: str) -> None:
         for node, arr in zip(nodes, arrays):
             node.materialize(arr)
     if mode_state.deferred and mode_state.mode == "eager":
-        mode_state.deferred = False
-        _waiting_views.clear()
+        _end_waiting()
     clear_peeks()
 
 
@@ -125,8 +130,7 @@ def sync(cause: str = "user sync") -> None:
     else:
         clear_peeks()
         if mode_state.deferred:  # the ops that waited on compiles were never needed
-            mode_state.deferred = False
-            _waiting_views.clear()
+            _end_waiting()
     _compact()
 
 
