@@ -14,10 +14,11 @@ import jax
 import torch
 
 from . import rng
+from .metrics import counter as _count
 from .capture import _recorder
 from .config import config
-from .executor import (compile_op_ahead, compiles_in_flight, fill_value, node_array,
-                       op_executable, settle_fill, settled_if_empty)
+from .executor import (compile_op_ahead, compiles_in_flight, direct_call, fill_value,
+                       node_array, op_executable, settle_fill, settled_if_empty)
 from .ir import Node, OpInfo, TensorMeta, user_frame
 from .modes import state as mode_state
 from .scopes import current_scope
@@ -25,7 +26,7 @@ from .opinfo import (OpPlan, data_info, getitem_info, make_plan, new_info,
                      view_scatter_info)
 from .signature import contiguous_strides, readable_sig, sig_of
 from .sync import track, track_view
-from .tensor import XlaTensor, new_tensor
+from .tensor import BaseLayout, XlaTensor, new_base, new_tensor
 
 _x64 = functools.partial(jax.enable_x64, True)
 
@@ -45,6 +46,9 @@ def _plan(op) -> OpPlan:
             plan.special = _inplace_view  # squeeze_, unsqueeze_, transpose_, t_, ...
         elif plan.special is None and plan.kind == "functional" and not op._schema.returns:
             plan.special = _no_result
+        if plan.special is None and plan.kind == "functional" \
+                and (plan.lowering is not None or plan.decomp is not None):
+            plan.fast = {}
     return plan
 
 
@@ -80,14 +84,24 @@ def run_node(info: OpInfo, inputs: tuple, scalars: tuple) -> Node:
         return Node(info, inputs, scalars, None, user_frame(), current_scope())
     if _direct[0]:
         return Node(info, (), (), info.fn([n.data for n in inputs], scalars))
-    if (info.exe is None or mode_state.deferred) and config.background_compile:
-        node = _eager_deferred(info, inputs, scalars)
-        if node is not None:
-            return node
-    exe = op_executable(info)
+    call = info.call
+    if call is None or mode_state.deferred:
+        if (info.exe is None or mode_state.deferred) and config.background_compile:
+            node = _eager_deferred(info, inputs, scalars)
+            if node is not None:
+                return node
+        call = op_executable(info)
+    else:
+        _count("OpCacheHit")
     arrays = [n.data if n.data is not None else node_array(n) for n in inputs]
-    with _x64():
-        data = exe(*arrays, *scalars)
+    if scalars:
+        with _x64():  # lifted Python floats are float64 (weak) in the executable
+            data = call(*arrays, *scalars)
+    else:
+        # Arrays carry their own dtypes: without scalars, x64 needs no switching on.
+        data = call(*arrays)
+    if info.call is None:
+        info.call = direct_call(call)
     return Node(info, (), (), data)
 
 
@@ -181,6 +195,51 @@ def _cast_node(node: Node, src_meta: TensorMeta, dtype: torch.dtype, device: int
 
 def dispatch(func, args, kwargs):
     plan = _plans.get(id(func)) or _plan(func)
+    fast = plan.fast
+    if fast is not None and not kwargs and not _direct[0]:
+        # The hot path: a functional op, positional arguments, a signature seen before.
+        tensors: list = []
+        scalars: list = []
+        sig_args = []
+        for a in args:
+            if type(a) is XlaTensor:
+                tensors.append(a)
+                sig_args.append(a._key)
+            elif isinstance(a, torch.Tensor):
+                break  # a host tensor moves over in the general path, once
+            else:
+                sig_args.append(sig_of(a, tensors, scalars, plan.lift))
+        else:
+            info = fast.get(tuple(sig_args))
+            if info is not None:
+                return _functional(plan, info, tensors, scalars)
+    return _dispatch_general(plan, func, args, kwargs)
+
+
+def _functional(plan: OpPlan, info: OpInfo, tensors: list, scalars: list):
+    """Record or run a functional op whose OpInfo is known; its new result tensor(s)."""
+    if _recorder[0] is not None:  # xlanb.compile: where the graph's inputs come from
+        _recorder[0].saw(tensors)
+    if plan.random:
+        scalars.append(rng.next_key())
+    inputs = tuple([value_node(t) if t._view else t._storage.node for t in tensors])
+    if mode_state.recording:  # run_node's recording, inlined: this is the hot path
+        # frames: user_frame, _functional, dispatch, __torch_dispatch__, then the caller
+        node = Node(info, inputs, tuple(scalars), None, user_frame(4), current_scope())
+    else:
+        node = run_node(info, inputs, tuple(scalars))
+    if info.multi:
+        return _wrap(node, info, info.device)
+    layout = info.layout
+    if layout is None:
+        layout = info.layout = BaseLayout(info.out, info.device)
+    t = new_base(layout, node)
+    if node.data is None:
+        track(t._storage)
+    return t
+
+
+def _dispatch_general(plan: OpPlan, func, args, kwargs):
     if plan.special is not None:
         res = plan.special(func, args, kwargs)
         if res is not NotImplemented:
@@ -220,6 +279,8 @@ def dispatch(func, args, kwargs):
             from .fallback import cpu_fallback
             return cpu_fallback(func, args, kwargs)
         _infos[sig] = info
+        if plan.fast is not None and not kwargs:
+            plan.fast[sig_args] = info
     if kind != "functional" and kind != "view" and mode_state.recording:
         _settle_written_fills(func, plan, args, kwargs, outs)
     if _recorder[0] is not None:  # xlanb.compile: where the graph's inputs come from

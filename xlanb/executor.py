@@ -3,6 +3,8 @@ single-op executable cache, plus the record of every compiled graph and why it c
 """
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import sys
 import time
 import warnings
@@ -11,13 +13,13 @@ from dataclasses import dataclass, field
 import jax
 import numpy as np
 
-from . import metrics
+from . import exe_store, metrics
 from .config import config
 from .devices import jax_device
 from .dtypes import to_jax_dtype
 from .explain import explain
 from .summary import summarize
-from .ir import GETITEM, GraphPlan, Node, OpInfo, leaf_meta, format_src, stable_hash
+from .ir import GETITEM, GraphPlan, Node, OpInfo, info_digest, leaf_meta, format_src, stable_hash
 from .runtime import background, compile_jitted, compile_lowered, lower_jitted
 
 _F64 = np.dtype(np.float64)
@@ -59,8 +61,8 @@ def _lower_op(info: OpInfo):
 
 
 def op_executable(info: OpInfo):
-    """``info``'s single-op executable: cached, compiled now, or collected from the
-    background compile that ``compile_op_ahead`` started."""
+    """``info``'s single-op executable: cached, loaded from the executable store,
+    compiled now, or collected from the background compile ``compile_op_ahead`` started."""
     exe = info.exe
     if exe is not None:
         metrics.counter("OpCacheHit")
@@ -76,14 +78,23 @@ def op_executable(info: OpInfo):
         finally:
             metrics.record("OpCompileWaitTime", time.perf_counter() - t0)
     if exe is None:
-        t0 = time.perf_counter()
-        lowered = _lower_op(info)
-        exe = _compile_op(lowered, info.device, time.perf_counter() - t0)
+        exe = _load_op(info)
+        if exe is None:
+            t0 = time.perf_counter()
+            lowered = _lower_op(info)
+            exe = _compile_op(lowered, info, time.perf_counter() - t0)
         if pending is None:
             metrics.counter("OpCompile")
     info.exe = exe
     info.compiling = None
     return exe
+
+
+def direct_call(exe):
+    """The C++ call inside a ``jax.stages.Compiled`` that has run once: calling it skips
+    ``Compiled.__call__``'s Python frame on eager's per-op path (the executable itself
+    when a JAX version has no such attribute)."""
+    return getattr(exe, "_call", None) or exe
 
 
 _in_flight: list = []  # Futures of background single-op compiles not yet seen done
@@ -92,26 +103,51 @@ _in_flight: list = []  # Futures of background single-op compiles not yet seen d
 def compile_op_ahead(info: OpInfo):
     """Start compiling ``info``'s single-op executable; returns its Future. Lowering
     happens here, so an op without a working lowering fails at its own line; XLA's
-    compile runs on a background thread."""
+    compile runs on a background thread. An executable in the store is loaded now."""
     if info.compiling is None:
+        metrics.counter("OpCompile")
+        exe = _load_op(info)
+        if exe is not None:
+            info.compiling = concurrent.futures.Future()
+            info.compiling.set_result(exe)
+            return info.compiling
         t0 = time.perf_counter()
         lowered = _lower_op(info)
-        info.compiling = background(_compile_off_thread, lowered, info.device,
-                                    time.perf_counter() - t0)
-        metrics.counter("OpCompile")
+        info.compiling = background(_compile_off_thread, lowered, info, time.perf_counter() - t0)
         _in_flight.append(info.compiling)
     return info.compiling
 
 
-def _compile_op(lowered, device: int, lower_s: float):
-    return compile_lowered(lowered, metric="OpCompileTime", lower_s=lower_s,
-                           compiler_options=_single_op_options(device))
+def _store_key(description: bytes, device: int, options) -> str | None:
+    return exe_store.key(description, device, options) if exe_store.directory() else None
 
 
-def _compile_off_thread(lowered, device: int, lower_s: float):
+def _load_op(info: OpInfo):
+    """``info``'s executable from the store (no lowering), or None."""
+    key = _store_key(info_digest(info), info.device, _single_op_options(info.device))
+    if key is None:
+        return None
+    t0 = time.perf_counter()
+    exe = exe_store.load(key, info.device)
+    if exe is not None:
+        metrics.record("OpCompileTime", time.perf_counter() - t0)
+    return exe
+
+
+def _compile_op(lowered, info: OpInfo, lower_s: float):
+    options = _single_op_options(info.device)
+    exe = compile_lowered(lowered, metric="OpCompileTime", lower_s=lower_s,
+                          compiler_options=options)
+    key = _store_key(info_digest(info), info.device, options)
+    if key is not None:
+        exe_store.store(key, exe)
+    return exe
+
+
+def _compile_off_thread(lowered, info: OpInfo, lower_s: float):
     t0 = time.perf_counter()
     try:
-        return _compile_op(lowered, device, lower_s)
+        return _compile_op(lowered, info, lower_s)
     finally:
         metrics.record("OpBackgroundCompileTime", time.perf_counter() - t0)
 
@@ -199,7 +235,15 @@ class CompiledGraph:
     run_time: float = 0.0
     explanation: str = ""  # why it compiled: how it differs from the last graph from here
     summary: object = field(default=None, repr=False)  # summary.GraphSummary
-    lowered: object = field(default=None, repr=False)  # jax.stages.Lowered
+    lowered: object = field(default=None, repr=False)  # jax.stages.Lowered, once known
+    # lowers the graph again (an executable loaded from the store was never lowered here)
+    relower: object = field(default=None, repr=False)
+
+    def lowered_module(self):
+        """The ``jax.stages.Lowered`` this graph compiles from (lowered now if needed)."""
+        if self.lowered is None:
+            self.lowered = self.relower()
+        return self.lowered
 
     def ir_text(self, depth: int | None = None) -> str:
         """The graph's IR as it was recorded, one line per node."""
@@ -217,7 +261,7 @@ class CompiledGraph:
             return self.executable.as_text()
         if dialect not in ("stablehlo", "hlo"):
             raise ValueError(f"dialect must be 'stablehlo' or 'hlo', got {dialect!r}")
-        return self.lowered.as_text(dialect=dialect)
+        return self.lowered_module().as_text(dialect=dialect)
 
     @property
     def ops(self) -> tuple:
@@ -296,29 +340,43 @@ def graph_specs(plan: GraphPlan, device: int):
 
 def lower_graph(plan: GraphPlan, device: int):
     """``plan`` lowered by JAX (a ``jax.stages.Lowered``), without compiling it."""
+    return _lower_graph_fn(_graph_fn(plan), graph_specs(plan, device))
+
+
+def _lower_graph_fn(fn, specs):
     from .runtime import jax_context
     with jax_context():
-        return jax.jit(_graph_fn(plan)).lower(*graph_specs(plan, device))
+        return jax.jit(fn).lower(*specs)
 
 
 def compiled_graph(plan: GraphPlan, device: int, cause: str, src) -> tuple[CompiledGraph, bool]:
-    """The cached executable of ``plan``'s structure, compiling it on a miss.
-    Returns it and whether it was compiled just now."""
+    """The cached executable of ``plan``'s structure: from memory, else from the
+    executable store, else compiled now. Returns it and whether it is new to this process."""
     key = (device, plan.key)
     rec = _graph_cache.get(key)
     if rec is None:
         specs = graph_specs(plan, device)
+        fn = _graph_fn(plan)
+        graph_hash = stable_hash(plan, device)
+        store_key = _store_key(graph_hash.encode(), device, None)
         t0 = time.perf_counter()
-        lowered, exe = compile_jitted(_graph_fn(plan), specs, metric="CompileTime",
-                                        lower_metric="LowerTime")
+        lowered = None
+        exe = exe_store.load(store_key, device) if store_key is not None else None
+        if exe is None:
+            lowered, exe = compile_jitted(fn, specs, metric="CompileTime", lower_metric="LowerTime")
+            if store_key is not None:
+                exe_store.store(store_key, exe)
+        else:
+            metrics.record("CompileTime", time.perf_counter() - t0)
         metrics.counter("UncachedCompile")
         where = format_src(src)
         summary = summarize(plan)
         prev = next((g for g in reversed(graph_log) if g.src == where and g.device == device), None)
-        rec = CompiledGraph(stable_hash(plan, device), device, len(plan.steps), len(plan.leaves),
+        rec = CompiledGraph(graph_hash[:16], device, len(plan.steps), len(plan.leaves),
                             len(plan.roots), cause, where, time.perf_counter() - t0, exe,
                             explanation=explain(prev.summary, summary) if prev else "",
-                            summary=summary, lowered=lowered)
+                            summary=summary, lowered=lowered,
+                            relower=functools.partial(_lower_graph_fn, fn, specs))
         _graph_cache[key] = rec
         graph_log.append(rec)
         return rec, True

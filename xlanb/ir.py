@@ -34,7 +34,8 @@ class OpInfo:
     """One op signature. ``fn(inputs, scalars)`` evaluates it on JAX values."""
 
     __slots__ = ("uid", "name", "op", "sig", "fn", "out", "multi", "n_in", "scalar_specs",
-                 "exe", "compiling", "device", "aval_uid", "extra", "__weakref__")
+                 "exe", "call", "compiling", "device", "aval_uid", "extra", "layout",
+                 "__weakref__")
 
     def __init__(self, name: str, sig, fn: Callable, out, *, op=None, n_in: int = 0,
                  scalar_specs: tuple = (), device: int = 0):
@@ -48,10 +49,12 @@ class OpInfo:
         self.n_in = n_in
         self.scalar_specs = scalar_specs  # ("f" weak float | "u32") per lifted scalar
         self.exe = None           # the single-op executable, compiled on first use
+        self.call = None          # the quickest way to call it, set once it has run
         self.compiling = None     # its Future while a background thread compiles it
         self.device = device
         self.aval_uid = None      # interned (shape, dtype) when used as a leaf
         self.extra = None         # what the dispatch layer needs besides fn
+        self.layout = None        # the result's BaseLayout (single-output ops), made on first use
 
     def __repr__(self) -> str:
         return f"<OpInfo {self.uid} {self.name}>"
@@ -164,20 +167,26 @@ def plan_graph(roots: list[Node], known: dict | None = None) -> GraphPlan:
 _digests: dict[int, bytes] = {}
 
 
-def _digest(info: OpInfo) -> bytes:
+def info_digest(info: OpInfo) -> bytes:
+    """What ``info`` computes, as bytes that are the same in every process (uids are
+    not): its signature (op, input layouts, static arguments), result layouts and lifted
+    scalars. The executable store keys single-op executables by it."""
     d = _digests.get(info.uid)
     if d is None:
-        d = _digests[info.uid] = hashlib.blake2b(repr(info.sig).encode(), digest_size=8).digest()
+        desc = repr((info.sig, info.out, info.scalar_specs)).encode()
+        d = _digests[info.uid] = hashlib.blake2b(desc, digest_size=16).digest()
     return d
 
 
 def stable_hash(plan: GraphPlan, device: int) -> str:
-    """A graph hash that is the same in every process (uids are not)."""
-    h = hashlib.blake2b(digest_size=8)
+    """A graph hash that is the same in every process: every op's ``info_digest``, the
+    wiring, the leaves' shapes and dtypes, the outputs. The executable store keys whole
+    graphs by it, so it must say everything that decides the compiled graph."""
+    h = hashlib.blake2b(digest_size=16)
     h.update(repr((device, [(leaf_meta(n).shape, str(leaf_meta(n).dtype)) for n in plan.leaves],
                    plan.root_pos)).encode())
     for info, ins in plan.steps:
-        h.update(_digest(info))
+        h.update(info_digest(info))
         h.update(repr(ins).encode())
     return h.hexdigest()
 
@@ -215,15 +224,27 @@ _SKIP_PREFIXES = (
 )
 
 
-def user_frame():
-    """(code, lineno) of the innermost frame outside torch and xlanb, or None."""
-    f = sys._getframe(2)
+def user_frame(depth: int = 2):
+    """(code, lineno) of the innermost frame outside torch and xlanb, or None. The walk
+    starts ``depth`` frames up (the caller of user_frame's caller by default)."""
+    try:
+        f = sys._getframe(depth)
+    except ValueError:  # fewer frames: autograd's engine thread calls ops from C++
+        return None
+    skips = _skip_file
     while f is not None:
-        name = f.f_code.co_filename
-        if not name.startswith(_SKIP_PREFIXES) and not name.endswith(_SKIP_SUFFIXES):
-            return (f.f_code, f.f_lineno)
+        code = f.f_code
+        skip = skips.get(code.co_filename)
+        if skip is None:  # once per file: this runs on every recorded op
+            name = code.co_filename
+            skip = skips[name] = name.startswith(_SKIP_PREFIXES) or name.endswith(_SKIP_SUFFIXES)
+        if not skip:
+            return (code, f.f_lineno)
         f = f.f_back
     return None
+
+
+_skip_file: dict[str, bool] = {}
 
 
 # IPython's own frames between a cell or magic and xlanb are not the user's line either.

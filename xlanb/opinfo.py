@@ -26,11 +26,12 @@ aten = torch.ops.aten
 
 class OpPlan:
     __slots__ = ("op", "kind", "fop", "lowering", "decomp", "mutated", "lift", "random", "name",
-                 "special")
+                 "special", "fast")
 
     def __init__(self, op, kind, fop, mutated):
         self.op = op
         self.special = None       # a handler that replaces the generic path (see _SPECIAL)
+        self.fast = None          # functional ops: positional-args signature -> OpInfo
         self.kind = kind          # functional | view | inplace | out | mutating
         self.fop = fop            # the functional op that nodes record
         self.mutated = mutated    # positions (int) or kwarg names (str) written to

@@ -1,10 +1,10 @@
 """Compile and run JAX functions for xlanb, with torch's dtypes and a persistent cache.
 
-Everything xlanb traces or compiles goes through ``jax_context()``: x64 on (so int64 and
-float64 stay 64-bit) and, unless the user configured JAX's cache themselves, the
-persistent compilation cache pointed at xlanb's directory with no minimum compile time
-(single-op executables compile in milliseconds and would otherwise never be stored).
-Both are thread-local JAX states, so the user's own JAX code in the process is untouched.
+Everything xlanb traces or compiles goes through ``jax_context()``: x64 on, so int64 and
+float64 stay 64-bit. Executables persist across processes in xlanb's executable store
+(exe_store.py), not JAX's persistent cache, so that a warm process need not lower them to
+find them; if the user configured JAX's cache directory themselves, JAX's cache is used
+instead, as JAX does, and its hits and misses are counted.
 """
 from __future__ import annotations
 
@@ -18,27 +18,21 @@ import jax
 from jax._src import config as jax_config
 
 from . import metrics
-from .config import config
 
 _local = threading.local()
 
 
-def _user_cache_dir() -> str | None:
-    # A directory the user set globally wins: JAX builds its cache object once per process.
+def user_cache_dir() -> str | None:
+    """JAX's persistent-cache directory, if the user set one globally (it then wins: JAX
+    builds its cache object once per process)."""
     return jax_config.compilation_cache_dir.get_global()
 
 
 @contextlib.contextmanager
 def jax_context():
-    """x64 and xlanb's persistent-cache settings, for the current thread only."""
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(jax.enable_x64(True))
-        cache_dir = config.cache_dir
-        if cache_dir and not _user_cache_dir():
-            os.makedirs(cache_dir, exist_ok=True)
-            stack.enter_context(jax_config.compilation_cache_dir(cache_dir))
-            stack.enter_context(jax_config.persistent_cache_min_compile_time_secs(0.0))
-            stack.enter_context(jax_config.persistent_cache_min_entry_size_bytes(-1))
+    """x64 on, for the current thread only (a thread-local JAX state, so the user's own
+    JAX code in the process is untouched)."""
+    with jax.enable_x64(True):
         yield
 
 

@@ -57,7 +57,7 @@ def sig_of(x, tensors, scalars, lift):
 def readable_sig(x, lift):
     """The signature with tensors spelled out: stable across processes (for hashes)."""
     if isinstance(x, torch.Tensor):
-        return (tuple(x.shape), tuple(x.stride()), x.dtype)
+        return (tuple(x.shape), tuple(x.stride()), x.dtype, x.storage_offset())
     if type(x) is float and lift:
         return _FLOAT
     if type(x) in (list, tuple):

@@ -68,17 +68,26 @@ class XlaTensor(torch.Tensor):
     # No __torch_function__ layer: ops go straight to the aten level.
     __torch_function__ = torch._C._disabled_torch_function_impl
 
+    # What a view holds: the view ops from its base's value ((OpInfo, output index | None),
+    # ...), and its cached value (valid while _ver == storage.version). Class defaults,
+    # so that a fresh base tensor (most results) sets only what it has.
+    _view: tuple = ()
+    _node: Node | None = None
+    _ver: int = 0
+
     @staticmethod
     def __new__(cls, meta: TensorMeta, storage: Storage, view: tuple = (), node: Node | None = None):
+        d = storage.device
         t = torch.Tensor._make_wrapper_subclass(
             cls, meta.shape, strides=meta.stride, storage_offset=meta.offset,
-            dtype=meta.dtype, device=torch_device(storage.device), requires_grad=False)
+            dtype=meta.dtype, device=_TORCH_DEVICES.get(d) or torch_device(d))
         t._storage = storage
-        t._view = view             # ((OpInfo, output index | None), ...) from the base value
         t._meta = meta
-        t._key = sig_key(meta, storage.device)  # this tensor's signature element
-        t._node = node             # cached value of a view, valid while _ver == storage.version
-        t._ver = storage.version
+        t._key = sig_key(meta, d)  # this tensor's signature element
+        if view:
+            t._view = view
+            t._node = node
+            t._ver = storage.version
         return t
 
     def __init__(self, *args, **kwargs):
@@ -161,6 +170,45 @@ def _dispatch(func, args, kwargs):
     global _dispatch
     _dispatch = dispatch
     return dispatch(func, args, kwargs)
+
+
+_make_wrapper = torch.Tensor._make_wrapper_subclass
+
+
+class BaseLayout:
+    """How to make fresh base tensors of one layout on one device, worked out once: an
+    op's results all share it, and making them is most of what recording an op costs."""
+
+    __slots__ = ("meta", "device", "key", "wrapper_args")
+
+    def __init__(self, meta: TensorMeta, device: int):
+        self.meta = meta
+        self.device = device
+        self.key = sig_key(meta, device)
+        # torch's own default layout needs no strides or offset passed (which is quicker)
+        default = meta.stride == _contiguous(meta.shape) and not meta.offset
+        self.wrapper_args = (XlaTensor, meta.shape, None if default else meta.stride,
+                             None if default else meta.offset, None, meta.dtype,
+                             torch.strided, torch_device(device))
+
+
+def _contiguous(shape) -> tuple:
+    strides = []
+    acc = 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def new_base(layout: BaseLayout, node: Node) -> XlaTensor:
+    """A fresh base tensor whose value is ``node`` (the hot path's ``new_tensor``)."""
+    t = _make_wrapper(*layout.wrapper_args)
+    meta = layout.meta
+    t._storage = Storage(node, meta, layout.device)
+    t._meta = meta
+    t._key = layout.key
+    return t
 
 
 def new_tensor(node: Node, meta: TensorMeta, device: int) -> XlaTensor:
