@@ -1,6 +1,6 @@
-"""Executables persist across processes through JAX's persistent compilation cache: a
-second process running the same script reads them (whole graphs and single-op
-executables), and the metrics say so. ``XLANB_CACHE_DIR=""`` turns it off."""
+"""Executables persist across processes in xlanb's executable store: a second process
+running the same script reads them (whole graphs and single-op executables) without
+lowering anything, and the metrics say so. ``XLANB_CACHE_DIR=""`` turns it off."""
 from __future__ import annotations
 
 import json
@@ -24,7 +24,10 @@ xlanb.set_mode("opbyop")                    # single-op executables via a sync
 c = (x.to("xla") - 1).abs().sum()
 xlanb.sync()
 names = ("PersistentCacheHit", "PersistentCacheMiss", "UncachedCompile", "OpCompile")
+lowerings = sum((metrics.metric_data(n) or (0,))[0] for n in ("LowerTime", "OpLowerTime"))
+g = xlanb.graphs()[0]
 print(json.dumps({"counters": {n: metrics.counter_value(n) or 0 for n in names},
+                  "lowerings": lowerings, "hlo": g.hlo(), "optimized": g.hlo(optimized=True),
                   "a": a.tolist(), "b": b.tolist(), "c": c.item()}))
 """
 
@@ -63,27 +66,40 @@ def test_second_process_reads_persistent_cache(python_child, tmp_path):
     assert c2["PersistentCacheHit"] == c2["UncachedCompile"] + c2["OpCompile"], c2
     # and the values are the same
     assert (second["a"], second["b"], second["c"]) == (first["a"], first["b"], first["c"])
+    # nothing was traced or lowered to find them (what makes a warm start fast)...
+    assert first["lowerings"] >= c1["UncachedCompile"] + c1["OpCompile"], first["lowerings"]
+    assert second["lowerings"] == 0, second["lowerings"]
+    # ...and a loaded graph still shows its StableHLO (lowered on demand) and optimized HLO
+    assert second["hlo"] == first["hlo"] and "stablehlo.dot_general" in second["hlo"]
+    assert second["optimized"].startswith("HloModule")
 
 
-def test_empty_cache_dir_turns_cache_off(python_child, tmp_path):
-    home = tmp_path / "home"
-    xdg = tmp_path / "xdg"
-    home.mkdir()
-    env = {"XLANB_CACHE_DIR": "", "XDG_CACHE_HOME": str(xdg), "HOME": str(home)}
-    for _ in range(2):
-        got = _run(python_child, env)
-        c = got["counters"]
-        assert c["PersistentCacheHit"] == 0 and c["PersistentCacheMiss"] == 0, c
-        assert c["UncachedCompile"] >= 1 and c["OpCompile"] >= 1, c
-    assert not _files_under(tmp_path), _files_under(tmp_path)
+def test_unreadable_entry_is_a_miss_and_is_replaced(python_child, tmp_path):
+    cache = tmp_path / "cache"
+    env = {"XLANB_CACHE_DIR": str(cache)}
+    first = _run(python_child, env)
+    entries = _files_under(cache)
+    for path in entries:  # truncated writes, or another build's files
+        with open(path, "wb") as f:
+            f.write(b"not an executable")
+    second = _run(python_child, env)
+    c2 = second["counters"]
+    assert c2["PersistentCacheHit"] == 0, c2
+    assert c2["PersistentCacheMiss"] == c2["UncachedCompile"] + c2["OpCompile"], c2
+    assert (second["a"], second["b"], second["c"]) == (first["a"], first["b"], first["c"])
+    third = _run(python_child, env)["counters"]  # the second process rewrote them
+    assert third["PersistentCacheHit"] == c2["PersistentCacheMiss"], third
 
 
-def test_cache_on_by_default_in_user_cache_dir(python_child, tmp_path):
-    xdg = tmp_path / "xdg"
-    env = {"XDG_CACHE_HOME": str(xdg), "HOME": str(tmp_path / "home")}
-    first = _run(python_child, env)["counters"]
-    assert first["PersistentCacheMiss"] >= 1, first
-    written = _files_under(xdg)
-    assert written and all(f.startswith(str(xdg / "xlanb")) for f in written), written
-    second = _run(python_child, env)["counters"]
-    assert second["PersistentCacheHit"] > 0, second
+def test_store_key_covers_what_decides_the_code(monkeypatch):
+    from xlanb import exe_store
+    base = exe_store.key(b"graph", 0, None)
+    assert exe_store.key(b"graph", 0, None) == base  # stable
+    assert exe_store.key(b"other graph", 0, None) != base
+    assert exe_store.key(b"graph", 0, {"xla_cpu_use_fusion_emitters": False}) != base
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=true")
+    assert exe_store.key(b"graph", 0, None) != base
+    monkeypatch.delenv("XLA_FLAGS")
+    # an edited lowering (any change to xlanb's source) must not find old executables
+    monkeypatch.setattr(exe_store, "_source_digest", lambda: b"edited source")
+    assert exe_store.key(b"graph", 0, None) != base
