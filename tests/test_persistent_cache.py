@@ -103,3 +103,27 @@ def test_store_key_covers_what_decides_the_code(monkeypatch):
     # an edited lowering (any change to xlanb's source) must not find old executables
     monkeypatch.setattr(exe_store, "_source_digest", lambda: b"edited source")
     assert exe_store.key(b"graph", 0, None) != base
+
+
+def test_empty_cache_dir_turns_cache_off(python_child, tmp_path):
+    home = tmp_path / "home"
+    xdg = tmp_path / "xdg"
+    home.mkdir()
+    env = {"XLANB_CACHE_DIR": "", "XDG_CACHE_HOME": str(xdg), "HOME": str(home)}
+    for _ in range(2):
+        got = _run(python_child, env)
+        c = got["counters"]
+        assert c["PersistentCacheHit"] == 0 and c["PersistentCacheMiss"] == 0, c
+        assert c["UncachedCompile"] >= 1 and c["OpCompile"] >= 1, c
+    assert not _files_under(tmp_path), _files_under(tmp_path)
+
+
+def test_cache_on_by_default_in_user_cache_dir(python_child, tmp_path):
+    xdg = tmp_path / "xdg"
+    env = {"XDG_CACHE_HOME": str(xdg), "HOME": str(tmp_path / "home")}
+    first = _run(python_child, env)["counters"]
+    assert first["PersistentCacheMiss"] >= 1, first
+    written = _files_under(xdg)
+    assert written and all(f.startswith(str(xdg / "xlanb")) for f in written), written
+    second = _run(python_child, env)["counters"]
+    assert second["PersistentCacheHit"] > 0, second

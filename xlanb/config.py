@@ -2,7 +2,7 @@
 
 ``XLANB_MODE``       initial execution mode (lazy | eager | opbyop)
 ``XLANB_PLATFORM``   JAX platform for the xla device (cpu | gpu | tpu); default: JAX's default
-``XLANB_CACHE_DIR``  persistent compilation cache directory; empty turns it off
+``XLANB_CACHE_DIR``  where executables persist between processes; empty turns it off
 ``XLANB_INSPECT``    how repr/print show a pending tensor (peek | sync | meta)
 ``XLANB_DEBUG``      1: print each recompile and its explanation as it happens
 ``XLANB_BACKGROUND_COMPILE``  0: eager mode compiles each new op before running it,

@@ -224,8 +224,8 @@ def _functional(plan: OpPlan, info: OpInfo, tensors: list, scalars: list):
         scalars.append(rng.next_key())
     inputs = tuple([value_node(t) if t._view else t._storage.node for t in tensors])
     if mode_state.recording:  # run_node's recording, inlined: this is the hot path
-        # frames: user_frame, _functional, dispatch, __torch_dispatch__, then the caller
-        node = Node(info, inputs, tuple(scalars), None, user_frame(4), current_scope())
+        # the walk starts at dispatch's caller (__torch_dispatch__, or xlanb's own code)
+        node = Node(info, inputs, tuple(scalars), None, user_frame(3), current_scope())
     else:
         node = run_node(info, inputs, tuple(scalars))
     if info.multi:

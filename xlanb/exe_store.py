@@ -7,8 +7,8 @@ xlanb already has a full description of what an executable computes before lower
 the op signatures (op, input layouts, static arguments, result layouts) and the wiring.
 This store keys executables by that description, together with everything else that
 decides the compiled code: xlanb's own source (the lowerings), the versions of torch
-(its decompositions), JAX and jaxlib, XLA's flags, the JAX settings that change
-lowering, the device and the compile options. A hit loads the executable without tracing
+(its decompositions) and its default dtype, JAX and jaxlib, XLA's flags, the JAX
+settings that change lowering, the device and the compile options. A hit loads the executable without tracing
 anything; its StableHLO is lowered again only if someone asks to see it.
 
 Entries are JAX's own serialized executables (``jax.experimental.serialize_executable``)
@@ -67,9 +67,10 @@ def _environment() -> bytes:
     import torch
     values = jax.config.values
     settings = tuple((k, values.get(k)) for k in _LOWERING_SETTINGS)
+    # torch's default dtype can reach inside a decomposition without showing in its result
     return repr((torch.__version__, jax.__version__, jaxlib.__version__,
                  os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""),
-                 settings)).encode()
+                 settings, torch.get_default_dtype())).encode()
 
 
 def key(description: bytes, device: int, options) -> str:

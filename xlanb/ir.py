@@ -26,6 +26,16 @@ class TensorMeta(NamedTuple):
     offset: int = 0
 
 
+def contiguous_strides(shape) -> tuple:
+    """torch's strides for a contiguous tensor of ``shape``."""
+    strides = []
+    acc = 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
 _uids = itertools.count(1)
 GETITEM = "getitem"  # the name of the info that picks one output of a multi-output node
 

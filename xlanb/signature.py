@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .ir import OpInfo, TensorMeta
+from .ir import OpInfo, TensorMeta, contiguous_strides  # noqa: F401 (re-exported)
 from .tensor import XlaTensor
 
 class _In:
@@ -141,15 +141,6 @@ def _fmt_arg(a) -> str:
     if isinstance(a, np.ndarray):
         return "<rng key>"
     return repr(a) if not isinstance(a, torch.dtype) else str(a).replace("torch.", "")
-
-
-def contiguous_strides(shape) -> tuple:
-    strides = []
-    acc = 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(s, 1)
-    return tuple(reversed(strides))
 
 
 def from_host_arg(x: torch.Tensor) -> XlaTensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .ir import Node, TensorMeta
+from .ir import Node, TensorMeta, contiguous_strides
 
 _TORCH_DEVICES: dict[int, torch.device] = {}
 
@@ -186,19 +186,10 @@ class BaseLayout:
         self.device = device
         self.key = sig_key(meta, device)
         # torch's own default layout needs no strides or offset passed (which is quicker)
-        default = meta.stride == _contiguous(meta.shape) and not meta.offset
+        default = meta.stride == contiguous_strides(meta.shape) and not meta.offset
         self.wrapper_args = (XlaTensor, meta.shape, None if default else meta.stride,
                              None if default else meta.offset, None, meta.dtype,
                              torch.strided, torch_device(device))
-
-
-def _contiguous(shape) -> tuple:
-    strides = []
-    acc = 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 def new_base(layout: BaseLayout, node: Node) -> XlaTensor:
