@@ -91,6 +91,21 @@ def test_unreadable_entry_is_a_miss_and_is_replaced(python_child, tmp_path):
     assert third["PersistentCacheHit"] == c2["PersistentCacheMiss"], third
 
 
+def test_unwritable_cache_dir_warns_once_and_runs(tmp_path):
+    import subprocess
+    import sys
+    from conftest import _child_env
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # the cache directory would have to live inside a file
+    script = SCRIPT.replace('warnings.simplefilter("ignore")', 'warnings.simplefilter("default")')
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=_child_env({"XLANB_CACHE_DIR": str(blocker / "cache")}), timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["counters"]["UncachedCompile"] >= 1 and got["counters"]["OpCompile"] >= 1
+    assert proc.stderr.count("cannot write compiled executables") == 1, proc.stderr[-3000:]
+
+
 def test_store_key_covers_what_decides_the_code(monkeypatch):
     from xlanb import exe_store
     base = exe_store.key(b"graph", 0, None)

@@ -22,6 +22,7 @@ import hashlib
 import os
 import pickle
 import tempfile
+import warnings
 
 import jax
 from jax.experimental import serialize_executable
@@ -120,17 +121,26 @@ def store(key: str, compiled) -> None:
     except Exception:
         return
     d = os.path.dirname(path)
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-        os.replace(tmp, path)  # atomic: a reader sees the whole entry or none
-    except OSError:
+        os.makedirs(d, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
         try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+            os.replace(tmp, path)  # atomic: a reader sees the whole entry or none
+        except BaseException:
             os.unlink(tmp)
-        except OSError:
-            pass
+            raise
+    except OSError as e:  # read-only or full disk: run on, compiling in every process
+        if not _write_failed:
+            _write_failed.append(e)
+            warnings.warn(f"xlanb: cannot write compiled executables to {directory()} ({e}); "
+                          "a new process will compile them again. Set XLANB_CACHE_DIR to a "
+                          "writable directory, or to an empty string to turn the store off.",
+                          RuntimeWarning, stacklevel=2)
+
+
+_write_failed: list = []  # warn once per process
 
 
 def _path(key: str) -> str | None:
