@@ -115,6 +115,10 @@ def test_store_key_covers_what_decides_the_code(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=true")
     assert exe_store.key(b"graph", 0, None) != base
     monkeypatch.delenv("XLA_FLAGS")
+    import jax
+    with jax.default_matmul_precision("highest"):  # thread-local JAX settings count too
+        assert exe_store.key(b"graph", 0, None) != base
+    assert exe_store.key(b"graph", 0, None) == base
     # an edited lowering (any change to xlanb's source) must not find old executables
     monkeypatch.setattr(exe_store, "_source_digest", lambda: b"edited source")
     assert exe_store.key(b"graph", 0, None) != base

@@ -32,10 +32,9 @@ from .config import config
 from .devices import jax_device
 
 _DIR = "xlanb-executables"
-# Global JAX settings that change what a function lowers to.
-_LOWERING_SETTINGS = ("jax_default_matmul_precision", "jax_default_prng_impl",
-                      "jax_threefry_partitionable", "jax_numpy_dtype_promotion",
-                      "jax_numpy_rank_promotion")
+# JAX settings that change what a function lowers to (read with their thread-local value).
+_LOWERING_SETTINGS = ("default_matmul_precision", "default_prng_impl", "threefry_partitionable",
+                      "numpy_dtype_promotion", "numpy_rank_promotion")
 
 
 def directory() -> str | None:
@@ -66,8 +65,9 @@ def _source_digest() -> bytes:
 def _environment() -> bytes:
     import jaxlib
     import torch
-    values = jax.config.values
-    settings = tuple((k, values.get(k)) for k in _LOWERING_SETTINGS)
+    from jax._src import config as jax_config
+    settings = tuple((k, getattr(getattr(jax_config, k, None), "value", None))
+                     for k in _LOWERING_SETTINGS)
     # torch's default dtype can reach inside a decomposition without showing in its result
     return repr((torch.__version__, jax.__version__, jaxlib.__version__,
                  os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""),
