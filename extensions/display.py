@@ -692,6 +692,9 @@ class ExplainReport(Rich):
         if self.pending and self.mode != "eager":
             tail.append("they compile at the next sync (xlanb.sync(), %xla_sync, or a value "
                         "that is needed on the host)")
+        elif self.pending:  # eager records only the ops that wait on a background compile
+            tail.append("they wait on background compiles and run, in order, when those "
+                        "finish or a value is needed")
         secs.append(("after the cell", tail))
         return secs
 
@@ -725,9 +728,12 @@ class ExplainReport(Rich):
 
 def status_line(activity: Activity | None, resolver: SourceResolver = DEFAULT_RESOLVER) -> str:
     """``xla: lazy · 214 pending ops · 1 compile (2.1 s, new graph: ...)``."""
-    parts = [f"xla: {xlanb.get_mode()}"]
+    mode = xlanb.get_mode()
+    parts = [f"xla: {mode}"]
     try:
-        parts.append(plural(pending_count(), "pending op"))
+        n = pending_count()
+        # eager records only the ops that wait on a background compile
+        parts.append(plural(n, "pending op") + (" (waiting on compiles)" if n and mode == "eager" else ""))
     except Exception:  # a broken graph must not break the prompt
         parts.append("? pending ops")
     a = activity

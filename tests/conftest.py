@@ -8,16 +8,29 @@ change what the next test compiles or counts.
 """
 from __future__ import annotations
 
+import atexit
 import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
 
-import xlanb
+# A fresh executable store for each test session: tests assert what compiles and when
+# (background compiles, counters), which executables stored by an earlier run would
+# change. The store itself is tested in child processes with directories of their own.
+_SESSION_CACHE = tempfile.mkdtemp(prefix="xlanb-test-cache-")
+atexit.register(shutil.rmtree, _SESSION_CACHE, ignore_errors=True)
+os.environ["XLANB_CACHE_DIR"] = _SESSION_CACHE  # for kernels and notebooks we start
+
+import xlanb  # noqa: E402
+
+# pytest has imported xlanb already (for the RecompileWarning filter), so set it here too
+xlanb.config.cache_dir = _SESSION_CACHE
 
 MODES = tuple(xlanb.MODES)
 _START_MODE = xlanb.get_mode()

@@ -159,3 +159,14 @@ def test_sync_with_nothing_left_to_run_returns_eager_to_its_fast_path(eager, gat
         time.sleep(0.01)
     z = x.erfc()  # compiled now: runs at once
     assert xlanb.pending_count(z) == 0
+
+
+def test_status_line_says_eager_ops_wait_on_compiles(eager, gate):
+    pytest.importorskip("IPython")
+    from xlanb.extensions import display as xd
+    x = torch.arange(22, dtype=torch.float32).reshape(2, 11).to("xla")
+    y = (x + 0.5).sin()  # new signatures, held at the gate
+    assert xd.status_line(None).startswith("xla: eager · 2 pending ops (waiting on compiles)")
+    gate.set()
+    y.cpu()
+    assert xd.status_line(None) == "xla: eager · 0 pending ops"
