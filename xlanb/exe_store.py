@@ -8,8 +8,9 @@ the op signatures (op, input layouts, static arguments, result layouts) and the 
 This store keys executables by that description, together with everything else that
 decides the compiled code: xlanb's own source (the lowerings), the versions of torch
 (its decompositions) and its default dtype, JAX and jaxlib, XLA's flags, the JAX
-settings that change lowering, the device and the compile options. A hit loads the executable without tracing
-anything; its StableHLO is lowered again only if someone asks to see it.
+settings that change lowering, the device and the compile options. A hit loads the
+executable without tracing anything; its StableHLO is lowered again only if someone asks
+to see it.
 
 Entries are JAX's own serialized executables (``jax.experimental.serialize_executable``)
 written atomically, one file per key, in ``<cache dir>/xlanb-executables``. An entry that

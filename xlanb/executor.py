@@ -78,11 +78,12 @@ def op_executable(info: OpInfo):
         finally:
             metrics.record("OpCompileWaitTime", time.perf_counter() - t0)
     if exe is None:
-        exe = _load_op(info)
+        key = _op_store_key(info)
+        exe = _load(key, info.device, "OpCompileTime")
         if exe is None:
             t0 = time.perf_counter()
             lowered = _lower_op(info)
-            exe = _compile_op(lowered, info, time.perf_counter() - t0)
+            exe = _compile_op(lowered, info.device, key, time.perf_counter() - t0)
         if pending is None:
             metrics.counter("OpCompile")
     info.exe = exe
@@ -105,49 +106,55 @@ def compile_op_ahead(info: OpInfo):
     happens here, so an op without a working lowering fails at its own line; XLA's
     compile runs on a background thread. An executable in the store is loaded now."""
     if info.compiling is None:
-        metrics.counter("OpCompile")
-        exe = _load_op(info)
+        key = _op_store_key(info)
+        exe = _load(key, info.device, "OpCompileTime")
         if exe is not None:
-            info.compiling = concurrent.futures.Future()
-            info.compiling.set_result(exe)
-            return info.compiling
-        t0 = time.perf_counter()
-        lowered = _lower_op(info)
-        info.compiling = background(_compile_off_thread, lowered, info, time.perf_counter() - t0)
-        _in_flight.append(info.compiling)
+            future = concurrent.futures.Future()
+            future.set_result(exe)
+        else:
+            t0 = time.perf_counter()
+            lowered = _lower_op(info)
+            future = background(_compile_off_thread, lowered, info.device, key,
+                                time.perf_counter() - t0)
+            _in_flight.append(future)
+        info.compiling = future
+        metrics.counter("OpCompile")
     return info.compiling
 
 
 def _store_key(description: bytes, device: int, options) -> str | None:
+    """The executable store's key (None: the store is off)."""
     return exe_store.key(description, device, options) if exe_store.directory() else None
 
 
-def _load_op(info: OpInfo):
-    """``info``'s executable from the store (no lowering), or None."""
-    key = _store_key(info_digest(info), info.device, _single_op_options(info.device))
+def _op_store_key(info: OpInfo) -> str | None:
+    return _store_key(info_digest(info), info.device, _single_op_options(info.device))
+
+
+def _load(key: str | None, device: int, metric: str):
+    """The executable stored under ``key`` (no lowering), its load time counted as
+    compile time in ``metric``; None on a miss or with the store off."""
     if key is None:
         return None
     t0 = time.perf_counter()
-    exe = exe_store.load(key, info.device)
+    exe = exe_store.load(key, device)
     if exe is not None:
-        metrics.record("OpCompileTime", time.perf_counter() - t0)
+        metrics.record(metric, time.perf_counter() - t0)
     return exe
 
 
-def _compile_op(lowered, info: OpInfo, lower_s: float):
-    options = _single_op_options(info.device)
+def _compile_op(lowered, device: int, key: str | None, lower_s: float):
     exe = compile_lowered(lowered, metric="OpCompileTime", lower_s=lower_s,
-                          compiler_options=options)
-    key = _store_key(info_digest(info), info.device, options)
+                          compiler_options=_single_op_options(device))
     if key is not None:
         exe_store.store(key, exe)
     return exe
 
 
-def _compile_off_thread(lowered, info: OpInfo, lower_s: float):
+def _compile_off_thread(lowered, device: int, key: str | None, lower_s: float):
     t0 = time.perf_counter()
     try:
-        return _compile_op(lowered, info, lower_s)
+        return _compile_op(lowered, device, key, lower_s)
     finally:
         metrics.record("OpBackgroundCompileTime", time.perf_counter() - t0)
 
@@ -361,13 +368,11 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src) -> tuple[Compi
         store_key = _store_key(graph_hash.encode(), device, None)
         t0 = time.perf_counter()
         lowered = None
-        exe = exe_store.load(store_key, device) if store_key is not None else None
+        exe = _load(store_key, device, "CompileTime")
         if exe is None:
             lowered, exe = compile_jitted(fn, specs, metric="CompileTime", lower_metric="LowerTime")
             if store_key is not None:
                 exe_store.store(store_key, exe)
-        else:
-            metrics.record("CompileTime", time.perf_counter() - t0)
         metrics.counter("UncachedCompile")
         where = format_src(src)
         summary = summarize(plan)
