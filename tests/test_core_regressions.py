@@ -104,3 +104,28 @@ def test_signature_tells_tensors_bools_ints_and_floats_apart():
             assert got.dtype == want.dtype, (other, mode)
             assert got.cpu().tolist() == want.tolist()
     xlanb.set_mode("lazy")
+
+
+def test_eager_linalg_with_lapack_calls_compiled_and_loaded(python_child, tmp_path):
+    # An executable loaded from the executable store calls LAPACK through jaxlib handlers
+    # that only lowering used to initialize: linalg_qr's crashed the process. Twice in
+    # child processes: the first compiles and stores, the second loads.
+    code = """
+import torch, xlanb
+xlanb.set_mode("eager")
+torch.manual_seed(0)
+a = torch.randn(5, 5)
+q, r = torch.linalg.qr(a.to("xla"))
+torch.testing.assert_close(q.cpu() @ r.cpu(), a, atol=1e-5, rtol=1e-5)
+sign, logdet = torch.linalg.slogdet(a.to("xla"))
+ref = torch.linalg.slogdet(a)
+torch.testing.assert_close((sign.cpu(), logdet.cpu()), ref, atol=1e-5, rtol=1e-5)
+lu, piv = torch.linalg.lu_factor(a.to("xla"))
+ref_lu, ref_piv = torch.linalg.lu_factor(a)
+torch.testing.assert_close(lu.cpu(), ref_lu, atol=1e-5, rtol=1e-5)
+assert piv.dtype == ref_piv.dtype and piv.cpu().tolist() == ref_piv.tolist()
+print(xlanb.metrics.counter_value("PersistentCacheHit") or 0)
+"""
+    env = {"XLANB_CACHE_DIR": str(tmp_path)}
+    assert python_child(code, env).split() == ["0"]  # compiled
+    assert int(python_child(code, env).split()[-1]) >= 3  # loaded: qr, slogdet, lu_factor

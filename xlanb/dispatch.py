@@ -94,12 +94,10 @@ def run_node(info: OpInfo, inputs: tuple, scalars: tuple) -> Node:
     else:
         _count("OpCacheHit")
     arrays = [n.data if n.data is not None else node_array(n) for n in inputs]
-    if scalars:
-        with _x64():  # lifted Python floats are float64 (weak) in the executable
-            data = call(*arrays, *scalars)
-    else:
-        # Arrays carry their own dtypes: without scalars, x64 needs no switching on.
-        data = call(*arrays)
+    # x64 on, as when it compiled: lifted floats are float64, and a call that misses
+    # JAX's C++ fast path checks its arguments under the current setting.
+    with _x64():
+        data = call(*arrays, *scalars)
     if info.call is None:
         info.call = direct_call(call)
     return Node(info, (), (), data)

@@ -102,6 +102,7 @@ def load(key: str, device: int):
     try:
         payload, in_tree, out_tree = pickle.loads(blob)
         d = jax_device(device)
+        _prepare_backend(d.platform)
         exe = serialize_executable.deserialize_and_load(payload, in_tree, out_tree,
                                                         backend=d.client, execution_devices=[d])
     except Exception:  # unreadable or incompatible: compile again, and overwrite it
@@ -109,6 +110,26 @@ def load(key: str, device: int):
         return None
     metrics.counter("PersistentCacheHit")
     return exe
+
+
+def _prepare_backend(platform: str) -> None:
+    """XLA:CPU executables call LAPACK through jaxlib's FFI handlers, whose function
+    pointers are filled in when a linalg op is lowered. An executable loaded from the
+    store was never lowered in this process, and calling its LAPACK kernels crashed it
+    (linalg_qr): fill them in first, as ``jax.export`` does before running a module it
+    deserialized. Raises if this JAX has no way to do that (the entry is then a miss)."""
+    if platform != "cpu" or _lapack_ready:
+        return
+    try:
+        from jax._src.lax.linalg import initialize_lapack
+    except ImportError:
+        from jaxlib.lapack import _lapack  # older layouts
+        initialize_lapack = _lapack.initialize
+    initialize_lapack()
+    _lapack_ready.append(True)
+
+
+_lapack_ready: list = []
 
 
 def store(key: str, compiled) -> None:
