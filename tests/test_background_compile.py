@@ -170,3 +170,23 @@ def test_status_line_says_eager_ops_wait_on_compiles(eager, gate):
     gate.set()
     y.cpu()
     assert xd.status_line(None) == "xla: eager · 0 pending ops"
+
+
+def test_a_peek_compiles_its_missing_executables_on_the_compile_threads(count, monkeypatch):
+    """A first peek at a pending graph (lazy mode) needs one executable per new op
+    signature; they compile side by side on the compile threads, and the graph stays
+    pending."""
+    a = torch.arange(26, dtype=torch.float32).reshape(2, 13)
+    x = a.to("xla")
+    xlanb.sync()
+    y = ((x * 1.5).cos() + x).tanh().sum(0)  # four new signatures, recorded
+    before = xlanb.pending_ir(y)
+    torch.testing.assert_close(xlanb.peek(y), ((a * 1.5).cos() + a).tanh().sum(0))
+    background = (xlanb.metrics.metric_data("OpBackgroundCompileTime") or (0,))[0]
+    assert background == count("OpCompile") >= 4
+    assert xlanb.pending_ir(y) == before  # a peek: nothing materialized
+    monkeypatch.setattr(config, "background_compile", False)
+    xlanb.metrics.clear()
+    z = ((x * 2.5).sin() - x).exp().sum(1)
+    torch.testing.assert_close(xlanb.peek(z), ((a * 2.5).sin() - a).exp().sum(1))
+    assert count("OpCompile") >= 4 and xlanb.metrics.metric_data("OpBackgroundCompileTime") is None

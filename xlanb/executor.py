@@ -438,6 +438,13 @@ def run_op_by_op(plan: GraphPlan, keep: dict | None = None) -> list:
     ``keep``, if given, receives every intermediate value (keyed by node id) and supplies
     values computed earlier, so repeated peeks recompute nothing.
     """
+    if config.background_compile:
+        # Every missing executable starts compiling now, on the compile threads, while
+        # the main thread lowers the next: the first peek at a layer's output or the
+        # first op-by-op sync waits for the slowest compile, not for all of them in turn.
+        for info, _ in plan.steps:
+            if info.exe is None and info.name != GETITEM:
+                compile_op_ahead(info)
     vals = [n.data if n.data is not None else keep[id(n)] for n in plan.leaves]
     k = 0
     run_time = 0.0
