@@ -21,7 +21,7 @@ from .executor import (compile_op_ahead, compiles_in_flight, direct_call, fill_v
                        node_array, op_executable, settle_fill, settled_if_empty)
 from .ir import Node, OpInfo, TensorMeta, user_frame
 from .modes import state as mode_state
-from .scopes import current_scope
+from .scopes import _scope_stack, current_scope
 from .opinfo import (OpPlan, data_info, getitem_info, make_plan, new_info,
                      view_scatter_info)
 from .signature import contiguous_strides, readable_sig, sig_of
@@ -220,12 +220,15 @@ def _functional(plan: OpPlan, info: OpInfo, tensors: list, scalars: list):
         _recorder[0].saw(tensors)
     if plan.random:
         scalars.append(rng.next_key())
-    inputs = tuple([value_node(t) if t._view else t._storage.node for t in tensors])
+    inputs = []
+    for t in tensors:  # a loop: a comprehension is a function call more
+        inputs.append(value_node(t) if t._view else t._storage.node)
     if mode_state.recording:  # run_node's recording, inlined: this is the hot path
         # the walk starts at dispatch's caller (__torch_dispatch__, or xlanb's own code)
-        node = Node(info, inputs, tuple(scalars), None, user_frame(3), current_scope())
+        node = Node(info, tuple(inputs), tuple(scalars), None, user_frame(3),
+                    _scope_stack[-1] if _scope_stack else "")
     else:
-        node = run_node(info, inputs, tuple(scalars))
+        node = run_node(info, tuple(inputs), tuple(scalars))
     if info.multi:
         return _wrap(node, info, info.device)
     layout = info.layout
