@@ -80,7 +80,7 @@ class XlaTensor(torch.Tensor):
         d = storage.device
         t = torch.Tensor._make_wrapper_subclass(
             cls, meta.shape, strides=meta.stride, storage_offset=meta.offset,
-            dtype=meta.dtype, device=_TORCH_DEVICES.get(d) or torch_device(d))
+            dtype=meta.dtype, device=torch_device(d))
         t._storage = storage
         t._meta = meta
         t._key = sig_key(meta, d)  # this tensor's signature element
