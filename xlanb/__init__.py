@@ -3,42 +3,53 @@
 Tensors live on the torch device ``xla``; JAX compiles and runs them. Three execution
 modes (lazy, eager, opbyop) can be switched at any time, and looking at a tensor never
 changes what the next sync compiles.
+
+This module is the public API: front ends (extensions/, kernel/) use only what it
+exports. The layers below it are listed, lowest first, in docs/DESIGN.md.
 """
 from __future__ import annotations
 
 import torch
 
-from . import backend as _backend
+from . import lowering as _lowering  # noqa: F401  (fills the lowering registry)
+from .backend import register as _register
+from .base import metrics
+from .base import rng as _rng
+from .base.config import MODES, check_mode, config
+from .base.frames import SourceLoc, debugger_active
+from .base.scopes import install_scope_hooks as _install_scope_hooks
+from .base.session import session as _session, starting_mode as _starting_mode
+from .capture.function import CompiledFunction, compile
+from .execute.background import compiles_in_flight as _compiles_in_flight
+from .execute.graphs import CompiledGraph, GraphList, RecompileWarning, graphs
+from .graph.explain import explain
+from .graph.render import render_dot, render_svg, render_text
+from .graph.summary import GraphSummary, OpRecord
+from .inspect import repr as _repr  # noqa: F401  (installs how tensors print)
+from .inspect.pending import hlo, pending_count, pending_ir, pending_summary
+from .modes import get_mode, mode, set_mode
+from .reads import peek_host as _peek_host
+from .realize import sync
+from .runtime.devices import device_count, jax_device as _jax_device
+from .tensor import XlaTensor
 
-_backend.register()
-
-from . import lowering as _lowering  # noqa: E402  (fills the lowering registry)
-from . import metrics  # noqa: E402
-from .capture import CompiledFunction, compile  # noqa: E402
-from .config import config  # noqa: E402
-from .devices import device_count  # noqa: E402
-from .executor import CompiledGraph  # noqa: E402
-from .executor import GraphList, RecompileWarning, graphs  # noqa: E402
-from .inspection import hlo, pending_count, pending_ir, pending_summary, render_svg  # noqa: E402
-from .scopes import install_scope_hooks as _install_scope_hooks  # noqa: E402
-from .modes import MODES, get_mode, mode, set_mode  # noqa: E402
-from .sync import sync  # noqa: E402
-from .tensor import XlaTensor  # noqa: E402
-
+_register()
 _install_scope_hooks()
 
-__all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "sync",
-           "mark_step", "peek", "pending_ir", "pending_count", "pending_summary", "render_svg", "hlo", "graphs",
-           "GraphList", "RecompileWarning", "metrics", "config", "XlaTensor", "CompiledGraph",
-           "manual_seed", "set_trace", "compile", "CompiledFunction", "load_ipython_extension", "unload_ipython_extension"]
+__all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "check_mode",
+           "sync", "mark_step", "peek", "reset", "pending_ir", "pending_count",
+           "pending_summary", "render_svg", "render_text", "render_dot", "hlo", "graphs",
+           "GraphList", "GraphSummary", "OpRecord", "SourceLoc", "explain",
+           "RecompileWarning", "metrics", "config", "XlaTensor", "CompiledGraph",
+           "manual_seed", "set_trace", "compile", "CompiledFunction", "debugger_active",
+           "load_ipython_extension", "unload_ipython_extension"]
 
 __version__ = "0.1.0"
 
 
 def device(index: int = 0) -> torch.device:
     """``torch.device("xla", index)``; raises if JAX has no such device."""
-    from .devices import jax_device
-    jax_device(index)
+    _jax_device(index)
     return torch.device("xla", index)
 
 
@@ -55,19 +66,31 @@ def peek(t: torch.Tensor) -> torch.Tensor:
     graph and hits the same cache entry as it would have without the peek.
     """
     __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
-    from .dispatch import value_node
-    from .sync import peek_node
-    from .transfer import array_to_host
     if not isinstance(t, XlaTensor):
         raise TypeError(f"xlanb.peek expects a tensor on the xla device, got {type(t).__name__}"
                         + (f" on {t.device}" if isinstance(t, torch.Tensor) else ""))
-    with torch._C._DisableTorchDispatch():
-        host = array_to_host(peek_node(value_node(t)))
-    return host
+    return _peek_host(t)
+
+
+def reset() -> None:
+    """Start the session afresh, as a new process would (without leaving it): pending
+    work is synced first, so every tensor keeps its value; then the compiled graphs and
+    their log, recompile statistics, peeks, op signatures and their executables (the
+    executable store on disk is kept), and the metrics are dropped, and the mode returns
+    to the starting one (``XLANB_MODE``). The random seed is torch's to set, and stays."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    sync(cause="reset")
+    while _compiles_in_flight():  # their results land in infos that are about to go
+        import time
+        time.sleep(0.001)
+    _session.clear(_starting_mode())
+    metrics.clear()
 
 
 def load_ipython_extension(ipython) -> None:
     """``%load_ext xlanb``: the magics, rich display and status line."""
+    # The front end is imported only here (a named exception in tests/test_layers.py):
+    # the core never imports IPython.
     from .extensions.ipython import load_ipython_extension as load
     load(ipython)
 
@@ -87,13 +110,12 @@ def set_trace() -> None:
 
 def manual_seed(seed: int) -> None:
     """Seed the device's random ops (``torch.manual_seed`` does this too)."""
-    from . import rng
-    rng.manual_seed(seed)
+    _rng.manual_seed(seed)
 
 
 def __getattr__(name: str):
     # ``xlanb.widgets`` imports ipywidgets only when asked for: the core never does.
     if name == "widgets":
         import importlib
-        return importlib.import_module("xlanb.extensions.widgets")
+        return importlib.import_module("xlanb.widgets")
     raise AttributeError(f"module 'xlanb' has no attribute {name!r}")

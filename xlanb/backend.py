@@ -11,7 +11,15 @@ import types
 
 import torch
 
-from . import devices, rng
+from .base import rng
+from .dispatch import dispatch
+from .ir import Node, TensorMeta, contiguous_strides
+from .ops.leaves import empty_info
+from .runtime import devices
+from .runtime.devices import device_index
+from .tensor import new_tensor
+
+aten = torch.ops.aten
 
 _registered = False
 _lib = None
@@ -61,23 +69,10 @@ def _device_module() -> types.ModuleType:
     return m
 
 
-def _index(device) -> int:
-    if device is None:
-        return 0
-    idx = torch.device(device).index
-    idx = 0 if idx is None else idx
-    devices.jax_device(idx)  # a clear error for xla:N that does not exist
-    return idx
-
-
 def _empty(size, dtype, device, stride=None):
-    from .opinfo import empty_info
-    from .signature import contiguous_strides
-    from .ir import Node, TensorMeta
-    from .tensor import new_tensor
     shape = tuple(int(s) for s in size)
     dtype = dtype or torch.get_default_dtype()
-    idx = _index(device)
+    idx = device_index(device)
     meta = TensorMeta(shape, tuple(stride) if stride is not None else contiguous_strides(shape), dtype)
     return new_tensor(Node(empty_info(meta, idx)), meta, idx)
 
@@ -92,8 +87,7 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
 
 
 def _copy_from(self, dst, non_blocking=False):
-    from .dispatch import copy_into
-    return copy_into(dst, self)
+    return dispatch(aten.copy_.default, (dst, self), {})
 
 
 def _copy_from_and_resize(self, dst):
@@ -109,7 +103,6 @@ _FACTORIES = ("arange", "arange.start", "arange.start_step", "linspace", "logspa
 
 def _factory_kernel(op):
     def kernel(*args, **kwargs):
-        from .dispatch import dispatch
         return dispatch(op, args, kwargs)
     return kernel
 

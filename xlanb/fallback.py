@@ -9,12 +9,16 @@ import warnings
 
 import torch
 
-from . import metrics
-from .config import config
-from .ir import user_frame
-from .tensor import XlaTensor
+from .base import metrics
+from .base.config import config
+from .base.frames import user_frame
+from .base.session import session
+from .ops.leaves import from_host
+from .reads import to_host
+from .tensor import XlaTensor, dispatch_op
 
-_warned: set = set()
+_warned = session.fallback_warned
+aten = torch.ops.aten
 
 # Layouts and dtypes that cannot work at all: a clear error naming the op, not a fallback.
 _UNSUPPORTED_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc,
@@ -43,8 +47,6 @@ def _check_supported(func, args, kwargs):
 
 
 def cpu_fallback(func, args, kwargs):
-    from .dispatch import copy_into
-    from .transfer import to_device, to_host
     _check_supported(func, args, kwargs)
     name = _op_name(func)
     metrics.counter(name)
@@ -54,7 +56,7 @@ def cpu_fallback(func, args, kwargs):
                f"(inputs are fetched from the device; counted as {name!r})")
         src = user_frame()
         if src is not None:  # point at the user's line, not at xlanb's dispatch
-            warnings.warn_explicit(msg, UserWarning, src[0].co_filename, src[1])
+            warnings.warn_explicit(msg, UserWarning, src.file, src.line)
         else:
             warnings.warn(msg, stacklevel=3)
     device = 0
@@ -87,14 +89,14 @@ def cpu_fallback(func, args, kwargs):
             x = args[i] if i < len(args) else kwargs.get(a.name)
             for t in (x if isinstance(x, (list, tuple)) else (x,)):
                 if isinstance(t, XlaTensor):
-                    copy_into(t, host_of[id(t)])
+                    dispatch_op(aten.copy_.default, (t, host_of[id(t)]), {})
 
     def back(o):
         if isinstance(o, torch.Tensor) and o.layout in _UNSUPPORTED_LAYOUTS:
             raise _sparse_error(func, o.layout, o.dtype)
         if isinstance(o, torch.Tensor):
             orig = originals.get(id(o))
-            return orig if orig is not None else to_device(o, device)
+            return orig if orig is not None else from_host(o, device)
         if isinstance(o, (list, tuple)):
             return type(o)(back(e) for e in o)
         return o

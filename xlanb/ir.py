@@ -1,4 +1,4 @@
-"""The lazy IR: nodes, op signatures, structural hashing, source locations and module scope.
+"""The lazy IR: nodes, op signatures and structural hashing.
 
 A ``Node`` is one op application. Its ``info`` (an ``OpInfo``) is shared by every node and
 every eager call with the same signature -- op, input shapes/dtypes, static args -- so
@@ -9,14 +9,14 @@ A node with ``data`` set is materialized: graphs treat it as an input (a leaf).
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
-import os
-import sys
 from typing import Callable, NamedTuple
 
 import torch
+
+from .base.frames import SourceLoc
+from .base.session import session
 
 
 class TensorMeta(NamedTuple):
@@ -36,6 +36,7 @@ def contiguous_strides(shape) -> tuple:
     return tuple(reversed(strides))
 
 
+# Never reset: a uid names an OpInfo for the life of the process (graph keys hold them).
 _uids = itertools.count(1)
 GETITEM = "getitem"  # the name of the info that picks one output of a multi-output node
 
@@ -44,11 +45,12 @@ class OpInfo:
     """One op signature. ``fn(inputs, scalars)`` evaluates it on JAX values."""
 
     __slots__ = ("uid", "name", "op", "sig", "fn", "out", "multi", "n_in", "scalar_specs",
-                 "exe", "call", "compiling", "device", "aval_uid", "extra", "layout",
-                 "__weakref__")
+                 "device", "plan", "in_metas", "template", "view",
+                 "exe", "call", "compiling", "aval_uid", "layout", "__weakref__")
 
     def __init__(self, name: str, sig, fn: Callable, out, *, op=None, n_in: int = 0,
-                 scalar_specs: tuple = (), device: int = 0):
+                 scalar_specs: tuple = (), device: int = 0, plan=None, in_metas: tuple = (),
+                 template=None, view=None):
         self.uid = next(_uids)
         self.name = name          # "aten::addmm", for people
         self.op = op              # the torch OpOverload, when there is one
@@ -58,19 +60,24 @@ class OpInfo:
         self.multi = isinstance(out, tuple) and not isinstance(out, TensorMeta)
         self.n_in = n_in
         self.scalar_specs = scalar_specs  # ("f" weak float | "u32") per lifted scalar
-        self.exe = None           # the single-op executable, compiled on first use
-        self.call = None          # the quickest way to call it, set once it has run
-        self.compiling = None     # its Future while a background thread compiles it
         self.device = device
+        self.plan = plan          # the OpPlan it was made from (None for xlanb's own infos)
+        self.in_metas = in_metas  # TensorMeta per input, as the executable takes them
+        self.template = template  # (args, kwargs) with input/scalar slots (templates.py)
+        self.view = view          # a ViewRecord for view ops (ops/views.py), else None
+        # Its single-op executable (execute/): compiled on first use, its quickest call
+        # once it has run, and its Future while a background thread compiles it.
+        self.exe = None
+        self.call = None
+        self.compiling = None
         self.aval_uid = None      # interned (shape, dtype) when used as a leaf
-        self.extra = None         # what the dispatch layer needs besides fn
         self.layout = None        # the result's BaseLayout (single-output ops), made on first use
 
     def __repr__(self) -> str:
         return f"<OpInfo {self.uid} {self.name}>"
 
 
-_aval_ids: dict = {}
+_aval_ids = session.aval_ids
 
 
 def aval_uid(meta: TensorMeta) -> int:
@@ -87,12 +94,12 @@ class Node:
     __slots__ = ("info", "inputs", "scalars", "data", "src", "scope", "__weakref__")
 
     def __init__(self, info: OpInfo, inputs: tuple = (), scalars: tuple = (), data=None,
-                 src=None, scope: str = ""):
+                 src: SourceLoc | None = None, scope: str = ""):
         self.info = info
         self.inputs = inputs      # Nodes, in the order the op takes its tensors
         self.scalars = scalars    # lifted Python scalars (values never enter the hash)
         self.data = data          # a jax.Array (tuple for multi-output) once materialized
-        self.src = src            # (code, lineno) of the user's frame
+        self.src = src            # SourceLoc of the user's line that recorded it
         self.scope = scope        # nn.Module path active when recorded
 
     @property
@@ -174,7 +181,7 @@ def plan_graph(roots: list[Node], known: dict | None = None) -> GraphPlan:
     return GraphPlan(tuple(key_parts), leaves, scalars, steps, op_nodes, roots, root_pos)
 
 
-_digests: dict[int, bytes] = {}
+_digests = session.digests
 
 
 def info_digest(info: OpInfo) -> bytes:
@@ -213,59 +220,3 @@ def _leaf_key(node: Node) -> int:
         out = info.out
         u = info.aval_uid = aval_uid(out if not info.multi else out[0])
     return u
-
-
-# ---------------------------------------------------------------------------------------
-# Where an op came from: the user's frame and the nn.Module path
-
-_torch_dir = os.path.dirname(torch.__file__) + os.sep
-_xlanb_dir = os.path.dirname(__file__) + os.sep
-_stdlib_dir = os.path.dirname(contextlib.__file__) + os.sep
-# Frames that are never "the user's line": torch, xlanb and its front ends (extensions/
-# may live outside xlanb/ in an editable install), and the debugger/REPL machinery that
-# runs a command typed at a prompt (so a sync from pdb is credited to where it stopped).
-_SKIP_PREFIXES = (
-    _torch_dir, _xlanb_dir,
-    os.path.join(os.path.dirname(os.path.dirname(__file__)), "extensions") + os.sep,
-    contextlib.__file__,
-    *(os.path.join(_stdlib_dir, m) for m in ("bdb.py", "pdb.py", "cmd.py", "code.py")),
-    "<decorator-gen-",  # IPython's magic wrappers
-    "<eval_with_key>",  # torch.fx's generated forward (a torch.compile graph): its caller
-)
-
-
-def user_frame(depth: int = 2):
-    """(code, lineno) of the innermost frame outside torch and xlanb, or None. The walk
-    starts ``depth`` frames up (the caller of user_frame's caller by default)."""
-    try:
-        f = sys._getframe(depth)
-    except ValueError:  # fewer frames: autograd's engine thread calls ops from C++
-        return None
-    skips = _skip_file
-    while f is not None:
-        code = f.f_code
-        skip = skips.get(code.co_filename)
-        if skip is None:  # once per file: this runs on every recorded op
-            name = code.co_filename
-            skip = skips[name] = name.startswith(_SKIP_PREFIXES) or name.endswith(_SKIP_SUFFIXES)
-        if not skip:
-            return (code, f.f_lineno)
-        f = f.f_back
-    return None
-
-
-_skip_file: dict[str, bool] = {}
-
-
-# IPython's own frames between a cell or magic and xlanb are not the user's line either.
-_SKIP_SUFFIXES = tuple(os.sep + os.path.join("IPython", "core", f)
-                       for f in ("debugger.py", "interactiveshell.py", "magic.py"))
-
-
-def format_src(src) -> str:
-    if src is None:
-        return ""
-    code, line = src
-    return f"{os.path.basename(code.co_filename)}:{line} {code.co_name}"
-
-

@@ -1,8 +1,9 @@
 """The torch side of the xla device: ``XlaTensor``, its storage, and views that alias.
 
 An ``XlaTensor`` is a wrapper subclass: torch sees its shape, strides and dtype, and every
-aten op on it (below autograd) arrives in ``__torch_dispatch__``, which hands it to
-``xlanb.dispatch``. Its value lives in a ``Storage``: the IR node holding the base
+aten op on it (below autograd) arrives in ``__torch_dispatch__``, which hands it to the
+handler ``xlanb.dispatch`` installs (see ``set_handler``: this module sits below the
+layers that run ops, read values and print them, so they plug themselves in). Its value lives in a ``Storage``: the IR node holding the base
 tensor's current value. Views share their base's storage and remember the chain of view
 ops that leads from it, so writing through a view updates the base, and reading a view
 after its base changed replays the chain.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from .base.session import session
 from .ir import Node, TensorMeta, contiguous_strides
 
 _TORCH_DEVICES: dict[int, torch.device] = {}
@@ -39,7 +41,7 @@ class SigKey:
         return f"<SigKey {self.layout}>"
 
 
-_sig_keys: dict[tuple, SigKey] = {}
+_sig_keys = session.sig_keys
 
 
 def sig_key(meta: TensorMeta, device: int) -> SigKey:
@@ -100,14 +102,12 @@ class XlaTensor(torch.Tensor):
 
     def __repr__(self, *, tensor_contents=None) -> str:
         __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
-        from .display import tensor_repr
-        return tensor_repr(self)
+        return _handlers.repr(self)
 
     def __format__(self, spec: str) -> str:
         __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
         if self.dim() == 0 and spec:
-            from .display import scalar_value
-            return format(scalar_value(self), spec)
+            return format(_handlers.scalar_value(self), spec)
         return repr(self)
 
     # The traceable-subclass protocol makes nn.Module.to("xla") swap each parameter in
@@ -137,13 +137,11 @@ class XlaTensor(torch.Tensor):
         # Its own cause: "if loss > 0:" cuts the graph, and the user should see it was bool.
         if self.numel() != 1:
             raise RuntimeError("Boolean value of Tensor with more than one value is ambiguous")
-        from .transfer import to_host
-        return bool(to_host(self, cause="value needed by bool()").item())
+        return bool(_handlers.to_host(self, cause="value needed by bool()").item())
 
     def tolist(self):
         __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
-        from .transfer import to_host
-        return to_host(self, cause="value needed by .tolist()").tolist()
+        return _handlers.to_host(self, cause="value needed by .tolist()").tolist()
 
     def __reduce_ex__(self, protocol):
         # Pickle (torch.save) through a CPU copy, with torch's own rebuild function, which
@@ -164,12 +162,42 @@ class XlaTensor(torch.Tensor):
         return new
 
 
-def _dispatch(func, args, kwargs):
-    # Bound late: dispatch imports this module.
-    from .dispatch import dispatch
-    global _dispatch
-    _dispatch = dispatch
-    return dispatch(func, args, kwargs)
+class _Handlers:
+    """What the tensor calls into the layers above it for. Each is installed at import by
+    the module that implements it, through ``set_handler``."""
+    __slots__ = ("dispatch", "repr", "scalar_value", "to_host")
+
+    def __init__(self):
+        for name in self.__slots__:
+            setattr(self, name, _missing(name))
+
+
+def _missing(name: str):
+    def fail(*args, **kwargs):
+        raise RuntimeError(f"xlanb: no {name} handler installed (import xlanb first)")
+    return fail
+
+
+_handlers = _Handlers()
+_dispatch = _handlers.dispatch  # the hot path reads it as a module global
+
+
+def dispatch_op(func, args, kwargs):
+    """Run the aten op ``func`` on xla tensors as ``__torch_dispatch__`` would: for the
+    layers below the dispatcher that need an op of their own (a dtype cast, a copy)."""
+    return _dispatch(func, args, kwargs)
+
+
+def set_handler(name: str, fn) -> None:
+    """Install ``fn`` as the tensor's ``name`` handler: ``dispatch(func, args, kwargs)``
+    (dispatch.py), ``repr(t)`` and ``scalar_value(t)`` (inspect/repr.py), or
+    ``to_host(t, cause=...)`` (reads.py)."""
+    if name not in _Handlers.__slots__:
+        raise ValueError(f"unknown tensor handler {name!r}")
+    setattr(_handlers, name, fn)
+    if name == "dispatch":
+        global _dispatch
+        _dispatch = fn
 
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import torch
 
-from xlanb.dtypes import to_jax_dtype
+from xlanb.base.dtypes import to_jax_dtype
 
 aten = torch.ops.aten
 

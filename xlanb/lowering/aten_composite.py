@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from xlanb.dtypes import to_jax_dtype
+from xlanb.base.dtypes import to_jax_dtype
 from xlanb.lowering._util import aten, wrap
 from xlanb.lowering.registry import register
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from xlanb.dtypes import to_jax_dtype
+from xlanb.base.dtypes import to_jax_dtype
 from xlanb.lowering._util import aten, wrap
 from xlanb.lowering.registry import register
 

@@ -15,6 +15,7 @@ a second) is paid only by those who use it.
 """
 from __future__ import annotations
 
+import os
 import pkgutil
 import warnings
 
@@ -22,19 +23,20 @@ import torch
 import torch._dynamo.trace_rules
 from torch._dynamo.backends.registry import register_backend
 
-from .capture import compile as xlanb_compile
+from .function import compile as xlanb_compile
 
 
 def _skip_xlanb_frames() -> None:
     # Between dynamo's graphs (after a graph break) ops run eagerly with dynamo's frame
     # hook on; without this it would compile xlanb's own dispatch code as user code.
-    # xlanb.scopes stays traceable: its module hooks run inside every module call dynamo
-    # traces, and a skipped hook would break the graph there.
-    import xlanb
-    names = [m.name for m in pkgutil.iter_modules(xlanb.__path__, "xlanb.")]
+    # xlanb.base.scopes stays traceable: its module hooks run inside every module call
+    # dynamo traces, and a skipped hook would break the graph there. Modules one by one:
+    # skipping a package skips its whole folder, scopes included.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    names = [m.name for m in pkgutil.walk_packages([root], "xlanb.") if not m.ispkg]
     names += ["xlanb.extensions", "xlanb.kernel"]
     for name in names:
-        if name != "xlanb.scopes":
+        if name != "xlanb.base.scopes":
             torch._dynamo.trace_rules.add(name)
 
 

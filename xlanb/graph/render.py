@@ -1,38 +1,15 @@
-"""Looking at graphs without running them: IR as text or DOT (pending or compiled), and
-the HLO a sync would compile. Nothing here changes the pending graph."""
+"""Drawing a graph: text, Graphviz DOT and SVG, from its ``GraphSummary``. The one renderer
+for pending graphs, compiled graphs, magics, pdb commands and widgets."""
 from __future__ import annotations
 
 import html
 import re
+import shutil
+import subprocess
 
-import torch
+from ..base.frames import format_loc
+from .summary import GraphSummary
 
-from .ir import GraphPlan, Node, plan_graph
-from .summary import GraphSummary, summarize
-
-
-def roots_of(tensors) -> list[Node]:
-    """The pending nodes of ``tensors``, or of every live tensor when none are given."""
-    from .dispatch import value_node
-    from .sync import pending_roots
-    if not tensors:
-        return pending_roots()
-    roots = []
-    with torch._C._DisableTorchDispatch():
-        for t in tensors:
-            if not hasattr(t, "_storage"):
-                raise TypeError(f"expected tensors on the xla device, got {type(t).__name__}"
-                                + (f" on {t.device}" if isinstance(t, torch.Tensor) else ""))
-            roots.append(value_node(t))
-    return roots
-
-
-def _plan(tensors) -> GraphPlan:
-    return plan_graph(roots_of(tensors))
-
-
-# ---------------------------------------------------------------------------------------
-# Text
 
 def _near_outputs(g: GraphSummary, depth: int | None) -> set[int] | None:
     """Positions at most ``depth`` hops before the outputs (None: all)."""
@@ -67,7 +44,7 @@ def render_text(g: GraphSummary, depth: int | None = None) -> str:
             continue
         line = f"%{n_in + j} = {op.aval} {op.name}({op.call})"
         if op.src or op.scope:
-            line += "  #" + (f" {op.src}" if op.src else "") + (f"  [{op.scope}]" if op.scope else "")
+            line += "  #" + (f" {op.src.short}" if op.src else "") + (f"  [{op.scope}]" if op.scope else "")
         lines.append(line)
     lines.append("outputs: " + ", ".join(f"%{p}" for p in g.outputs))
     return "\n".join(lines)
@@ -88,7 +65,7 @@ def _clip_scope(scope: str, depth: int | None) -> str:
 
 def _matches(pattern, op) -> bool:
     return bool(pattern) and (pattern.search(op.name) is not None
-                              or pattern.search(op.src) is not None)
+                              or pattern.search(format_loc(op.src)) is not None)
 
 
 def render_dot(g: GraphSummary, scope_depth: int | None = None,
@@ -139,13 +116,13 @@ def render_dot(g: GraphSummary, scope_depth: int | None = None,
         rep[p] = f"n{p}"
         fill = ', fillcolor="#f5b041"' if _matches(pattern, op) else ""
         root = ', penwidth=2, color="#c0392b"' if p in g.outputs else ""
-        tip = html.escape(op.src, quote=True)
+        tip = html.escape(format_loc(op.src), quote=True)
         by_cluster.setdefault(clipped, []).append(
             f'n{p} [label="%{p} {op.name}\\n{op.aval}", tooltip="{tip}"{fill}{root}];')
     for key, ops in collapsed.items():
         hit = any(_matches(pattern, o) for o in ops)
         fill = "#f5b041" if hit else "#d6eaf8"
-        srcs = sorted({o.src for o in ops if o.src})
+        srcs = sorted({o.src.short for o in ops if o.src})
         tip = html.escape("; ".join(srcs[:5]) + (" ..." if len(srcs) > 5 else ""), quote=True)
         parent = _clip_scope(key, (scope_depth or 1) - 1) if key != "<top>" else ""
         by_cluster.setdefault(parent, []).append(
@@ -206,60 +183,6 @@ def _scope_node(key: str) -> str:
     return "s_" + re.sub(r"\W", "_", key)
 
 
-# ---------------------------------------------------------------------------------------
-# The public functions
-
-def pending_ir(*tensors, fmt: str = "text", depth: int | None = None,
-               scope_depth: int | None = None, highlight: str | None = None) -> str:
-    """The pending IR of ``tensors`` (all live pending tensors when none are given).
-
-    ``depth`` keeps only the ops at most that many hops before the outputs. For DOT,
-    ``scope_depth`` collapses module scopes deeper than that many levels and
-    ``highlight`` marks the ops whose name or ``file:line`` match a regex."""
-    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
-    if fmt not in ("text", "dot"):
-        raise ValueError(f"fmt must be 'text' or 'dot', got {fmt!r}")
-    for name, v in (("depth", depth), ("scope_depth", scope_depth)):
-        if v is not None and (not isinstance(v, int) or v < 1):
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    g = summarize(_plan(tensors))
-    if fmt == "text":
-        return render_text(g, depth)
-    return render_dot(g, scope_depth=scope_depth, highlight=highlight, depth=depth)
-
-
-def pending_summary(*tensors) -> GraphSummary:
-    """The pending graph of ``tensors`` as plain data (for front ends that draw it)."""
-    return summarize(_plan(tensors))
-
-
-def pending_count(*tensors) -> int:
-    """How many ops are pending for ``tensors`` (all live tensors when none are given)."""
-    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
-    return len(_plan(tensors).steps)
-
-
-def hlo(*tensors, dialect: str = "stablehlo", optimized: bool = False) -> str:
-    """The module the next sync of ``tensors`` would compile, without running it.
-
-    ``optimized=True`` compiles it (through the graph cache, so the sync that follows
-    reuses the executable) and returns XLA's optimized HLO.
-    """
-    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
-    from .executor import compiled_graph, lower_graph
-    from .ir import user_frame
-    if dialect not in ("stablehlo", "hlo"):
-        raise ValueError(f"dialect must be 'stablehlo' or 'hlo', got {dialect!r}")
-    plan = _plan(tensors)
-    if not plan.steps:
-        return ""
-    device = plan.roots[0].info.device
-    if optimized:
-        rec, _ = compiled_graph(plan, device, "xlanb.hlo(optimized=True)", user_frame())
-        return rec.executable.as_text()
-    return lower_graph(plan, device).as_text(dialect=dialect)
-
-
 INSTALL_DOT_HINT = ("Graphviz's `dot` is not installed: apt-get install graphviz "
                     "(Debian/Ubuntu), brew install graphviz (macOS) or conda install graphviz")
 
@@ -267,8 +190,6 @@ INSTALL_DOT_HINT = ("Graphviz's `dot` is not installed: apt-get install graphviz
 def render_svg(dot_source: str, timeout: float = 60.0) -> str:
     """DOT text rendered to SVG by Graphviz's ``dot``; a RuntimeError with an install hint
     when ``dot`` is not on PATH."""
-    import shutil
-    import subprocess
     exe = shutil.which("dot")
     if exe is None:
         raise RuntimeError(INSTALL_DOT_HINT)

@@ -5,12 +5,12 @@ module call it traces) while it skips the rest of xlanb: under dynamo they do no
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
 
-_scope_stack: list[str] = []
-_module_names: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+from .session import session
+
+_scope_stack: list[str] = session.scope_stack
+_module_names = session.module_names
 
 
 def current_scope() -> str:

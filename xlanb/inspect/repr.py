@@ -3,29 +3,25 @@ from __future__ import annotations
 
 import torch
 
-from .config import config
+from ..base.config import config
+from ..ir import plan_graph
+from ..reads import peek_host, to_host
+from ..record import value_node
+from ..tensor import set_handler
 
 
 def _pending_ops(node) -> int:
-    from .ir import plan_graph
     return 0 if node.data is not None else len(plan_graph([node]).steps)
 
 
 def scalar_value(t):
     """A 0-dim tensor's Python value for formatting: peeked unless inspect is "sync"."""
-    from .dispatch import value_node
-    from .sync import peek_node
-    from .transfer import array_to_host
     if config.inspect == "sync":
         return t.item()
-    with torch._C._DisableTorchDispatch():
-        return array_to_host(peek_node(value_node(t))).item()
+    return peek_host(t).item()
 
 
 def tensor_repr(t) -> str:
-    from .dispatch import value_node
-    from .sync import peek_node
-    from .transfer import array_to_host, to_host
     how = config.inspect
     suffix = [f"device='{t.device}'"]
     if t.grad_fn is not None:
@@ -40,6 +36,10 @@ def tensor_repr(t) -> str:
         if how == "sync":
             host = to_host(t, cause="repr (config.inspect='sync')")
         else:
-            host = array_to_host(peek_node(node))
+            host = peek_host(t)
     body = repr(host)
     return body[:-1] + ", " + ", ".join(suffix) + ")"
+
+
+set_handler("repr", tensor_repr)
+set_handler("scalar_value", scalar_value)

@@ -2,7 +2,7 @@
 
 Everything xlanb traces or compiles goes through ``jax_context()``: x64 on, so int64 and
 float64 stay 64-bit. Executables persist across processes in xlanb's executable store
-(exe_store.py), not JAX's persistent cache, so that a warm process need not lower them to
+(store.py), not JAX's persistent cache, so that a warm process need not lower them to
 find them; if the user configured JAX's cache directory themselves, JAX's cache is used
 instead, as JAX does, and its hits and misses are counted.
 """
@@ -17,7 +17,7 @@ import time
 import jax
 from jax._src import config as jax_config
 
-from . import metrics
+from ..base import metrics
 
 _local = threading.local()
 

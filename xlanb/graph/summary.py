@@ -7,6 +7,10 @@ from typing import NamedTuple
 
 import torch
 
+from ..base.frames import SourceLoc
+from ..ir import leaf_meta
+from ..templates import format_call
+
 _DTYPE_SHORT = {
     torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
     torch.int64: "s64", torch.int32: "s32", torch.int16: "s16", torch.int8: "s8",
@@ -25,7 +29,7 @@ class OpRecord(NamedTuple):
     name: str     # aten::addmm
     aval: str     # f32[8,16]
     call: str     # %3, %10, %11, beta=1
-    src: str      # model.py:42 forward
+    src: SourceLoc | None  # the user's line that recorded it
     scope: str    # BertModel.encoder.layer.0
     ins: tuple    # positions of its inputs (leaves first, then ops)
     static: str   # ``call`` with lifted floats as <float>: what the compile depends on
@@ -48,8 +52,6 @@ _LIFTED = _Lifted(0.0)
 
 
 def summarize(plan) -> GraphSummary:
-    from .signature import format_call
-    from .ir import format_src, leaf_meta
     ops = []
     k = 0
     for (info, ins), node in zip(plan.steps, plan.op_nodes):
@@ -58,7 +60,7 @@ def summarize(plan) -> GraphSummary:
         call = format_call(info, names, plan.scalars[k:k + n])
         static = format_call(info, names, [_LIFTED] * n) if n else call
         k += n
-        ops.append(OpRecord(info.name, aval_text(info.out), call, format_src(node.src),
+        ops.append(OpRecord(info.name, aval_text(info.out), call, node.src,
                             node.scope, ins, static))
     return GraphSummary(tuple(aval_text(leaf_meta(n)) for n in plan.leaves), tuple(ops),
                         tuple(plan.root_pos))

@@ -23,22 +23,31 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 import weakref
 
+import jax
 import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from . import metrics, rng
-from .ir import Node, TensorMeta, plan_graph, user_frame
-from .signature import contiguous_strides
-from .modes import mode as _mode
-from .tensor import XlaTensor, new_tensor
+from ..base import metrics, rng
+from ..base.frames import user_frame
+from ..base.session import session
+from ..execute.graphs import compiled_graph, run_graph
+from ..graph.explain import explain
+from ..graph.summary import summarize
+from ..ir import Node, TensorMeta, contiguous_strides, plan_graph
+from ..live import clear_peeks, live_storages, pending_roots
+from ..modes import mode as _mode
+from ..ops.leaves import data_info
+from ..realize import node_array, sync
+from ..record import value_node
+from ..tensor import XlaTensor, new_tensor
 
 #: Traces compared before giving up on a function whose graph or scalars keep changing.
 MAX_TRACES = 4
 
-_recorder: list = [None]  # the _Recorder of the call being traced, if any
 
 
 class _Recorder:
@@ -63,12 +72,8 @@ class _Recorder:
         # The read goes ahead (the call goes on as lazy tracing); only the first is named.
         if self.broken is None:
             src = user_frame()
-            where = f" at {src[0].co_filename}:{src[1]}" if src else ""
+            where = f" at {src.file}:{src.line}" if src else ""
             self.broken = f"reads a device value on the host ({cause}){where}"
-
-
-def recorder():
-    return _recorder[0]
 
 
 class _Trace:
@@ -91,8 +96,6 @@ class _Trace:
         if other.blocker:
             return other.blocker
         if self.key != other.key:
-            from .explain import explain
-            from .summary import summarize
             why = explain(summarize(self.plan), summarize(other.plan))
             return f"the graph changed between calls: {why or 'different structure'}"
         for i, (a, b) in enumerate(zip(self.sources, other.sources)):
@@ -118,7 +121,7 @@ class _Trace:
         for (info, _), node in zip(self.plan.steps, self.plan.op_nodes):
             n = len(info.scalar_specs)
             if k <= i < k + n:
-                where = f"{node.src[0].co_filename}:{node.src[1]}" if node.src else "?"
+                where = f"{node.src.file}:{node.src.line}" if node.src else "?"
                 return f"{info.name} at {where}"
             k += n
         return "an op"
@@ -168,7 +171,7 @@ class CompiledFunction:
             res = _replay(self, entry, flat)
             if res is not _MISS:
                 return res
-        if entry.lazy_reason is not None or _recorder[0] is not None:
+        if entry.lazy_reason is not None or session.recorder is not None:
             return self._lazy_call(args, kwargs)  # (a compiled function called by another)
         return self._traced_call(entry, args, kwargs, flat)
 
@@ -192,24 +195,22 @@ class CompiledFunction:
     # -- calls that run Python ----------------------------------------------------------
 
     def _lazy_call(self, args, kwargs):
-        from .sync import sync
         with _mode("lazy"):
             out = self.fn(*args, **kwargs)
             sync(cause=f"xlanb.compile({self.name}) on lazy tracing")
         return out
 
     def _traced_call(self, entry: _Entry, args, kwargs, flat):
-        from .sync import sync
         self.traced_calls += 1
         cause = f"xlanb.compile({self.name})"
         with _mode("lazy"):
             sync(cause=f"pending work before {cause}")
             rec = _Recorder(self.name)
-            _recorder[0] = rec
+            session.recorder = rec
             try:
                 out = self.fn(*args, **kwargs)
             finally:
-                _recorder[0] = None
+                session.recorder = None
             if rec.broken:
                 sync(cause=cause)
                 entry.lazy_reason = rec.broken
@@ -250,16 +251,12 @@ def _static(x):
 
 
 def _warn(name: str, why: str) -> None:
-    import warnings
     warnings.warn(f"xlanb.compile({name}) stays on lazy tracing: {why}", UserWarning, stacklevel=4)
 
 
 def _finish(rec: _Recorder, flat_in, out, cause: str):
     """Sync the traced call as one graph and describe it as a replayable _Trace."""
-    from .dispatch import value_node
-    from .executor import run_graph
-    from .sync import _live_storages, clear_peeks
-    storages = _live_storages()
+    storages = live_storages()
     out_flat, out_spec = pytree.tree_flatten(out)
     out_nodes = [value_node(o) if isinstance(o, XlaTensor) else None for o in out_flat]
     roots: list[Node] = []
@@ -312,18 +309,12 @@ def _finish(rec: _Recorder, flat_in, out, cause: str):
 
 
 def _executable(trace: _Trace, cause: str):
-    from .executor import compiled_graph
     rec, _ = compiled_graph(trace.plan, trace.device, cause, None)
     return rec, rec.executable
 
 
 def _replay(cf: CompiledFunction, entry: _Entry, flat_in):
     """Run the stable trace on current values; _MISS if a state tensor is gone."""
-    import jax
-    from .dispatch import value_node
-    from .executor import node_array
-    from .opinfo import data_info
-    from .sync import pending_roots, sync
     trace = entry.replay
     if pending_roots():
         sync(cause=f"pending work before xlanb.compile({cf.name})")

@@ -13,7 +13,7 @@ from .summary import GraphSummary, OpRecord
 
 
 def _where(op: OpRecord) -> str:
-    return f" at {op.src}" if op.src else ""
+    return f" at {op.src.short}" if op.src else ""
 
 
 def explain(prev: GraphSummary, new: GraphSummary) -> str:

@@ -29,9 +29,10 @@ import zlib
 import jax
 from jax.experimental import serialize_executable
 
-from . import metrics
-from .config import config
+from ..base import metrics
+from ..base.config import config
 from .devices import jax_device
+from .jit import user_cache_dir
 
 _DIR = "xlanb-executables"
 # JAX settings that change what a function lowers to (read with their thread-local value).
@@ -42,7 +43,6 @@ _LOWERING_SETTINGS = ("default_matmul_precision", "default_prng_impl", "threefry
 def directory() -> str | None:
     """Where entries live, or None when the store is off: no cache directory, or the user
     pointed JAX's own persistent cache somewhere (then that cache is used, as JAX does)."""
-    from .runtime import user_cache_dir
     if not config.cache_dir or user_cache_dir():
         return None
     return os.path.join(config.cache_dir, _DIR)
@@ -52,7 +52,7 @@ def directory() -> str | None:
 def _source_digest() -> bytes:
     """xlanb's own source, lowerings included: an edited lowering must miss."""
     h = hashlib.sha256()
-    root = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         for name in sorted(filenames):

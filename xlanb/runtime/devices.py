@@ -4,8 +4,9 @@ from __future__ import annotations
 import functools
 
 import jax
+import torch
 
-from .config import config
+from ..base.config import config
 
 
 @functools.cache
@@ -33,3 +34,14 @@ def device_count() -> int:
 
 def platform_name() -> str:
     return jax_devices()[0].platform
+
+
+def device_index(device) -> int:
+    """The index of a torch device (``"xla"``, ``"xla:1"``, ``torch.device``); raises a
+    clear error for an ``xla:N`` that does not exist."""
+    if device is None:
+        return 0
+    idx = torch.device(device).index
+    idx = 0 if idx is None else idx
+    jax_device(idx)
+    return idx

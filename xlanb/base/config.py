@@ -13,6 +13,14 @@ from __future__ import annotations
 import os
 
 INSPECT_CHOICES = ("peek", "sync", "meta")
+MODES = ("lazy", "eager", "opbyop")
+
+
+def check_mode(name) -> str:
+    """``name`` if it is an execution mode; the one ValueError, listing them, if not."""
+    if name not in MODES:
+        raise ValueError(f"unknown xlanb mode {name!r}; valid modes are: {', '.join(MODES)}")
+    return name
 
 
 def _default_cache_dir() -> str | None:

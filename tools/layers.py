@@ -1,0 +1,285 @@
+"""xlanb's layer order: the one declaration that tests/test_layers.py checks and that
+docs/DESIGN.md's layer diagram is written from.
+
+Every module of ``xlanb/`` imports only modules listed before it (module-level imports
+and those inside functions alike; only ``if TYPE_CHECKING:`` blocks are exempt). Where a
+lower layer must call up, the higher one installs a hook at import through one named
+function (``HOOKS``). Imports are read with ``ast``: nothing is imported to check them.
+
+    python -m tools.layers           # print the diagram and any violation
+    python -m tools.layers --write   # rewrite the diagram in docs/DESIGN.md
+"""
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from typing import NamedTuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(ROOT, "xlanb")
+DESIGN = os.path.join(ROOT, "docs", "DESIGN.md")
+
+# (layer, what it holds, modules in order). A module may import any module listed
+# before it. ``xlanb.lowering.*`` is one unit: its modules import each other freely
+# (never in a cycle) and only ``xlanb.base`` below them.
+LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
+    ("base", "settings, metrics, dtypes, tables, the session state, source locations, scopes, RNG",
+     ("xlanb.base.config", "xlanb.base.metrics", "xlanb.base.dtypes", "xlanb.base.tables",
+      "xlanb.base.session", "xlanb.base.frames", "xlanb.base.scopes", "xlanb.base.rng")),
+    ("runtime", "JAX devices, lowering and compiling, the executable store, array transfers",
+     ("xlanb.runtime.devices", "xlanb.runtime.jit", "xlanb.runtime.store",
+      "xlanb.runtime.transfer")),
+    ("lowering", "aten op -> JAX function, one registry",
+     ("xlanb.lowering.*",)),
+    ("ir", "nodes, op infos, graph plans and hashes; argument templates",
+     ("xlanb.ir", "xlanb.templates")),
+    ("graph", "a graph as plain data, its differ and its one renderer (text, DOT, SVG)",
+     ("xlanb.graph.summary", "xlanb.graph.explain", "xlanb.graph.render")),
+    ("tensor", "XlaTensor, storages, signature keys",
+     ("xlanb.tensor",)),
+    ("ops", "op plans, view records, leaves, signatures, op infos",
+     ("xlanb.ops.plan", "xlanb.ops.views", "xlanb.ops.leaves", "xlanb.ops.signature",
+      "xlanb.ops.infos")),
+    ("execute", "compile, fills, single-op executables, background compiles, op-by-op and graph runs",
+     ("xlanb.execute.compile", "xlanb.execute.fills", "xlanb.execute.single_op",
+      "xlanb.execute.background", "xlanb.execute.opbyop", "xlanb.execute.graphs")),
+    ("live", "pending storages, waiting views, peek values",
+     ("xlanb.live",)),
+    ("realize", "sync, materialize, peek, values an op needs",
+     ("xlanb.realize",)),
+    ("record", "the mode policy: record or run one op; reading and writing through storages",
+     ("xlanb.record",)),
+    ("reads", "host reads of tensors, with their cause",
+     ("xlanb.reads",)),
+    ("dispatch", "CPU fallback, __torch_dispatch__ and the special ops, device registration",
+     ("xlanb.fallback", "xlanb.dispatch", "xlanb.backend")),
+    ("modes", "lazy / eager / opbyop switching",
+     ("xlanb.modes",)),
+    ("capture", "xlanb.compile and the torch.compile backend",
+     ("xlanb.capture.function", "xlanb.capture.dynamo")),
+    ("inspect", "tensor repr, pending IR and HLO",
+     ("xlanb.inspect.repr", "xlanb.inspect.pending")),
+    ("api", "the public API",
+     ("xlanb",)),
+    ("front ends", "extensions/ (IPython, pdb, widgets), kernel/, and the xlanb.widgets shim",
+     ("xlanb.extensions.*", "xlanb.kernel.*", "xlanb.widgets")),
+]
+
+# Upward calls, each through one named function, and the modules allowed to call it.
+HOOKS: dict[str, tuple[str, ...]] = {
+    "xlanb.tensor.set_handler": ("xlanb.dispatch", "xlanb.reads", "xlanb.inspect.repr"),
+    "xlanb.ops.infos.set_decomposition_runner": ("xlanb.record",),
+}
+
+# Upward imports allowed by name: ``%load_ext xlanb`` and ``xlanb.set_trace`` live in the
+# public API but load their front end only when called.
+ALLOWED_UP: set[tuple[str, str]] = {
+    ("xlanb", "xlanb.extensions.ipython"),
+    ("xlanb", "xlanb.extensions.pdb"),
+}
+
+
+def module_files() -> dict[str, str]:
+    """Every module of the xlanb package: dotted name -> file."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(PACKAGE):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(filenames):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(dirpath, name)
+            parts = os.path.relpath(path, ROOT)[:-3].split(os.sep)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or \
+        (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _imports_of(tree: ast.AST):
+    """Import statements, skipping ``if TYPE_CHECKING:`` bodies."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def imports(module: str, path: str, known: set[str]) -> list[tuple[str, int]]:
+    """The xlanb modules ``module`` imports, with line numbers."""
+    tree = ast.parse(open(path).read(), path)
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    found = []
+    for node in _imports_of(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in known else mod
+                       for a in node.names]
+        for t in targets:
+            if t == "xlanb" or t.startswith("xlanb."):
+                found.append((t, node.lineno))
+    return found
+
+
+def rank_of(name: str) -> tuple[int, int] | None:
+    """(layer, position) of a module in the declared order; None if undeclared."""
+    pos = 0
+    for li, (_, _, mods) in enumerate(LAYERS):
+        for m in mods:
+            if m == name or (m.endswith(".*") and (name == m[:-2] or name.startswith(m[:-1]))):
+                return li, pos
+            pos += 1
+    return None
+
+
+def _is_package_init(name: str, path: str) -> bool:
+    return path.endswith("__init__.py") and name != "xlanb" and rank_of(name) is None
+
+
+def violations() -> list[str]:
+    """Undeclared modules, imports that go up the order, cycles, misplaced hook calls."""
+    files = module_files()
+    known = set(files)
+    problems = []
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        if _is_package_init(name, path):
+            # a layer folder's __init__ holds nothing, so importing through it is free
+            if any(True for _ in _imports_of(ast.parse(open(path).read()))):
+                problems.append(f"{name}: a layer folder's __init__.py must not import anything")
+            continue
+        me = rank_of(name)
+        if me is None:
+            problems.append(f"{name}: not in the declared layer order (tools/layers.py LAYERS)")
+            continue
+        for target, line in imports(name, path, known):
+            if target in known and _is_package_init(target, files[target]):
+                continue
+            graph.setdefault(name, set()).add(target)
+            them = rank_of(target)
+            if them is None:
+                problems.append(f"{name}:{line} imports {target}, which is not in the layer order")
+            elif (name, target) in ALLOWED_UP:
+                continue
+            elif them > me and not (me[0] == them[0] and LAYERS[me[0]][2][0].endswith(".*")):
+                problems.append(f"{name}:{line} imports {target}, which is above it "
+                                f"({LAYERS[me[0]][0]} -> {LAYERS[them[0]][0]})")
+    problems += [f"import cycle: {' -> '.join(c)}" for c in cycles(graph)]
+    problems += hook_violations(files)
+    return problems
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp) + [sorted(comp)[0]])
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def hook_violations(files: dict[str, str]) -> list[str]:
+    problems = []
+    short = {h.rpartition(".")[2]: h for h in HOOKS}
+    for name, path in files.items():
+        tree = ast.parse(open(path).read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                f = node.func
+                called = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+                hook = short.get(called)
+                if hook and name not in HOOKS[hook] and name != hook.rpartition(".")[0]:
+                    problems.append(f"{name}:{node.lineno} calls the hook {hook}, which only "
+                                    f"{', '.join(HOOKS[hook])} may install")
+    return problems
+
+
+BEGIN = "<!-- layers: written by `python -m tools.layers --write`; do not edit by hand -->"
+END = "<!-- /layers -->"
+
+
+def diagram() -> str:
+    """The layer diagram, top layer first (data flows down; imports go down only)."""
+    lines = ["```"]
+    for name, what, mods in reversed(LAYERS):
+        shown = ", ".join(m.replace("xlanb.", "", 1) if m != "xlanb" else "xlanb/__init__"
+                          for m in mods)
+        lines.append(f"{name:<11}{shown}")
+        lines.append(f"{'':<11}  {what}")
+    lines.append("```")
+    hooks = "; ".join(f"`{h}` (installed by {', '.join(m for m in mods)})"
+                      for h, mods in HOOKS.items())
+    lines.append(f"Upward calls go through hooks installed at import: {hooks}.")
+    return BEGIN + "\n" + "\n".join(lines) + "\n" + END
+
+
+def design_block() -> str | None:
+    text = open(DESIGN).read()
+    if BEGIN not in text or END not in text:
+        return None
+    return text[text.index(BEGIN):text.index(END) + len(END)]
+
+
+def write_design() -> None:
+    text = open(DESIGN).read()
+    old = design_block()
+    if old is None:
+        raise SystemExit(f"{DESIGN} has no layer block (markers {BEGIN!r} ... {END!r})")
+    with open(DESIGN, "w") as f:
+        f.write(text.replace(old, diagram()))
+
+
+def main(argv: list[str]) -> int:
+    if "--write" in argv:
+        write_design()
+    print(diagram())
+    problems = violations()
+    for p in problems:
+        print(p, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,84 @@
+"""The one home of xlanb's session state: every cache, registry and record of this process.
+
+Modules keep references to the containers here (``_infos = session.infos``) so that the
+per-op hot path reads a module global, as fast as before; for that reason ``clear`` empties
+the containers in place and never replaces them. Scalars that change while running (the
+mode, the debugger-free recorder slot, the decomposition depth) are attributes, read as
+``session.recording`` and so on.
+
+What is *not* here, on purpose: process resources that outlive a session (the compile
+thread pool, JAX's device list, the executable store's once-per-process warnings) and
+metrics, an observer with its own ``clear``.
+"""
+from __future__ import annotations
+
+import os
+import weakref
+
+from .config import check_mode
+
+
+class Session:
+    """Everything a reset forgets. One instance per process: ``session``."""
+
+    def __init__(self, mode: str):
+        # -- the execution mode (modes.py switches it; dispatch reads it on every op)
+        self.mode = mode
+        self.recording = mode != "eager"
+        # eager: some ops were recorded while their executables compile (record.py)
+        self.deferred = False
+        # >0 while a decomposition traces on JAX values: ops run at once (record.py)
+        self.direct = 0
+        # the recorder of the xlanb.compile call being traced, if any (capture/)
+        self.recorder = None
+
+        # -- what ops are and how each signature evaluates (dispatch, ops/)
+        self.plans: dict = {}          # id(OpOverload) -> OpPlan
+        self.infos: dict = {}          # op signature -> OpInfo
+        self.sig_keys: dict = {}       # (shape, stride, dtype, device, offset) -> SigKey
+        self.aval_ids: dict = {}       # (shape, dtype) -> negative uid of a leaf type
+        self.digests: dict = {}        # OpInfo uid -> its process-independent digest
+        self.getitem_infos: dict = {}  # (OpInfo uid, output index) -> OpInfo
+        self.data_infos: dict = {}     # leaf infos of device data, by (shape, dtype, device)
+        self.empty_infos: dict = {}    # leaf infos of uninitialized memory
+        self.scatter_infos: dict = {}  # writes through a view chain
+
+        # -- pending work and peeks (live.py, realize.py)
+        self.live: list = []           # weakrefs of storages, in write order
+        self.waiting_views: list = []  # eager: weakrefs of views waiting on a compile
+        self.peek_values: dict = {}    # node id -> array computed by a peek
+        self.peeked_nodes: list = []   # keeps those nodes (and so their ids) alive
+
+        # -- compiles (execute/)
+        self.in_flight: list = []      # Futures of background single-op compiles
+        self.graph_cache: dict = {}    # (device, structural key) -> CompiledGraph
+        self.graph_log: list = []      # every CompiledGraph, in compile order
+        self.syncs_at: dict = {}       # source location -> lazy syncs from there
+        self.compiles_at: dict = {}    # source location -> new graphs from there
+
+        # -- where ops come from (base/frames.py, base/scopes.py)
+        self.scope_stack: list = []    # nn.Module paths being run
+        self.module_names = weakref.WeakKeyDictionary()  # nn.Module -> its path
+        self.skip_file: dict = {}      # file name -> never the user's line?
+        self.locations: dict = {}      # (file, line) -> SourceLoc, interned
+
+        # -- warnings given once
+        self.fallback_warned: set = set()
+
+    def clear(self, mode: str) -> None:
+        """Forget every cache and record, keeping each container object (see above)."""
+        for value in vars(self).values():
+            if isinstance(value, (dict, list, set, weakref.WeakKeyDictionary)):
+                value.clear()
+        self.mode = mode
+        self.recording = mode != "eager"
+        self.deferred = False
+        self.direct = 0
+        self.recorder = None
+
+
+def starting_mode() -> str:
+    return check_mode(os.environ.get("XLANB_MODE", "lazy") or "lazy")
+
+
+session = Session(starting_mode())

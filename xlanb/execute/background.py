@@ -1,0 +1,55 @@
+"""Compiling single-op executables on background threads (eager mode, op-by-op runs).
+
+Lowering happens on the calling thread, so an op without a working lowering fails at its
+own line; XLA compiles on one of the compile threads, without the GIL, so compiles overlap
+each other and the Python that follows."""
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+from ..base import metrics
+from ..base.session import session
+from ..ir import OpInfo
+from ..runtime.jit import background
+from .compile import compile_op, load_stored, lower_op, op_store_key
+
+_in_flight = session.in_flight  # Futures of background compiles not yet seen done
+
+
+def compile_op_ahead(info: OpInfo):
+    """Start compiling ``info``'s single-op executable; returns its Future. Lowering
+    happens here, so an op without a working lowering fails at its own line; XLA's
+    compile runs on a background thread. An executable in the store is loaded now."""
+    if info.compiling is None:
+        key = op_store_key(info)
+        exe = load_stored(key, info.device, "OpCompileTime")
+        if exe is not None:
+            future = concurrent.futures.Future()
+            future.set_result(exe)
+        else:
+            t0 = time.perf_counter()
+            lowered = lower_op(info)
+            future = background(_compile_off_thread, lowered, info.device, key,
+                                time.perf_counter() - t0)
+            _in_flight.append(future)
+        info.compiling = future
+        metrics.counter("OpCompile")
+    return info.compiling
+
+
+def _compile_off_thread(lowered, device: int, key: str | None, lower_s: float):
+    t0 = time.perf_counter()
+    try:
+        return compile_op(lowered, device, key, lower_s)
+    finally:
+        metrics.record("OpBackgroundCompileTime", time.perf_counter() - t0)
+
+
+def compiles_in_flight() -> bool:
+    """Whether a background single-op compile is still running."""
+    for fut in _in_flight:  # usually stops at the first: the oldest finish first
+        if not fut.done():
+            return True
+    _in_flight.clear()
+    return False

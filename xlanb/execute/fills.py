@@ -1,0 +1,52 @@
+"""Fills: pending nodes whose value does not depend on their inputs' values, made device
+data without compiling anything."""
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from ..base.dtypes import to_jax_dtype
+from ..ir import Node
+from ..runtime.devices import jax_device
+
+# Fills: nodes whose value does not depend on their inputs' values. Zeros, ones and
+# fill_/zero_ (what torch.zeros(..., device="xla") records: empty, then zero_) are made
+# device data before their first in-place write (see dispatch); empties only when read
+# (an empty is usually overwritten whole, and its node costs nothing in a graph).
+_FILL_VALUES = {"aten::zeros": 0, "aten::zeros_like": 0, "aten::new_zeros": 0, "aten::zero_": 0,
+                "aten::ones": 1, "aten::ones_like": 1, "aten::new_ones": 1}
+_EMPTIES = ("aten::empty", "aten::empty_like", "aten::new_empty", "aten::empty_strided",
+            "aten::new_empty_strided")
+
+
+def fill_value(node: Node):
+    """The value a pending fill node fills with, or None if ``node`` is not a fill."""
+    name = node.info.name
+    value = _FILL_VALUES.get(name)
+    if value is None and name == "aten::fill_" and len(node.inputs) == 1:
+        # the value is the lifted scalar, or (not lifted: bool, int) in the signature
+        value = node.scalars[0] if node.scalars else node.info.sig[1][1]
+        if not isinstance(value, (bool, int, float)):
+            return None
+    return value
+
+
+def settle_fill(node: Node, value=0) -> None:
+    """Make the pending fill ``node`` device data: ``value`` everywhere."""
+    meta = node.info.out
+    dtype = to_jax_dtype(meta.dtype)
+    device = jax_device(node.info.device)
+    with jax.enable_x64(True):
+        if device.platform == "cpu":  # a host buffer is the device's: nothing to compile
+            arr = jax.device_put(np.full(meta.shape, value, dtype), device)
+        else:  # made on the device: no transfer (JAX compiles one fill per shape)
+            arr = jax.numpy.full(meta.shape, value, dtype, device=device)
+    node.materialize(arr)
+
+
+def settled_if_empty(node: Node) -> bool:
+    """Settle ``node`` if it is a pending empty (nothing to compile); whether it was."""
+    if node.info.name in _EMPTIES and not node.info.multi:
+        settle_fill(node)
+        return True
+    return False

@@ -1,0 +1,237 @@
+"""Whole graphs: compiled once per structure, kept in the graph cache and the graph log
+(``xlanb.graphs()``), each with why it compiled and, for a recompile, what changed."""
+from __future__ import annotations
+
+import functools
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import jax
+
+from ..base import metrics
+from ..base.config import config
+from ..base.frames import SourceLoc, format_loc
+from ..base.session import session
+from ..base.tables import format_table
+from ..graph.explain import explain
+from ..graph.render import render_dot, render_text
+from ..graph.summary import summarize
+from ..ir import GraphPlan, leaf_meta, stable_hash
+from ..runtime import store
+from ..runtime.jit import compile_jitted, jax_context
+from .compile import load_stored, scalar_spec, store_key, tensor_spec
+
+@dataclass
+class CompiledGraph:
+    """One compiled graph, as ``xlanb.graphs()`` lists it."""
+    hash: str
+    device: int
+    n_nodes: int
+    n_inputs: int
+    n_outputs: int
+    cause: str
+    src: SourceLoc | None  # the user's line whose sync compiled it
+    compile_time: float
+    executable: object = field(repr=False)
+    hits: int = 0
+    run_time: float = 0.0
+    explanation: str = ""  # why it compiled: how it differs from the last graph from here
+    summary: object = field(default=None, repr=False)  # summary.GraphSummary
+    lowered: object = field(default=None, repr=False)  # jax.stages.Lowered, once known
+    # lowers the graph again (an executable loaded from the store was never lowered here)
+    relower: object = field(default=None, repr=False)
+
+    def lowered_module(self):
+        """The ``jax.stages.Lowered`` this graph compiles from (lowered now if needed)."""
+        if self.lowered is None:
+            self.lowered = self.relower()
+        return self.lowered
+
+    def ir_text(self, depth: int | None = None) -> str:
+        """The graph's IR as it was recorded, one line per node."""
+        return render_text(self.summary, depth)
+
+    def dot(self, scope_depth: int | None = None, highlight: str | None = None) -> str:
+        """The graph as Graphviz DOT (see ``graph.render.render_dot``)."""
+        return render_dot(self.summary, scope_depth, highlight)
+
+    def hlo(self, dialect: str = "stablehlo", optimized: bool = False) -> str:
+        """The module this graph compiled from, or XLA's optimized HLO."""
+        if optimized:
+            return self.executable.as_text()
+        if dialect not in ("stablehlo", "hlo"):
+            raise ValueError(f"dialect must be 'stablehlo' or 'hlo', got {dialect!r}")
+        return self.lowered_module().as_text(dialect=dialect)
+
+    @property
+    def ops(self) -> tuple:
+        """Op names in topological order."""
+        return tuple(o.name for o in self.summary.ops) if self.summary else ()
+
+    def cost_analysis(self) -> dict:
+        """XLA's cost estimate (flops, bytes accessed...), where the backend provides it."""
+        try:
+            return dict(self.executable.cost_analysis() or {})
+        except Exception:  # not every backend implements it
+            return {}
+
+    def memory_analysis(self):
+        """XLA's memory use of the executable, where the backend provides it."""
+        try:
+            return self.executable.memory_analysis()
+        except Exception:
+            return None
+
+
+class GraphList(list):
+    """``xlanb.graphs()``: compiled graphs, oldest first, printable as a table."""
+
+    _COLUMNS = ("#", "hash", "nodes", "in", "out", "compile", "hits", "run", "cause", "source")
+
+    def rows(self) -> list[tuple]:
+        return [(str(i), g.hash[:12], str(g.n_nodes), str(g.n_inputs), str(g.n_outputs),
+                 f"{g.compile_time:.2f}s", str(g.hits), f"{g.run_time:.3f}s", g.cause,
+                 format_loc(g.src))
+                for i, g in enumerate(self)]
+
+    def __str__(self) -> str:
+        if not self:
+            return "no compiled graphs"
+        lines = format_table(self._COLUMNS, self.rows()).split("\n")
+        for i, g in enumerate(self):
+            if g.explanation:
+                lines.append(f"  #{i} recompiled: {g.explanation}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        import html
+        head = "".join(f"<th>{c}</th>" for c in self._COLUMNS + ("why",))
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r)
+                       + f"<td>{html.escape(g.explanation)}</td></tr>"
+                       for r, g in zip(self.rows(), self))
+        return f"<table class='xlanb-graphs'><tr>{head}</tr>{body}</table>"
+
+
+_graph_cache = session.graph_cache
+graph_log = session.graph_log  # in compile order
+
+
+def _graph_fn(plan: GraphPlan):
+    steps = plan.steps
+    root_pos = plan.root_pos
+
+    def run(leaves, scalars):
+        vals = list(leaves)
+        k = 0
+        for info, ins in steps:
+            n = len(info.scalar_specs)
+            vals.append(info.fn([vals[i] for i in ins], scalars[k:k + n]))
+            k += n
+        return [vals[p] for p in root_pos]
+    return run
+
+
+def graph_specs(plan: GraphPlan, device: int):
+    """The abstract arguments of ``plan``'s graph function: leaf arrays, lifted scalars."""
+    return ([tensor_spec(leaf_meta(n), device) for n in plan.leaves],
+            [scalar_spec(k, device) for info, _ in plan.steps for k in info.scalar_specs])
+
+
+def lower_graph(plan: GraphPlan, device: int):
+    """``plan`` lowered by JAX (a ``jax.stages.Lowered``), without compiling it."""
+    return _lower_graph_fn(_graph_fn(plan), graph_specs(plan, device))
+
+
+def _lower_graph_fn(fn, specs):
+    with jax_context():
+        return jax.jit(fn).lower(*specs)
+
+
+def compiled_graph(plan: GraphPlan, device: int, cause: str, src) -> tuple[CompiledGraph, bool]:
+    """The cached executable of ``plan``'s structure: from memory, else from the
+    executable store, else compiled now. Returns it and whether it is new to this process."""
+    key = (device, plan.key)
+    rec = _graph_cache.get(key)
+    if rec is None:
+        specs = graph_specs(plan, device)
+        fn = _graph_fn(plan)
+        graph_hash = stable_hash(plan, device)
+        key_in_store = store_key(graph_hash.encode(), device, None)
+        t0 = time.perf_counter()
+        lowered = None
+        exe = load_stored(key_in_store, device, "CompileTime")
+        if exe is None:
+            lowered, exe = compile_jitted(fn, specs, metric="CompileTime", lower_metric="LowerTime")
+            if key_in_store is not None:
+                store.store(key_in_store, exe)
+        metrics.counter("UncachedCompile")
+        summary = summarize(plan)
+        prev = next((g for g in reversed(graph_log) if g.src == src and g.device == device), None)
+        rec = CompiledGraph(graph_hash[:16], device, len(plan.steps), len(plan.leaves),
+                            len(plan.roots), cause, src, time.perf_counter() - t0, exe,
+                            explanation=explain(prev.summary, summary) if prev else "",
+                            summary=summary, lowered=lowered,
+                            relower=functools.partial(_lower_graph_fn, fn, specs))
+        _graph_cache[key] = rec
+        graph_log.append(rec)
+        return rec, True
+    return rec, False
+
+
+class RecompileWarning(UserWarning):
+    """Graphs from one source line keep compiling (the graph is dynamic)."""
+
+
+_syncs_at = session.syncs_at        # source location -> lazy syncs from there
+_compiles_at = session.compiles_at  # source location -> new graphs from there
+
+
+def _report_compile(rec: CompiledGraph, src) -> None:
+    """XLANB_DEBUG printing, and the too-frequent warning that names the cause."""
+    n = _compiles_at[rec.src] = _compiles_at.get(rec.src, 0) + 1
+    if config.debug and rec.explanation:
+        print(f"xlanb: new graph {rec.hash[:12]} ({rec.cause} at {format_loc(rec.src)}): "
+              f"{rec.explanation}",
+              file=sys.stderr)
+    syncs = _syncs_at.get(rec.src, 0)
+    if rec.explanation and n >= config.frequent_compiles and 2 * n >= syncs:
+        msg = (f"xlanb: compiles too frequent: {n} graphs in {syncs} syncs at "
+               f"{format_loc(rec.src) or '?'} ({rec.cause}); latest: {rec.explanation}")
+        if src is not None:  # point the warning at the user's line, not at xlanb
+            warnings.warn_explicit(msg, RecompileWarning, src.file, src.line)
+        else:
+            warnings.warn(msg, RecompileWarning, stacklevel=3)
+
+
+def run_graph(plan: GraphPlan, device: int, cause: str, src) -> list:
+    """Compile (or find) the graph of ``plan`` and run it; returns the roots' arrays."""
+    _syncs_at[src] = _syncs_at.get(src, 0) + 1
+    rec, fresh = compiled_graph(plan, device, cause, src)
+    if fresh:
+        _report_compile(rec, src)
+    else:
+        metrics.counter("CachedCompile")
+        rec.hits += 1
+    t0 = time.perf_counter()
+    with jax.enable_x64(True):
+        outs = rec.executable([n.data for n in plan.leaves], plan.scalars)
+        jax.block_until_ready(outs)
+    dt = time.perf_counter() - t0
+    rec.run_time += dt
+    metrics.record("ExecuteTime", dt)
+    return outs
+
+
+def graphs() -> GraphList:
+    """Every compiled graph with its cause, source line, times, hits and explanation."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    return GraphList(graph_log)
+
+
+def clear_graph_cache() -> None:
+    _graph_cache.clear()
+    graph_log.clear()
+    _syncs_at.clear()
+    _compiles_at.clear()

@@ -1,0 +1,47 @@
+"""Running a graph node by node through the single-op executables (opbyop syncs, peeks)."""
+from __future__ import annotations
+
+import time
+
+import jax
+
+from ..base import metrics
+from ..base.config import config
+from ..ir import GETITEM, GraphPlan
+from .background import compile_op_ahead
+from .single_op import op_executable
+
+
+def run_op_by_op(plan: GraphPlan, keep: dict | None = None) -> list:
+    """Run ``plan`` node by node through the single-op cache.
+
+    ``keep``, if given, receives every intermediate value (keyed by node id) and supplies
+    values computed earlier, so repeated peeks recompute nothing.
+    """
+    if config.background_compile:
+        # Every missing executable starts compiling now, on the compile threads, while
+        # the main thread lowers the next: the first peek at a layer's output or the
+        # first op-by-op sync waits for the slowest compile, not for all of them in turn.
+        for info, _ in plan.steps:
+            if info.exe is None and info.name != GETITEM:
+                compile_op_ahead(info)
+    vals = [n.data if n.data is not None else keep[id(n)] for n in plan.leaves]
+    k = 0
+    run_time = 0.0
+    with jax.enable_x64(True):
+        for (info, ins), node in zip(plan.steps, plan.op_nodes):
+            n = len(info.scalar_specs)
+            args = [vals[i] for i in ins]
+            if info.name == GETITEM:  # pick one output of a multi-output node: nothing to run
+                out = info.fn(args, ())
+            else:
+                exe = op_executable(info)  # compile time is OpCompileTime, not ExecuteTime
+                t0 = time.perf_counter()
+                out = exe(*args, *plan.scalars[k:k + n])
+                run_time += time.perf_counter() - t0
+            k += n
+            vals.append(out)
+            if keep is not None:
+                keep[id(node)] = out
+    metrics.record("ExecuteTime", run_time)
+    return [vals[p] for p in plan.root_pos]

@@ -1,0 +1,83 @@
+"""Looking at graphs without running them: IR as text or DOT (pending or compiled), and
+the HLO a sync would compile. Nothing here changes the pending graph."""
+from __future__ import annotations
+
+import torch
+
+from ..base.frames import user_frame
+from ..execute.graphs import compiled_graph, lower_graph
+from ..graph.render import render_dot, render_text
+from ..graph.summary import GraphSummary, summarize
+from ..ir import GraphPlan, Node, plan_graph
+from ..live import pending_roots
+from ..record import value_node
+
+
+def roots_of(tensors) -> list[Node]:
+    """The pending nodes of ``tensors``, or of every live tensor when none are given."""
+    if not tensors:
+        return pending_roots()
+    roots = []
+    with torch._C._DisableTorchDispatch():
+        for t in tensors:
+            if not hasattr(t, "_storage"):
+                raise TypeError(f"expected tensors on the xla device, got {type(t).__name__}"
+                                + (f" on {t.device}" if isinstance(t, torch.Tensor) else ""))
+            roots.append(value_node(t))
+    return roots
+
+
+def _plan(tensors) -> GraphPlan:
+    return plan_graph(roots_of(tensors))
+
+
+# ---------------------------------------------------------------------------------------
+# The public functions
+
+def pending_ir(*tensors, fmt: str = "text", depth: int | None = None,
+               scope_depth: int | None = None, highlight: str | None = None) -> str:
+    """The pending IR of ``tensors`` (all live pending tensors when none are given).
+
+    ``depth`` keeps only the ops at most that many hops before the outputs. For DOT,
+    ``scope_depth`` collapses module scopes deeper than that many levels and
+    ``highlight`` marks the ops whose name or ``file:line`` match a regex."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    if fmt not in ("text", "dot"):
+        raise ValueError(f"fmt must be 'text' or 'dot', got {fmt!r}")
+    for name, v in (("depth", depth), ("scope_depth", scope_depth)):
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    g = summarize(_plan(tensors))
+    if fmt == "text":
+        return render_text(g, depth)
+    return render_dot(g, scope_depth=scope_depth, highlight=highlight, depth=depth)
+
+
+def pending_summary(*tensors) -> GraphSummary:
+    """The pending graph of ``tensors`` as plain data (for front ends that draw it)."""
+    return summarize(_plan(tensors))
+
+
+def pending_count(*tensors) -> int:
+    """How many ops are pending for ``tensors`` (all live tensors when none are given)."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    return len(_plan(tensors).steps)
+
+
+def hlo(*tensors, dialect: str = "stablehlo", optimized: bool = False) -> str:
+    """The module the next sync of ``tensors`` would compile, without running it.
+
+    ``optimized=True`` compiles it (through the graph cache, so the sync that follows
+    reuses the executable) and returns XLA's optimized HLO.
+    """
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    if dialect not in ("stablehlo", "hlo"):
+        raise ValueError(f"dialect must be 'stablehlo' or 'hlo', got {dialect!r}")
+    plan = _plan(tensors)
+    if not plan.steps:
+        return ""
+    device = plan.roots[0].info.device
+    if optimized:
+        rec, _ = compiled_graph(plan, device, "xlanb.hlo(optimized=True)", user_frame())
+        return rec.executable.as_text()
+    return lower_graph(plan, device).as_text(dialect=dialect)

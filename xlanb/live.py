@@ -1,0 +1,88 @@
+"""Live pending work: the storages whose value may be pending (in write order), the views
+eager mode waits on, and the values peeks computed. ``pending_roots`` is what a sync runs."""
+from __future__ import annotations
+
+import weakref
+
+from .base.session import session
+from .ir import Node
+
+# Storages whose node may be pending, appended on every write. Read in last-write order,
+# which is the program order of their pending nodes: graph structure (and so the cache
+# key) depends on neither set iteration order nor when a tensor was created, so a first
+# step that creates optimizer state cuts the same graph as the steps after it. Weak: a
+# tensor nobody holds is never computed. A list of weakrefs, because tracking happens on
+# every recorded op; duplicates and dead entries are dropped when it is read or compacted.
+_live = session.live
+_compact_at = [4096]
+# Values computed by peeks, kept until the next sync (node id -> array), with the nodes.
+peek_values = session.peek_values
+_peeked_nodes = session.peeked_nodes
+
+
+def track(storage) -> None:
+    _live.append(weakref.ref(storage))
+    if len(_live) > _compact_at[0]:
+        compact()
+
+
+def live_storages() -> list:
+    """Live storages with pending nodes, each once, in last-write order."""
+    seen = set()
+    out = []
+    for ref in reversed(_live):
+        s = ref()
+        if s is not None and s.node.data is None and id(s) not in seen:
+            seen.add(id(s))
+            out.append(s)
+    out.reverse()
+    return out
+
+
+def compact() -> None:
+    _live[:] = [weakref.ref(s) for s in live_storages()]
+    _compact_at[0] = max(4096, 2 * len(_live))
+
+
+# Eager mode: views whose cached value waits on a background compile (dispatch.py). A
+# view's value is not its storage's node, so running the storages alone would leave it.
+_waiting_views = session.waiting_views
+
+
+def track_view(t) -> None:
+    _waiting_views.append(weakref.ref(t))
+
+
+def end_waiting() -> None:
+    """Eager: nothing waits on a background compile any more."""
+    session.deferred = False
+    _waiting_views.clear()
+
+
+def pending_roots() -> list[Node]:
+    """The pending nodes of every live tensor, each once."""
+    seen = set()
+    roots = []
+    for s in live_storages():
+        node = s.node
+        if id(node) not in seen:
+            seen.add(id(node))
+            roots.append(node)
+    for ref in _waiting_views:
+        t = ref()
+        if t is not None and t._ver == t._storage.version:
+            node = t._node
+            if node.data is None and id(node) not in seen:
+                seen.add(id(node))
+                roots.append(node)
+    return roots
+
+
+def clear_peeks() -> None:
+    peek_values.clear()
+    _peeked_nodes.clear()
+
+
+def keep_peeked(nodes) -> None:
+    """Keep peeked nodes alive so their ids stay valid keys until the next sync."""
+    _peeked_nodes.extend(nodes)

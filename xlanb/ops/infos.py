@@ -1,0 +1,176 @@
+"""How one signature of an op evaluates: its ``OpInfo``.
+
+An ``OpInfo`` is built once per signature: torch's meta kernels give the result shapes
+and dtypes, and its ``fn(inputs, scalars)`` evaluates the op on JAX values, cast to
+torch's dtypes, through the op's JAX lowering or torch's decomposition. Decompositions
+run on tensors that hold JAX values, op by op: the dispatcher that does that sits above
+this module and installs itself with ``set_decomposition_runner``.
+"""
+from __future__ import annotations
+
+import jax
+import numpy as np
+import torch
+
+from ..base.dtypes import to_jax_dtype, to_torch_dtype
+from ..base.session import session
+from ..ir import GETITEM, OpInfo, TensorMeta, contiguous_strides
+from ..templates import fill_call, template_of
+from .plan import OpPlan
+from .signature import meta_tensor, metas_of
+from .views import ViewRecord
+
+_getitem_infos = session.getitem_infos
+
+
+def _conform(res, out, name):
+    """Cast a lowering's result to torch's dtype and check its shape against torch's."""
+    if isinstance(out, TensorMeta):
+        if res.shape != out.shape:
+            raise RuntimeError(f"xlanb: lowering of {name} gave shape {res.shape}, "
+                               f"torch expects {out.shape}")
+        want = to_jax_dtype(out.dtype)
+        return res if res.dtype == want else res.astype(want)
+    if isinstance(out, tuple):
+        return tuple(_conform(r, o, name) if o is not None and r is not None else r
+                     for r, o in zip(res, out))
+    return res
+
+
+def _lowered_fn(plan: OpPlan, template, out):
+    low = plan.lowering.fn
+    name = plan.name
+    if plan.random:
+        def fn(ins, scs):
+            args, kwargs = fill_call(template, ins, scs)
+            kwargs["rng"] = jax.random.wrap_key_data(scs[-1])
+            return _conform(low(*args, **kwargs), out, name)
+    else:
+        def fn(ins, scs):
+            args, kwargs = fill_call(template, ins, scs)
+            return _conform(low(*args, **kwargs), out, name)
+    return fn
+
+
+def _no_runner(decomp, template, arrays, scalars):
+    raise RuntimeError("xlanb: no decomposition runner installed (import xlanb first)")
+
+
+_run_decomposition = _no_runner
+
+
+def set_decomposition_runner(fn) -> None:
+    """Install ``fn(decomp, template, arrays, scalars) -> JAX value(s)``: runs torch's
+    decomposition ``decomp``, called as ``template`` says, on tensors holding the JAX
+    ``arrays`` (record.py installs it)."""
+    global _run_decomposition
+    _run_decomposition = fn
+
+
+def _decomposed_fn(plan: OpPlan, template, out):
+    decomp = plan.decomp
+    name = plan.name
+
+    def fn(ins, scs):
+        return _conform(_run_decomposition(decomp, template, ins, scs), out, name)
+    return fn
+
+
+def _view_raw_fn(plan: OpPlan, template):
+    """A view op without the dtype cast: view chains also run on index arrays."""
+    low = plan.lowering.fn if plan.lowering is not None else None
+    if low is None:
+        return None
+
+    def raw(x):
+        args, kwargs = fill_call(template, [x], ())
+        return low(*args, **kwargs)
+    return raw
+
+
+def check_traceable(fn, tensors, scalars, random) -> None:
+    """Trace ``fn`` once on abstract values; NotImplementedError if it cannot lower (an
+    op inside a decomposition has no lowering, or a lowering refuses these inputs), so
+    the caller falls back to CPU."""
+    specs = [jax.ShapeDtypeStruct(t._meta.shape, to_jax_dtype(t._meta.dtype)) for t in tensors]
+    scs = list(scalars) + ([np.zeros(2, np.uint32)] if random else [])
+    try:
+        with jax.enable_x64(True):
+            jax.eval_shape(lambda *a: fn(a, scs), *specs)
+    except NotImplementedError:
+        raise
+    except Exception as e:
+        raise NotImplementedError(f"torch's decomposition does not lower: {e}") from e
+
+
+def new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device, outs=()) -> OpInfo:
+    """Build the OpInfo of one signature. For out= ops, ``kwargs`` and ``tensors`` exclude
+    the out tensors, which are passed as ``outs`` (in ``plan.mutated`` order)."""
+    lift = plan.lift
+    counters = [0, 0]
+    targs = [template_of(a, counters, lift) for a in args]
+    tkwargs = {k: template_of(v, counters, lift) for k, v in kwargs.items()}
+    # torch's own meta kernel checks the call as made (in-place, out= included)...
+    margs, mkwargs = fill_call((targs, tkwargs), [meta_tensor(t) for t in tensors], scalars)
+    if "device" in mkwargs:
+        mkwargs["device"] = "meta"
+    for name, o in zip(plan.mutated if plan.kind == "out" else (), outs):
+        mkwargs[name] = meta_tensor(o)
+    tkwargs = {k: v for k, v in tkwargs.items() if k not in ("device", "pin_memory")}
+    template = (targs, tkwargs)
+    try:
+        with torch._C._DisableTorchDispatch():
+            meta_res = op(*margs, **mkwargs)
+            # ...and the functional op that nodes record gives the result shapes and dtypes.
+            if plan.fop is not op:
+                fargs, fkwargs = fill_call(template, [meta_tensor(t) for t in tensors], scalars)
+                meta_res = plan.fop(*fargs, **fkwargs)
+        out = metas_of(meta_res)
+    except NotImplementedError:
+        if plan.lowering is None or plan.kind in ("view", "out"):
+            raise
+        # No meta kernel (geqrf, histogram, some backwards): the lowering gives the shapes.
+        out = _metas_from_lowering(plan, template, tensors, scalars)
+    if plan.lowering is not None:
+        fn = _lowered_fn(plan, template, out)
+        if plan.lowering.may_refuse:
+            check_traceable(fn, tensors, scalars, plan.random)
+    else:
+        fn = _decomposed_fn(plan, template, out)
+        check_traceable(fn, tensors, scalars, False)
+    specs = ("f",) * len(scalars) if lift else ()
+    if plan.random:
+        specs = specs + ("key",)
+    view = ViewRecord(_view_raw_fn(plan, template)) if plan.kind == "view" else None
+    return OpInfo(plan.name, sig, fn, out, op=plan.fop, n_in=len(tensors),
+                  scalar_specs=specs, device=device, plan=plan,
+                  in_metas=tuple(t._meta for t in tensors), template=template, view=view)
+
+
+def _metas_from_lowering(plan: OpPlan, template, tensors, scalars):
+    fn = _lowered_fn(plan, template, None)
+    specs = [jax.ShapeDtypeStruct(t._meta.shape, to_jax_dtype(t._meta.dtype)) for t in tensors]
+    scs = list(scalars) + ([np.zeros(2, np.uint32)] if plan.random else [])
+    try:
+        with jax.enable_x64(True):
+            res = jax.eval_shape(lambda *a: fn(a, scs), *specs)
+    except Exception as e:
+        raise NotImplementedError(f"{plan.name}: no meta kernel, and the lowering "
+                                  f"does not trace: {e}") from e
+
+    def meta(r):
+        if isinstance(r, (tuple, list)):
+            return tuple(meta(x) for x in r)
+        shape = tuple(r.shape)
+        return TensorMeta(shape, contiguous_strides(shape), to_torch_dtype(r.dtype))
+    return meta(res)
+
+
+def getitem_info(info: OpInfo, i: int) -> OpInfo:
+    key = (info.uid, i)
+    gi = _getitem_infos.get(key)
+    if gi is None:
+        gi = _getitem_infos[key] = OpInfo(
+            GETITEM, (GETITEM, info.sig, i), lambda ins, scs: ins[0][i], info.out[i], n_in=1,
+            device=info.device, in_metas=(None,))
+    return gi

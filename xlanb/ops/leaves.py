@@ -1,0 +1,57 @@
+"""Leaves: the infos of nodes without inputs (device data, uninitialized memory), and new
+xla tensors made from host values."""
+from __future__ import annotations
+
+import jax
+import torch
+
+from ..base.dtypes import to_jax_dtype, to_torch_dtype
+from ..base.session import session
+from ..ir import Node, OpInfo, TensorMeta, contiguous_strides
+from ..runtime.transfer import host_to_device
+from ..tensor import XlaTensor, new_tensor
+
+def _leaf_info(cache: dict, name: str, tag: str, meta: TensorMeta, device: int,
+               make_fn=None) -> OpInfo:
+    """The one info of a leaf (a node without inputs) of this kind, shape, dtype and
+    device, kept in ``cache``; ``make_fn(meta)`` gives its function, if it has one."""
+    key = (meta.shape, meta.dtype, device)
+    info = cache.get(key)
+    if info is None:
+        fn = make_fn(meta) if make_fn is not None else None
+        info = cache[key] = OpInfo(name, (tag,) + key, fn, meta, device=device)
+    return info
+
+
+_data_infos = session.data_infos
+_empty_infos = session.empty_infos
+
+
+def data_info(meta: TensorMeta, device: int) -> OpInfo:
+    """The info of device data (a leaf) with this shape and dtype."""
+    return _leaf_info(_data_infos, "device_data", "data", meta, device)
+
+
+def _zeros_fn(meta: TensorMeta):
+    shape, dt = meta.shape, to_jax_dtype(meta.dtype)
+    return lambda ins, scs: jax.numpy.zeros(shape, dt)
+
+
+def empty_info(meta: TensorMeta, device: int) -> OpInfo:
+    """Uninitialized memory: zeros if ever read, usually overwritten first."""
+    return _leaf_info(_empty_infos, "aten::empty", "empty", meta, device, _zeros_fn)
+
+
+def from_host(cpu: torch.Tensor, device: int) -> XlaTensor:
+    """A new xla tensor holding a copy of the CPU tensor ``cpu``."""
+    data = host_to_device(cpu, device)
+    shape = tuple(cpu.shape)
+    meta = TensorMeta(shape, contiguous_strides(shape), cpu.dtype)
+    return new_tensor(Node(data_info(meta, device), data=data), meta, device)
+
+
+def from_array(array, device: int = 0) -> XlaTensor:
+    """A new xla tensor over the JAX array ``array`` (no copy)."""
+    shape = tuple(array.shape)
+    meta = TensorMeta(shape, contiguous_strides(shape), to_torch_dtype(array.dtype))
+    return new_tensor(Node(data_info(meta, device), data=array), meta, device)

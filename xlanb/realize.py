@@ -1,0 +1,86 @@
+"""Computing pending work: ``sync`` (all of it), ``materialize`` (some nodes), ``peek_node``
+(one value, op by op, changing nothing) and ``node_array`` (a value an op needs now).
+
+In lazy mode the pending work runs as one graph through the graph cache; in opbyop mode,
+node by node through the single-op cache. Nodes are only swapped for device data after
+the whole run succeeded, so a failed compile or a KeyboardInterrupt loses nothing.
+"""
+from __future__ import annotations
+
+from .base.frames import user_frame
+from .base.session import session
+from .execute.fills import settled_if_empty
+from .execute.graphs import run_graph
+from .execute.opbyop import run_op_by_op
+from .ir import Node, plan_graph
+from .live import (clear_peeks, compact, end_waiting, keep_peeked, peek_values,
+                   pending_roots)
+
+
+def materialize(roots: list[Node], cause: str) -> None:
+    """Compute ``roots`` (pending nodes) and swap them for device data."""
+    if session.deferred and session.mode == "eager":
+        # eager: a value read runs every op that waited on a background compile
+        roots = list(roots) + pending_roots()
+    roots = list({id(r): r for r in roots if r.data is None}.values())
+    if not roots:
+        return
+    if session.recorder is not None:
+        session.recorder.host_read(cause)  # inside xlanb.compile: this call cannot be replayed
+    src = user_frame()
+    by_device: dict[int, list[Node]] = {}
+    for r in roots:
+        by_device.setdefault(r.info.device, []).append(r)
+    results = []
+    for device, nodes in by_device.items():
+        plan = plan_graph(nodes)
+        if session.mode == "lazy":
+            arrays = run_graph(plan, device, cause, src)
+        else:
+            arrays = run_op_by_op(plan)
+        results.append((plan.roots, arrays))
+    for nodes, arrays in results:
+        for node, arr in zip(nodes, arrays):
+            node.materialize(arr)
+    if session.deferred and session.mode == "eager":
+        end_waiting()
+    clear_peeks()
+
+
+def sync(cause: str = "user sync") -> None:
+    """Run all pending work as one graph (per device). Alias: ``mark_step``."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    if session.recorder is not None:
+        return  # inside xlanb.compile the function's end is the sync
+    roots = pending_roots()
+    if roots:
+        materialize(roots, cause)
+    else:
+        clear_peeks()
+        if session.deferred:  # the ops that waited on compiles were never needed
+            end_waiting()
+    compact()
+
+
+def peek_node(node: Node):
+    """``node``'s value, computed op by op without changing any pending graph."""
+    if node.data is not None:
+        return node.data
+    got = peek_values.get(id(node))
+    if got is not None:
+        return got
+    plan = plan_graph([node], known=peek_values)
+    (arr,) = run_op_by_op(plan, keep=peek_values)
+    keep_peeked(plan.op_nodes)
+    return arr
+
+
+def node_array(node: Node, cause: str = "value needed"):
+    """The node's device array, computing pending work if there is any."""
+    data = node.data
+    if data is not None:
+        return data
+    if settled_if_empty(node):
+        return node.data
+    materialize([node], cause=cause)
+    return node.data

@@ -1,0 +1,170 @@
+"""Recording or running one op, and reading and writing tensor values through storages.
+
+``run_node`` is the mode policy: in lazy and opbyop modes it records a node; in eager mode
+it runs the op's single-op executable now (or records it while that executable compiles
+in the background); inside a decomposition ("direct" mode) it evaluates on JAX values.
+``value_node`` and ``write`` are how every tensor, view or base, is read and written.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import torch
+
+from .base import metrics
+from .base.config import config
+from .base.frames import user_frame
+from .base.scopes import current_scope
+from .base.session import session
+from .execute.background import compile_op_ahead, compiles_in_flight
+from .execute.fills import settled_if_empty
+from .execute.single_op import direct_call, op_executable
+from .ir import Node, OpInfo, TensorMeta
+from .live import track, track_view
+from .ops.infos import getitem_info, set_decomposition_runner
+from .ops.leaves import from_array
+from .ops.views import view_scatter_info
+from .realize import node_array, sync
+from .templates import fill_call
+from .tensor import XlaTensor, dispatch_op, new_tensor
+
+_x64 = functools.partial(jax.enable_x64, True)
+aten = torch.ops.aten
+_count = metrics.counter
+
+
+def unwrap_direct(res):
+    if isinstance(res, XlaTensor):
+        return value_node(res).data
+    if isinstance(res, (tuple, list)):
+        return tuple(unwrap_direct(r) for r in res)
+    return res
+
+
+def run_decomposition(decomp, template, arrays, scalars):
+    """Run torch's decomposition ``decomp`` on tensors holding JAX values, op by op, right
+    now ("direct" mode): the whole decomposition becomes one JAX function."""
+    tensors = [from_array(a) for a in arrays]
+    args, kwargs = fill_call(template, tensors, scalars)
+    session.direct += 1
+    try:
+        res = decomp(*args, **kwargs)
+    finally:
+        session.direct -= 1
+    return unwrap_direct(res)
+
+
+set_decomposition_runner(run_decomposition)
+
+
+def run_node(info: OpInfo, inputs: tuple, scalars: tuple) -> Node:
+    """Record (lazy/opbyop) or run now (eager, direct) one op; returns its node."""
+    if session.recording and not session.direct:
+        return Node(info, inputs, scalars, None, user_frame(), current_scope())
+    if session.direct:
+        return Node(info, (), (), info.fn([n.data for n in inputs], scalars))
+    call = info.call
+    if call is None or session.deferred:
+        if (info.exe is None or session.deferred) and config.background_compile:
+            node = _eager_deferred(info, inputs, scalars)
+            if node is not None:
+                return node
+        call = op_executable(info)
+    else:
+        _count("OpCacheHit")
+    arrays = [n.data if n.data is not None else node_array(n) for n in inputs]
+    # x64 on, as when it compiled: lifted floats are float64, and a call that misses
+    # JAX's C++ fast path checks its arguments under the current setting.
+    with _x64():
+        data = call(*arrays, *scalars)
+    if info.call is None:
+        info.call = direct_call(call)
+    return Node(info, (), (), data)
+
+
+def _eager_deferred(info: OpInfo, inputs: tuple, scalars: tuple) -> Node | None:
+    """Eager mode while single-op executables compile in the background: an op whose
+    executable is still compiling, or whose inputs wait on one, is recorded instead of
+    run, and Python goes on to the next op (XLA compiles without the GIL, so compiles
+    overlap each other and the Python that follows). The recorded ops run in order,
+    through the same executables, once no compile is in flight or when a value is needed.
+    Returns the recorded node, or None to run the op now."""
+    if session.deferred and not compiles_in_flight():
+        sync(cause="background compiles done")
+    pending = info.exe is None and (info.compiling or compile_op_ahead(info))
+    waiting = False
+    for n in inputs:
+        if n.data is None and not settled_if_empty(n):  # an empty costs nothing to settle
+            waiting = True
+    if waiting or (pending and not pending.done()):
+        session.deferred = True
+        return Node(info, inputs, scalars, None, user_frame(), current_scope())
+    return None
+
+
+def output_node(parent: Node, info: OpInfo, i: int) -> Node:
+    gi = getitem_info(info, i)
+    if parent.data is not None:
+        return Node(gi, data=parent.data[i])
+    return Node(gi, (parent,), src=parent.src, scope=parent.scope)
+
+
+def value_node(t: XlaTensor) -> Node:
+    """The node holding ``t``'s current value."""
+    view = t._view
+    s = t._storage
+    if not view:
+        return s.node
+    if t._ver != s.version:
+        node = s.node
+        for info, idx in view:
+            node = run_node(info, (node,), ())
+            if idx is not None:
+                node = output_node(node, info, idx)
+        t._node = node
+        t._ver = s.version
+        if node.data is None and session.deferred:
+            track_view(t)
+    return t._node
+
+
+def write(t: XlaTensor, node: Node) -> None:
+    """Make ``node`` the new value of ``t``, writing through to its base if it is a view."""
+    s = t._storage
+    if t._view:
+        sinfo = view_scatter_info(s.meta, t._meta, t._view, s.device)
+        s.node = run_node(sinfo, (s.node, node), ())
+        s.version += 1
+        t._node = node
+        t._ver = s.version
+    else:
+        s.node = node
+        s.version += 1
+    if s.node.data is None:  # recorded (lazy, opbyop, or eager waiting on a compile)
+        track(s)
+
+
+def wrap_results(node: Node, info: OpInfo, device: int):
+    """New base tensors for an op's result(s)."""
+    out = info.out
+    if not info.multi:
+        t = new_tensor(node, out, device)
+        if node.data is None and not session.direct:
+            track(t._storage)
+        return t
+    res = []
+    for i, m in enumerate(out):
+        if isinstance(m, TensorMeta):
+            res.append(wrap_results(output_node(node, info, i), getitem_info(info, i), device))
+        else:
+            res.append(m)
+    return tuple(res)
+
+
+def cast_node(node: Node, src_meta: TensorMeta, dtype: torch.dtype, device: int) -> Node:
+    """``node`` converted to ``dtype`` (for writes into a tensor of another dtype)."""
+    if src_meta.dtype == dtype:
+        return node
+    tmp = new_tensor(node, src_meta, device)
+    return value_node(dispatch_op(aten._to_copy.default, (tmp,), {"dtype": dtype}))

@@ -1,0 +1,35 @@
+"""Host <-> device copies of arrays, with torch's dtypes, timed into the metrics."""
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+import torch
+
+from ..base import metrics
+from ..base.dtypes import numpy_to_tensor, tensor_to_numpy
+from .devices import jax_device
+
+
+def host_to_device(cpu: torch.Tensor, device: int):
+    """A device array holding a copy of the CPU tensor ``cpu``."""
+    t0 = time.perf_counter()
+    arr = tensor_to_numpy(cpu)
+    dev = jax_device(device)
+    if dev.platform == "cpu":
+        # JAX's CPU client adopts an aligned numpy buffer without copying (may_alias=False
+        # does not stop it), so a later in-place op on ``cpu`` would change the device value.
+        arr = arr.copy()
+    with jax.enable_x64(True):
+        data = jax.device_put(arr, dev)
+    metrics.record("TransferToDeviceTime", time.perf_counter() - t0)
+    return data
+
+
+def array_to_host(arr) -> torch.Tensor:
+    """A CPU tensor holding a copy of the device array ``arr``."""
+    t0 = time.perf_counter()
+    host = numpy_to_tensor(np.asarray(arr))
+    metrics.record("TransferFromDeviceTime", time.perf_counter() - t0)
+    return host
