@@ -52,10 +52,8 @@ def _drain_pending() -> None:
     try:
         xlanb.sync()
     except Exception:
-        sync_mod = sys.modules.get("xlanb.sync")
-        live = getattr(sync_mod, "_live", None)
-        if live is not None:
-            live.clear()
+        from xlanb.base.session import session
+        session.live.clear()
 
 
 @pytest.fixture(autouse=True)

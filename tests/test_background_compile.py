@@ -15,8 +15,9 @@ import torch
 from torch import nn
 
 import xlanb
-from xlanb import executor
-from xlanb.config import config
+from xlanb.base.session import session
+from xlanb.execute import background, compile as op_compile
+from xlanb import config
 
 
 @pytest.fixture
@@ -30,12 +31,12 @@ def eager():
 def gate(monkeypatch):
     """Background compiles wait until ``gate.set()``."""
     event = threading.Event()
-    real = executor._compile_off_thread
+    real = background._compile_off_thread
 
     def held(*args):
         assert event.wait(60), "test never opened the gate"
         return real(*args)
-    monkeypatch.setattr(executor, "_compile_off_thread", held)
+    monkeypatch.setattr(background, "_compile_off_thread", held)
     yield event
     event.set()
 
@@ -45,7 +46,7 @@ def test_new_op_waits_recorded_while_it_compiles_then_runs(eager, gate, count):
     x = a.to("xla")
     y = (x * 3).tanh()  # new signatures: both compile in the background
     z = y.sum(1)
-    assert executor.compiles_in_flight()
+    assert background.compiles_in_flight()
     assert "aten::tanh" in xlanb.pending_ir(z)  # recorded, not run: Python went on
     assert count("OpCompile") >= 2
     assert xlanb.metrics.metric_data("OpCompileWaitTime") is None  # nobody waited yet
@@ -84,13 +85,13 @@ def test_results_are_bitwise_those_of_eager_without_background_compiles(monkeypa
 def test_failed_compile_loses_nothing(eager, monkeypatch):
     """A compile that fails on the background thread is compiled again on the reading
     thread, so the error surfaces there; the waiting ops stay pending and readable."""
-    real = executor.compile_lowered
+    real = op_compile.compile_lowered
     calls = []
 
     def broken(*args, **kwargs):
         calls.append(threading.current_thread().name)
         raise RuntimeError("XLA compile failed (injected)")
-    monkeypatch.setattr(executor, "compile_lowered", broken)
+    monkeypatch.setattr(op_compile, "compile_lowered", broken)
     a = torch.linspace(-2, 2, 22).reshape(2, 11)
     x = a.to("xla")
     y = torch.sinh(x)  # one op: a second would find the compile failed and raise there
@@ -100,7 +101,7 @@ def test_failed_compile_loses_nothing(eager, monkeypatch):
     assert threading.current_thread().name in calls  # then here
     assert "aten::sinh" in xlanb.pending_ir(y)  # still pending, nothing lost
     assert x.cpu().equal(a)  # inputs stay readable
-    monkeypatch.setattr(executor, "compile_lowered", real)
+    monkeypatch.setattr(op_compile, "compile_lowered", real)
     torch.testing.assert_close(y.cpu(), torch.sinh(a))  # the next read compiles again
 
 
@@ -138,7 +139,7 @@ def test_background_compile_off_compiles_before_the_op_returns(eager, monkeypatc
     x = torch.ones(3, 5, 2).to("xla")
     y = x.atan2(x + 1)
     assert xlanb.pending_count(y) == 0  # ran at once
-    assert not executor.compiles_in_flight()
+    assert not background.compiles_in_flight()
     assert xlanb.metrics.metric_data("OpBackgroundCompileTime") is None
     torch.testing.assert_close(y.cpu(), torch.ones(3, 5, 2).atan2(torch.full((3, 5, 2), 2.0)))
 
@@ -147,15 +148,14 @@ def test_sync_with_nothing_left_to_run_returns_eager_to_its_fast_path(eager, gat
     """Ops that waited on a compile and whose results died are never run; the sync that
     finds nothing pending must still end the waiting state, or every later op would
     take the slow path (it once did: eager per-op cost went from ~20 to ~80 µs)."""
-    from xlanb.modes import state
     x = torch.randn(4, 9).to("xla")
     y = x.erfc()  # new signature: waits on its compile
-    assert state.deferred
+    assert session.deferred
     del y
     gate.set()
     xlanb.sync()
-    assert not state.deferred
-    while executor.compiles_in_flight():  # y's executable, compiled though never used
+    assert not session.deferred
+    while background.compiles_in_flight():  # y's executable, compiled though never used
         time.sleep(0.01)
     z = x.erfc()  # compiled now: runs at once
     assert xlanb.pending_count(z) == 0

@@ -88,6 +88,7 @@ def test_failed_factorization_gives_nans_not_a_fallback(mode):
 def test_signature_tells_tensors_bools_ints_and_floats_apart():
     # A tensor's signature element once was a small int, so mul(x, t) could find the
     # executable of mul(x, 3); and True == 1 == 1.0 gives three result dtypes.
+    from xlanb.record import value_node
     from xlanb.tensor import sig_key
     xlanb.set_mode("lazy")
     for k in range(8):  # whatever the interned keys are, none may equal a static int
@@ -95,7 +96,7 @@ def test_signature_tells_tensors_bools_ints_and_floats_apart():
         assert (x * k).cpu().tolist() == (torch.arange(3.0 + k) * k).tolist()
         ones = torch.ones(3 + k, device="xla")
         assert (x * ones).cpu().tolist() == torch.arange(3.0 + k).tolist()
-        assert sig_key(xlanb.dispatch.value_node(x).info.out, 0) != k
+        assert sig_key(value_node(x).info.out, 0) != k
     b = torch.tensor([True, False]).to("xla")
     for other in (True, 1, 1.0):
         for mode in ("lazy", "eager"):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import xlanb.lowering  # noqa: F401  (fills the registry)
-from xlanb.dtypes import numpy_to_tensor, tensor_to_numpy, to_jax_dtype
+from xlanb.base.dtypes import numpy_to_tensor, tensor_to_numpy, to_jax_dtype
 from xlanb.lowering.registry import LOWERINGS, lookup
 
 aten = torch.ops.aten

@@ -1,18 +1,18 @@
 """PyTorch's own OpInfo database (op_db) on the xla device, compared with CPU torch.
 
-Each case runs one op's sample inputs (``xlanb.coverage.check_op``) in one mode and one
+Each case runs one op's sample inputs (``tools/coverage.py``'s ``check_op``) in one mode and one
 dtype: eager mode, and lazy mode with a sync after the op; float32, int64 and bool where
 torch supports them. A sample that runs anything on CPU torch (an ``aten::<op>``
 counter) is a failure here, not a pass. Gradients of differentiable ops are compared
 with CPU torch too (``check_grad``).
 
-The tables live in ``xlanb/coverage.py`` and are shared with the coverage report:
+The tables live in ``tools/coverage.py`` and are shared with the coverage report:
 per-op tolerances, random ops, and ``EXPECTED_FAILURES``, the one list of known
 failures with their reasons. A listed case that passes fails its test, so that the list
 only shrinks.
 
 CI runs a representative slice (``SLICE``). ``XLANB_OPINFO=full python -m pytest
-tests/test_opinfo.py`` runs every op in op_db; ``python -m xlanb.coverage`` writes the
+tests/test_opinfo.py`` runs every op in op_db; ``python -m tools.coverage`` writes the
 report (docs/op-coverage.md).
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import os
 import pytest
 import torch
 
-from xlanb import coverage as cov
+from tools import coverage as cov
 
 FULL = os.environ.get("XLANB_OPINFO", "").strip().lower() == "full"
 
@@ -102,7 +102,7 @@ def _grad_cases():
 def _check_expected(result, why, what):
     if why is not None:
         assert result.status != "pass", (
-            f"{what} now passes: remove it from xlanb.coverage.EXPECTED_FAILURES")
+            f"{what} now passes: remove it from tools/coverage.py's EXPECTED_FAILURES")
         pytest.xfail(f"{result.status}; expected: {why[:100]}")
     if result.status == "skip":
         pytest.skip(result.reason)

@@ -353,7 +353,7 @@ def test_inspect_sync_makes_repr_sync(inspect_setting):
     assert counter("UncachedCompile") == 1
     assert _ops_pending() == 0
     g = xlanb.graphs()[-1]
-    assert "repr" in g.cause and "test_peek.py" in g.src
+    assert "repr" in g.cause and g.src.file.endswith("test_peek.py")
 
 
 def test_inspect_meta_shows_no_values_and_computes_nothing(inspect_setting):
@@ -436,7 +436,7 @@ def test_item_cpu_tolist_materialize_with_cause():
     assert counter("UncachedCompile") == 1 and _ops_pending() == 0
     g = xlanb.graphs()[-1]
     assert g.cause == "value needed by .item()"
-    assert g.src.startswith(f"test_peek.py:{line} "), g.src
+    assert g.src.short.startswith(f"test_peek.py:{line} "), g.src
 
     y = torch.cos(x) - 7
     assert y.tolist() == pytest.approx((torch.cos(torch.arange(7.0)) - 7).tolist())
@@ -469,13 +469,13 @@ def _at_prompt(fn):
 
 
 def test_debugger_active_means_stopped_at_a_prompt():
-    assert not xlanb.debugging.debugger_active()
-    assert _at_prompt(xlanb.debugging.debugger_active)
+    assert not xlanb.debugger_active()
+    assert _at_prompt(xlanb.debugger_active)
     # Tracing alone (a breakpoint set further down) is not a stop: the program's own
     # .item() calls keep their meaning until the debugger actually stops.
     with _debugger():
-        assert not xlanb.debugging.debugger_active()
-    assert not xlanb.debugging.debugger_active()
+        assert not xlanb.debugger_active()
+    assert not xlanb.debugger_active()
 
 
 def test_values_peek_while_a_debugger_is_active():

@@ -107,7 +107,7 @@ def test_unwritable_cache_dir_warns_once_and_runs(tmp_path):
 
 
 def test_store_key_covers_what_decides_the_code(monkeypatch):
-    from xlanb import exe_store
+    from xlanb.runtime import store as exe_store
     base = exe_store.key(b"graph", 0, None)
     assert exe_store.key(b"graph", 0, None) == base  # stable
     assert exe_store.key(b"other graph", 0, None) != base

@@ -9,6 +9,8 @@ exports. The layers below it are listed, lowest first, in docs/DESIGN.md.
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from . import lowering as _lowering  # noqa: F401  (fills the lowering registry)
@@ -16,6 +18,7 @@ from .backend import register as _register
 from .base import metrics
 from .base import rng as _rng
 from .base.config import MODES, check_mode, config
+from .base.tables import format_table
 from .base.frames import SourceLoc, debugger_active
 from .base.scopes import install_scope_hooks as _install_scope_hooks
 from .base.session import session as _session, starting_mode as _starting_mode
@@ -42,6 +45,7 @@ __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "c
            "GraphList", "GraphSummary", "OpRecord", "SourceLoc", "explain",
            "RecompileWarning", "metrics", "config", "XlaTensor", "CompiledGraph",
            "manual_seed", "set_trace", "compile", "CompiledFunction", "debugger_active",
+           "format_table",
            "load_ipython_extension", "unload_ipython_extension"]
 
 __version__ = "0.1.0"
@@ -81,7 +85,6 @@ def reset() -> None:
     __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     sync(cause="reset")
     while _compiles_in_flight():  # their results land in infos that are about to go
-        import time
         time.sleep(0.001)
     _session.clear(_starting_mode())
     metrics.clear()
