@@ -1,0 +1,130 @@
+"""The layer order of xlanb/ holds: no import goes up the declared order (tools/layers.py),
+counting imports inside functions, so there is no cycle; upward calls go only through the
+named hooks; front ends use only the public API; DESIGN.md's diagram is the declared one.
+Imports are read with ``ast``, nothing is imported to check them."""
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import sys
+
+import pytest
+
+from tools import layers
+
+ROOT = layers.ROOT
+
+
+def test_no_import_goes_up_the_declared_order():
+    assert layers.violations() == []
+
+
+def test_every_module_is_declared():
+    undeclared = [m for m, p in layers.module_files().items()
+                  if layers.rank_of(m) is None and not layers._is_package_init(m, p)]
+    assert undeclared == []
+
+
+@pytest.fixture
+def tree_copy(tmp_path, monkeypatch):
+    """A copy of xlanb/ to break on purpose: the checker must see what it is for."""
+    dst = tmp_path / "repo"
+    shutil.copytree(os.path.join(ROOT, "xlanb"), dst / "xlanb",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(layers, "PACKAGE", str(dst / "xlanb"))
+    monkeypatch.setattr(layers, "ROOT", str(dst))
+    return dst / "xlanb"
+
+
+def test_checker_catches_a_function_local_import_going_up(tree_copy):
+    ir = tree_copy / "ir.py"
+    ir.write_text(ir.read_text() + "\n\ndef _late():\n    from .dispatch import dispatch\n"
+                  "    return dispatch\n")
+    found = layers.violations()
+    assert any(v.startswith("xlanb.ir:") and "xlanb.dispatch" in v and "above it" in v
+               for v in found), found
+    assert any(v.startswith("import cycle:") for v in found), found
+
+
+def test_checker_exempts_type_checking_blocks_only(tree_copy):
+    ir = tree_copy / "ir.py"
+    ir.write_text(ir.read_text() + "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                  "    from .dispatch import dispatch  # noqa: F401\n")
+    assert layers.violations() == []
+
+
+def test_checker_catches_a_hook_installed_from_elsewhere(tree_copy):
+    ex = tree_copy / "execute" / "fills.py"
+    ex.write_text(ex.read_text() + "\n\ndef _sneak(fn):\n    set_handler('repr', fn)\n")
+    found = layers.violations()
+    assert any("xlanb.execute.fills" in v and "set_handler" in v for v in found), found
+
+
+def test_checker_catches_an_undeclared_module(tree_copy):
+    (tree_copy / "stray.py").write_text("from .ir import Node\n")
+    assert any(v.startswith("xlanb.stray: not in the declared layer order")
+               for v in layers.violations())
+
+
+def test_hooks_are_installed_by_the_modules_named():
+    """Each named hook is called where tools/layers.py says, and nowhere else."""
+    files = layers.module_files()
+    for hook, allowed in layers.HOOKS.items():
+        name = hook.rpartition(".")[2]
+        callers = set()
+        for mod, path in files.items():
+            for node in ast.walk(ast.parse(open(path).read())):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == name:
+                    callers.add(mod)
+        assert callers == set(allowed), (hook, callers)
+
+
+def test_front_ends_use_only_the_public_api():
+    """extensions/ and kernel/ import ``xlanb`` itself and each other, nothing inside it."""
+    bad = []
+    for folder in ("extensions", "kernel"):
+        for name in sorted(os.listdir(os.path.join(ROOT, folder))):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(ROOT, folder, name)
+            for node in ast.walk(ast.parse(open(path).read())):
+                mods = []
+                if isinstance(node, ast.Import):
+                    mods = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    mods = [node.module or ""]
+                for m in mods:
+                    if m.startswith("xlanb.") and not m.startswith(("xlanb.extensions", "xlanb.kernel")):
+                        bad.append(f"{folder}/{name}:{node.lineno} imports {m}")
+    assert bad == []
+
+
+def test_design_diagram_is_the_declared_order():
+    """docs/DESIGN.md's layer diagram is written by ``python -m tools.layers --write``."""
+    assert layers.design_block() == layers.diagram()
+
+
+def test_import_xlanb_loads_no_opinfo_or_front_end_machinery(python_child):
+    out = python_child(
+        "import sys, xlanb\n"
+        "heavy = ['torch.testing._internal.common_methods_invocations', 'IPython',\n"
+        "         'ipywidgets', 'graphviz', 'tools.coverage', 'xlanb.extensions']\n"
+        "print([m for m in heavy if m in sys.modules])\n")
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_widgets_import_as_users_write_it(python_child):
+    out = python_child(
+        "from xlanb.widgets import GraphView, GraphDiff, MetricsDashboard\n"
+        "import xlanb\n"
+        "print(GraphView is xlanb.widgets.GraphView, MetricsDashboard.__name__)\n")
+    assert out.strip().splitlines()[-1] == "True MetricsDashboard"
+
+
+def test_layers_script_runs_clean():
+    import subprocess
+    proc = subprocess.run([sys.executable, "-m", "tools.layers"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "base" in proc.stdout and "dispatch" in proc.stdout
