@@ -106,6 +106,8 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
         res = plan.special(func, args, kwargs)
         if res is not NotImplemented:
             return res
+    if not session.direct and _has_host_tensor(args, kwargs):
+        args, kwargs = _host_operands(plan, args, kwargs)
     if plan.lowering is None and plan.decomp is None:
         if session.direct or plan.kind == "view":
             # A view computed on the host would stop aliasing its base: never fall back.
@@ -185,6 +187,52 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
         return None
     res = outs[:n_ret]
     return res[0] if n_ret == 1 else res
+
+
+# Ops that take CPU index tensors along with device tensors, as torch's do for cuda.
+_HOST_INDICES_OK = frozenset(("aten::index", "aten::index_put", "aten::index_put_",
+                              "aten::_index_put_impl_", "aten::_unsafe_index",
+                              "aten::_unsafe_index_put"))
+
+
+def _has_host_tensor(args, kwargs) -> bool:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            if type(a) is not XlaTensor:
+                return True
+        elif isinstance(a, (list, tuple)):
+            if any(isinstance(e, torch.Tensor) and type(e) is not XlaTensor for e in a):
+                return True
+    return False
+
+
+def _host_operands(plan: OpPlan, args, kwargs):
+    """Match torch's device rules for CPU tensors passed to an op on xla: a 0-dim CPU
+    tensor is a scalar operand on any device, and moves to the op's device (xla:1 too);
+    CPU index tensors are accepted by indexing ops; any other CPU tensor is the
+    same-device error torch raises for cuda and cpu."""
+    device = None
+    for a in (*args, *kwargs.values()):
+        for e in (a if isinstance(a, (list, tuple)) else (a,)):
+            if type(e) is XlaTensor:
+                device = e._storage.device
+                break
+        if device is not None:
+            break
+    if device is None:
+        return args, kwargs  # no xla tensor: a factory or fallback decides
+
+    def move(x):
+        if isinstance(x, torch.Tensor) and type(x) is not XlaTensor:
+            if x.device.type == "cpu" and (x.dim() == 0 or plan.name in _HOST_INDICES_OK):
+                return from_host(x, device)
+            raise RuntimeError("Expected all tensors to be on the same device, but found at "
+                               f"least two devices, xla:{device} and {x.device}! "
+                               f"(in {plan.name})")
+        if isinstance(x, (list, tuple)):
+            return type(x)(move(e) for e in x)
+        return x
+    return tuple(move(a) for a in args), {k: move(v) for k, v in kwargs.items()}
 
 
 def _settle_written_fills(func, plan: OpPlan, args, kwargs, outs) -> None:

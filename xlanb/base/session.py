@@ -55,6 +55,7 @@ class Session:
         self.graph_log: list = []      # every CompiledGraph, in compile order
         self.syncs_at: dict = {}       # source location -> lazy syncs from there
         self.compiles_at: dict = {}    # source location -> new graphs from there
+        self.recompile_warned: set = set()  # source locations warned about (once each)
 
         # -- where ops come from (base/frames.py, base/scopes.py)
         self.scope_stack: list = []    # nn.Module paths being run

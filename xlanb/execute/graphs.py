@@ -186,6 +186,7 @@ class RecompileWarning(UserWarning):
 
 _syncs_at = session.syncs_at        # source location -> lazy syncs from there
 _compiles_at = session.compiles_at  # source location -> new graphs from there
+_warned_at = session.recompile_warned  # source locations already warned about
 
 
 def _report_compile(rec: CompiledGraph, src) -> None:
@@ -196,9 +197,15 @@ def _report_compile(rec: CompiledGraph, src) -> None:
               f"{rec.explanation}",
               file=sys.stderr)
     syncs = _syncs_at.get(rec.src, 0)
-    if rec.explanation and n >= config.frequent_compiles and 2 * n >= syncs:
+    if rec.explanation and n >= config.frequent_compiles and 2 * n >= syncs \
+            and rec.src not in _warned_at:
+        # Once per call site: each message differs (counts, shapes), so Python's own
+        # once-per-text filter would let every later recompile through.
+        _warned_at.add(rec.src)
         msg = (f"xlanb: compiles too frequent: {n} graphs in {syncs} syncs at "
-               f"{format_loc(rec.src) or '?'} ({rec.cause}); latest: {rec.explanation}")
+               f"{format_loc(rec.src) or '?'} ({rec.cause}); latest: {rec.explanation}. "
+               "Said once for this line; xlanb.graphs() lists every graph and why it "
+               "compiled.")
         if src is not None:  # point the warning at the user's line, not at xlanb
             warnings.warn_explicit(msg, RecompileWarning, src.file, src.line)
         else:
@@ -235,3 +242,4 @@ def clear_graph_cache() -> None:
     graph_log.clear()
     _syncs_at.clear()
     _compiles_at.clear()
+    _warned_at.clear()

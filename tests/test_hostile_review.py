@@ -1,0 +1,59 @@
+"""Faults found by the hostile review (issue 22), each pinned by a test that failed before
+its fix."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import xlanb
+
+
+# ---------------------------------------------------------------------------------------
+# Mixed devices: torch's rules for CPU tensors passed to an op on xla
+
+def test_cpu_scalar_tensor_is_an_operand_on_any_xla_device(python_child):
+    out = python_child(
+        "import torch, xlanb\n"
+        "x = torch.arange(3.0).to('xla:1')\n"
+        "y = x + torch.tensor(5.)\n"
+        "z = x * torch.tensor(2, dtype=torch.int64)\n"
+        "print(y.device, y.cpu().tolist(), z.dtype, z.cpu().tolist())\n",
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+    assert out.strip().splitlines()[-1] == "xla:1 [5.0, 6.0, 7.0] torch.float32 [0.0, 2.0, 4.0]"
+
+
+def test_non_scalar_cpu_tensor_is_the_same_device_error(mode):
+    x = torch.arange(3.0).to("xla")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device.*xla:0 and cpu"):
+        x + torch.ones(3)
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.mm(x.reshape(1, 3), torch.ones(3, 1))
+    # what torch allows stays allowed: CPU indices, a 0-dim CPU tensor, copies
+    assert x[torch.tensor([2, 0])].cpu().tolist() == [2.0, 0.0]
+    assert (x - torch.tensor(1.0)).cpu().tolist() == [-1.0, 0.0, 1.0]
+    y = torch.zeros(3, device="xla")
+    y.copy_(torch.ones(3))
+    assert y.cpu().tolist() == [1.0, 1.0, 1.0]
+
+
+# ---------------------------------------------------------------------------------------
+# Warning floods: once shapes keep changing, one warning per call site
+
+def _grow(n):
+    t = torch.ones(2, n, device="xla") * 3
+    xlanb.sync()  # <the one call site>
+    return t
+
+
+def test_recompile_warning_is_given_once_per_call_site_with_a_pointer():
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for n in range(200, 260):
+            _grow(n)
+    got = [w for w in rec if issubclass(w.category, xlanb.RecompileWarning)]
+    assert len(got) == 1, [str(w.message) for w in got]
+    msg = str(got[0].message)
+    assert "graphs in" in msg and "xlanb.graphs()" in msg, msg
+    assert got[0].filename == __file__
