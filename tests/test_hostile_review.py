@@ -2,6 +2,7 @@
 its fix."""
 from __future__ import annotations
 
+import sys
 import warnings
 
 import pytest
@@ -57,3 +58,40 @@ def test_recompile_warning_is_given_once_per_call_site_with_a_pointer():
     msg = str(got[0].message)
     assert "graphs in" in msg and "xlanb.graphs()" in msg, msg
     assert got[0].filename == __file__
+
+
+# ---------------------------------------------------------------------------------------
+# Errors with a place: a lowering or compile that fails inside a sync names the op
+
+def _notes(err) -> str:
+    return "\n".join(getattr(err, "__notes__", ()))
+
+
+def test_lowering_failure_in_a_sync_names_the_op_and_line(mode, monkeypatch):
+    from xlanb.record import value_node
+    a = torch.linspace(-1, 1, 26).reshape(2, 13)
+    x = a.to("xla")
+    if mode == "eager":
+        pytest.skip("eager lowers at the op's own line: the traceback is already there")
+    y = torch.sinh(x) * 2
+    y_line = sys._getframe().f_lineno - 1
+    info = value_node(y).inputs[0].info  # the sinh node's signature
+    assert info.name == "aten::sinh"
+
+    def broken(ins, scs):
+        raise ValueError("no lowering today (injected)")
+    monkeypatch.setattr(info, "fn", broken)
+    monkeypatch.setattr(info, "exe", None)
+    monkeypatch.setattr(info, "call", None)
+    from xlanb.execute import compile as op_compile
+    real_lower = op_compile.lower_op
+    monkeypatch.setattr(op_compile, "lower_op", lambda i: (_ for _ in ()).throw(
+        ValueError("no lowering today (injected)")) if i is info else real_lower(i))
+    with pytest.raises(ValueError, match="injected") as err:
+        xlanb.sync()
+    notes = _notes(err.value)
+    assert "aten::sinh(f32[2,13])" in notes, notes
+    assert f"test_hostile_review.py:{y_line} " in notes, notes
+    monkeypatch.undo()
+    assert xlanb.pending_count(y) == 2  # nothing lost
+    torch.testing.assert_close(y.cpu(), torch.sinh(a) * 2)

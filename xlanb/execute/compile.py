@@ -9,6 +9,8 @@ import numpy as np
 
 from ..base import metrics
 from ..base.dtypes import to_jax_dtype
+from ..base.frames import SourceLoc
+from ..graph.summary import aval_text
 from ..ir import OpInfo, info_digest
 from ..runtime import store
 from ..runtime.devices import jax_device
@@ -76,3 +78,18 @@ def compile_op(lowered, device: int, key: str | None, lower_s: float):
     if key is not None:
         store.store(key, exe)
     return exe
+
+
+def op_context(info: OpInfo, src: SourceLoc | None, scope: str) -> str:
+    """A failing op as a person finds it: ``aten::mm(f32[2,3], f32[4,5]) at model.py:42
+    forward [Model.fc]``."""
+    ins = ", ".join(aval_text(m) for m in info.in_metas if m is not None)
+    where = f" at {src.short}" if src is not None else ""
+    return f"{info.name}({ins}){where}" + (f" [{scope}]" if scope else "")
+
+
+def add_op_note(err: BaseException, what: str, info: OpInfo, src, scope: str) -> None:
+    """Name the op in ``err``'s traceback (a note: its type and message stay)."""
+    note = f"xlanb: {what} {op_context(info, src, scope)}"
+    if note not in getattr(err, "__notes__", ()):
+        err.add_note(note)

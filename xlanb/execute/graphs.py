@@ -21,7 +21,7 @@ from ..graph.summary import summarize
 from ..ir import GraphPlan, leaf_meta, stable_hash
 from ..runtime import store
 from ..runtime.jit import compile_jitted, jax_context
-from .compile import load_stored, scalar_spec, store_key, tensor_spec
+from .compile import add_op_note, load_stored, scalar_spec, store_key, tensor_spec
 
 @dataclass
 class CompiledGraph:
@@ -121,13 +121,20 @@ graph_log = session.graph_log  # in compile order
 def _graph_fn(plan: GraphPlan):
     steps = plan.steps
     root_pos = plan.root_pos
+    # where each op was recorded, to name the one whose lowering fails (not the nodes:
+    # the function lives as long as its graph, the nodes should not)
+    places = [(node.src, node.scope) for node in plan.op_nodes]
 
     def run(leaves, scalars):
         vals = list(leaves)
         k = 0
-        for info, ins in steps:
+        for j, (info, ins) in enumerate(steps):
             n = len(info.scalar_specs)
-            vals.append(info.fn([vals[i] for i in ins], scalars[k:k + n]))
+            try:
+                vals.append(info.fn([vals[i] for i in ins], scalars[k:k + n]))
+            except Exception as e:  # runs while tracing only: no cost in the executable
+                add_op_note(e, "lowering failed in", info, *places[j])
+                raise
             k += n
         return [vals[p] for p in root_pos]
     return run
@@ -163,7 +170,14 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src) -> tuple[Compi
         lowered = None
         exe = load_stored(key_in_store, device, "CompileTime")
         if exe is None:
-            lowered, exe = compile_jitted(fn, specs, metric="CompileTime", lower_metric="LowerTime")
+            try:
+                lowered, exe = compile_jitted(fn, specs, metric="CompileTime",
+                                              lower_metric="LowerTime")
+            except Exception as e:
+                e.add_note(f"xlanb: while compiling a graph of {len(plan.steps)} ops ({cause}) "
+                           f"synced at {format_loc(src) or '?'}; every tensor keeps its "
+                           "pending work (xlanb.pending_ir() shows it)")
+                raise
             if key_in_store is not None:
                 store.store(key_in_store, exe)
         metrics.counter("UncachedCompile")

@@ -9,6 +9,7 @@ from ..base import metrics
 from ..base.config import config
 from ..ir import GETITEM, GraphPlan
 from .background import compile_op_ahead
+from .compile import add_op_note
 from .single_op import op_executable
 
 
@@ -22,9 +23,13 @@ def run_op_by_op(plan: GraphPlan, keep: dict | None = None) -> list:
         # Every missing executable starts compiling now, on the compile threads, while
         # the main thread lowers the next: the first peek at a layer's output or the
         # first op-by-op sync waits for the slowest compile, not for all of them in turn.
-        for info, _ in plan.steps:
+        for (info, _), node in zip(plan.steps, plan.op_nodes):
             if info.exe is None and info.name != GETITEM:
-                compile_op_ahead(info)
+                try:
+                    compile_op_ahead(info)  # lowers here: a lowering error is raised now
+                except Exception as e:
+                    add_op_note(e, "lowering failed in", info, node.src, node.scope)
+                    raise
     vals = [n.data if n.data is not None else keep[id(n)] for n in plan.leaves]
     k = 0
     run_time = 0.0
@@ -35,7 +40,11 @@ def run_op_by_op(plan: GraphPlan, keep: dict | None = None) -> list:
             if info.name == GETITEM:  # pick one output of a multi-output node: nothing to run
                 out = info.fn(args, ())
             else:
-                exe = op_executable(info)  # compile time is OpCompileTime, not ExecuteTime
+                try:
+                    exe = op_executable(info)  # compile time is OpCompileTime, not ExecuteTime
+                except Exception as e:
+                    add_op_note(e, "compiling failed for", info, node.src, node.scope)
+                    raise
                 t0 = time.perf_counter()
                 out = exe(*args, *plan.scalars[k:k + n])
                 run_time += time.perf_counter() - t0
