@@ -95,3 +95,31 @@ def test_lowering_failure_in_a_sync_names_the_op_and_line(mode, monkeypatch):
     monkeypatch.undo()
     assert xlanb.pending_count(y) == 2  # nothing lost
     torch.testing.assert_close(y.cpu(), torch.sinh(a) * 2)
+
+
+# ---------------------------------------------------------------------------------------
+# Peek memory: the values peeks keep are bounded by bytes
+
+def test_peeked_values_stay_within_their_byte_budget(monkeypatch, count):
+    from xlanb.base.session import session
+    monkeypatch.setattr(xlanb.config, "peek_cache_bytes", 64 << 10)  # 64 KiB
+    a = torch.randn(64, 64)  # 16 KiB per float32 value
+    x = a.to("xla")
+    xlanb.sync()
+    h, cpu_h, chain = x, a, []
+    for i in range(60):
+        h = torch.tanh(h * 1.01 + i)
+        cpu_h = torch.tanh(cpu_h * 1.01 + i)
+        chain.append((h, cpu_h))
+    for t, expect in chain[::3]:  # each peek keeps what it computed, within the budget
+        torch.testing.assert_close(xlanb.peek(t), expect)
+        assert session.peek_values.nbytes <= 64 << 10
+    assert 0 < len(session.peek_values) <= 4
+    # an evicted value is computed again on demand, from what is left: nothing compiles
+    compiles = count("OpCompile")
+    torch.testing.assert_close(xlanb.peek(chain[1][0]), chain[1][1])
+    assert count("OpCompile") == compiles
+    assert count("UncachedCompile") == 0  # and no peek ever cut the graph
+    xlanb.sync()
+    assert count("UncachedCompile") == 1
+    torch.testing.assert_close(chain[-1][0].cpu(), chain[-1][1])

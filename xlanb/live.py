@@ -15,9 +15,8 @@ from .ir import Node
 # every recorded op; duplicates and dead entries are dropped when it is read or compacted.
 _live = session.live
 _compact_at = [4096]
-# Values computed by peeks, kept until the next sync (node id -> array), with the nodes.
+# Values computed by peeks, kept until the next sync, within a byte budget.
 peek_values = session.peek_values
-_peeked_nodes = session.peeked_nodes
 
 
 def track(storage) -> None:
@@ -80,9 +79,3 @@ def pending_roots() -> list[Node]:
 
 def clear_peeks() -> None:
     peek_values.clear()
-    _peeked_nodes.clear()
-
-
-def keep_peeked(nodes) -> None:
-    """Keep peeked nodes alive so their ids stay valid keys until the next sync."""
-    _peeked_nodes.extend(nodes)

@@ -13,8 +13,7 @@ from .execute.fills import settled_if_empty
 from .execute.graphs import run_graph
 from .execute.opbyop import run_op_by_op
 from .ir import Node, plan_graph
-from .live import (clear_peeks, compact, end_waiting, keep_peeked, peek_values,
-                   pending_roots)
+from .live import clear_peeks, compact, end_waiting, peek_values, pending_roots
 
 
 def materialize(roots: list[Node], cause: str) -> None:
@@ -71,7 +70,6 @@ def peek_node(node: Node):
         return got
     plan = plan_graph([node], known=peek_values)
     (arr,) = run_op_by_op(plan, keep=peek_values)
-    keep_peeked(plan.op_nodes)
     return arr
 
 

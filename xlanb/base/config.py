@@ -7,6 +7,8 @@
 ``XLANB_DEBUG``      1: print each recompile and its explanation as it happens
 ``XLANB_BACKGROUND_COMPILE``  0: eager mode compiles each new op before running it,
                      instead of going on while XLA compiles it on a background thread
+``XLANB_PEEK_CACHE_BYTES``  how many bytes of values peeks keep until the next sync
+                     (default 256 MiB); past that the least recently used are recomputed
 """
 from __future__ import annotations
 
@@ -46,6 +48,8 @@ class Config:
         self.background_compile = os.environ.get("XLANB_BACKGROUND_COMPILE", "1") not in ("", "0")
         # Warn when one source line compiles this many graphs in at most twice as many syncs.
         self.frequent_compiles = 3
+        # Bytes of peeked values kept until the next sync (base/session.py PeekCache).
+        self.peek_cache_bytes = int(os.environ.get("XLANB_PEEK_CACHE_BYTES") or 256 << 20)
 
     @property
     def inspect(self) -> str:

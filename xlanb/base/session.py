@@ -14,8 +14,57 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections import OrderedDict
 
-from .config import check_mode
+from .config import check_mode, config
+
+
+class PeekCache:
+    """Values peeks computed, by node id, kept until the next sync so that repeated peeks
+    recompute nothing, up to ``config.peek_cache_bytes``: past that, the least recently
+    used go first (a later peek recomputes them from what is left; a peek never cuts the
+    graph either way). Each entry holds its node, so its id stays a valid key."""
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict = OrderedDict()  # node id -> (node, array)
+        self.nbytes = 0
+
+    def __contains__(self, nid: int) -> bool:
+        return nid in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getitem__(self, nid: int):
+        return self._entries[nid][1]
+
+    def get(self, nid: int):
+        entry = self._entries.get(nid)
+        if entry is None:
+            return None
+        self._entries.move_to_end(nid)
+        return entry[1]
+
+    def put(self, node, value) -> None:
+        size = _nbytes(value)
+        limit = config.peek_cache_bytes
+        if size > limit or id(node) in self._entries:
+            return
+        self._entries[id(node)] = (node, value)
+        self.nbytes += size
+        while self.nbytes > limit:
+            _, (_, old) = self._entries.popitem(last=False)
+            self.nbytes -= _nbytes(old)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.nbytes = 0
+
+
+def _nbytes(value) -> int:
+    if isinstance(value, (tuple, list)):
+        return sum(_nbytes(v) for v in value)
+    return int(getattr(value, "nbytes", 0))
 
 
 class Session:
@@ -46,8 +95,7 @@ class Session:
         # -- pending work and peeks (live.py, realize.py)
         self.live: list = []           # weakrefs of storages, in write order
         self.waiting_views: list = []  # eager: weakrefs of views waiting on a compile
-        self.peek_values: dict = {}    # node id -> array computed by a peek
-        self.peeked_nodes: list = []   # keeps those nodes (and so their ids) alive
+        self.peek_values = PeekCache()  # node id -> array computed by a peek
 
         # -- compiles (execute/)
         self.in_flight: list = []      # Futures of background single-op compiles
@@ -69,7 +117,7 @@ class Session:
     def clear(self, mode: str) -> None:
         """Forget every cache and record, keeping each container object (see above)."""
         for value in vars(self).values():
-            if isinstance(value, (dict, list, set, weakref.WeakKeyDictionary)):
+            if isinstance(value, (dict, list, set, weakref.WeakKeyDictionary, PeekCache)):
                 value.clear()
         self.mode = mode
         self.recording = mode != "eager"

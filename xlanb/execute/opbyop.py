@@ -13,10 +13,10 @@ from .compile import add_op_note
 from .single_op import op_executable
 
 
-def run_op_by_op(plan: GraphPlan, keep: dict | None = None) -> list:
+def run_op_by_op(plan: GraphPlan, keep=None) -> list:
     """Run ``plan`` node by node through the single-op cache.
 
-    ``keep``, if given, receives every intermediate value (keyed by node id) and supplies
+    ``keep``, if given (a PeekCache), receives every intermediate value and supplies
     values computed earlier, so repeated peeks recompute nothing.
     """
     if config.background_compile:
@@ -51,6 +51,6 @@ def run_op_by_op(plan: GraphPlan, keep: dict | None = None) -> list:
             k += n
             vals.append(out)
             if keep is not None:
-                keep[id(node)] = out
+                keep.put(node, out)
     metrics.record("ExecuteTime", run_time)
     return [vals[p] for p in plan.root_pos]
