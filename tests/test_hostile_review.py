@@ -123,3 +123,28 @@ def test_peeked_values_stay_within_their_byte_budget(monkeypatch, count):
     xlanb.sync()
     assert count("UncachedCompile") == 1
     torch.testing.assert_close(chain[-1][0].cpu(), chain[-1][1])
+
+
+# ---------------------------------------------------------------------------------------
+# Integer division by zero raises as CPU torch does where an op runs on its own
+
+@pytest.mark.parametrize("op", [
+    lambda a, b: a // b, lambda a, b: a % b, lambda a, b: torch.fmod(a, b),
+    lambda a, b: torch.div(a, b, rounding_mode="trunc"), lambda a, b: a // 0,
+    lambda a, b: torch.remainder(a, 0)])
+def test_integer_division_by_zero_raises_in_eager_and_opbyop(op):
+    a, b = torch.tensor([7, -3, 5]), torch.tensor([2, 0, 1])
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        op(a, b)  # what CPU torch does
+    for mode in ("eager", "opbyop"):
+        with xlanb.mode(mode):
+            x, y = a.to("xla"), b.to("xla")
+            with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+                op(x, y).cpu()
+
+    # no zero: CPU torch's values, in every mode (lazy keeps XLA's value for a zero)
+    good = torch.tensor([2, 4, 1])
+    for mode in xlanb.MODES:
+        with xlanb.mode(mode):
+            got = (a.to("xla") // good.to("xla")).cpu()
+        assert got.tolist() == (a // good).tolist()

@@ -5,6 +5,7 @@ import time
 
 from ..base import metrics
 from ..ir import OpInfo
+from .checks import DivisorChecked, integer_division
 from .compile import compile_op, load_stored, lower_op, op_store_key
 
 
@@ -34,6 +35,8 @@ def op_executable(info: OpInfo):
             exe = compile_op(lowered, info.device, key, time.perf_counter() - t0)
         if pending is None:
             metrics.counter("OpCompile")
+    if integer_division(info):
+        exe = DivisorChecked(exe, info)
     info.exe = exe
     info.compiling = None
     return exe
