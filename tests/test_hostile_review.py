@@ -148,3 +148,22 @@ def test_integer_division_by_zero_raises_in_eager_and_opbyop(op):
         with xlanb.mode(mode):
             got = (a.to("xla") // good.to("xla")).cpu()
         assert got.tolist() == (a // good).tolist()
+
+
+# ---------------------------------------------------------------------------------------
+# Eager factories build on the device: no host buffer of the tensor's size
+
+def test_eager_factories_need_no_host_memory_for_their_value():
+    import tracemalloc  # numpy's buffers are traced; XLA's device buffers are not
+    n = 16 << 20  # 64 MiB of float32
+    with xlanb.mode("eager"):
+        torch.zeros(8, device="xla").cpu()  # warm up the path (small fills stay on host)
+        tracemalloc.start()
+        try:
+            t = torch.zeros(n, device="xla")
+            u = torch.full((n,), 2.5, device="xla")
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 8 << 20, f"{peak / 2**20:.0f} MiB of host memory for device factories"
+        assert float(t[-3:].sum().cpu()) == 0.0 and float(u[:4].sum().cpu()) == 10.0

@@ -31,15 +31,26 @@ def fill_value(node: Node):
     return value
 
 
+# Fills up to this size are made on the host (free on the CPU device, where host and
+# device memory are one); bigger ones on the device, so that a factory never needs host
+# memory for its value (a 50 GB torch.zeros once failed in numpy before reaching XLA).
+_HOST_FILL_BYTES = 1 << 20
+
+
+def _nbytes(meta) -> int:
+    return int(np.prod(meta.shape, dtype=np.int64)) * meta.dtype.itemsize
+
+
 def settle_fill(node: Node, value=0) -> None:
     """Make the pending fill ``node`` device data: ``value`` everywhere."""
     meta = node.info.out
     dtype = to_jax_dtype(meta.dtype)
     device = jax_device(node.info.device)
     with jax.enable_x64(True):
-        if device.platform == "cpu":  # a host buffer is the device's: nothing to compile
+        if device.platform == "cpu" and _nbytes(meta) <= _HOST_FILL_BYTES:
+            # a small host buffer is the CPU device's own: nothing to compile
             arr = jax.device_put(np.full(meta.shape, value, dtype), device)
-        else:  # made on the device: no transfer (JAX compiles one fill per shape)
+        else:  # made on the device: no host copy, no transfer (one fill per shape)
             arr = jax.numpy.full(meta.shape, value, dtype, device=device)
     node.materialize(arr)
 
