@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import xlanb
-from xlanb.base.session import session
+from xlanb.base.session import mode_state
 from xlanb.execute import background, compile as op_compile
 from xlanb import config
 
@@ -150,11 +150,11 @@ def test_sync_with_nothing_left_to_run_returns_eager_to_its_fast_path(eager, gat
     take the slow path (it once did: eager per-op cost went from ~20 to ~80 µs)."""
     x = torch.randn(4, 9).to("xla")
     y = x.erfc()  # new signature: waits on its compile
-    assert session.deferred
+    assert mode_state().deferred
     del y
     gate.set()
     xlanb.sync()
-    assert not session.deferred
+    assert not mode_state().deferred
     while background.compiles_in_flight():  # y's executable, compiled though never used
         time.sleep(0.01)
     z = x.erfc()  # compiled now: runs at once

@@ -167,3 +167,36 @@ def test_eager_factories_need_no_host_memory_for_their_value():
             tracemalloc.stop()
         assert peak < 8 << 20, f"{peak / 2**20:.0f} MiB of host memory for device factories"
         assert float(t[-3:].sum().cpu()) == 0.0 and float(u[:4].sum().cpu()) == 10.0
+
+
+# ---------------------------------------------------------------------------------------
+# Modes: ``with xlanb.mode(...)`` is per thread; set_mode is the process's
+
+def test_mode_block_is_per_thread(monkeypatch):
+    import threading
+    monkeypatch.setattr(xlanb.config, "background_compile", False)  # eager runs each op now
+    xlanb.set_mode("lazy")
+    inside, done = threading.Event(), threading.Event()
+    seen = {}
+
+    def worker():
+        with xlanb.mode("eager"):
+            seen["mode"] = xlanb.get_mode()
+            y = torch.ones(3, device="xla") * 2  # eager: runs at once
+            seen["pending"] = xlanb.pending_count(y)
+            inside.set()
+            done.wait(60)
+        seen["after"] = xlanb.get_mode()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    try:
+        assert inside.wait(60)
+        assert xlanb.get_mode() == "lazy"  # the worker's block does not reach this thread
+        x = torch.ones(3, device="xla") + 1
+        assert xlanb.pending_count(x) >= 2  # recorded (a fill, the add): still lazy here
+    finally:
+        done.set()
+        t.join(60)
+    assert seen == {"mode": "eager", "pending": 0, "after": "lazy"}
+    assert x.cpu().tolist() == [2.0, 2.0, 2.0]

@@ -12,7 +12,7 @@ import torch
 
 from .base import rng
 from .base.frames import user_frame
-from .base.session import session
+from .base.session import mode_state, session
 from .execute.fills import fill_value, settle_fill
 from .fallback import cpu_fallback
 from .ir import Node, OpInfo
@@ -84,7 +84,8 @@ def _functional(plan: OpPlan, info: OpInfo, tensors: list, scalars: list):
     inputs = []
     for t in tensors:  # a loop: a comprehension is a function call more
         inputs.append(value_node(t) if t._view else t._storage.node)
-    if session.recording:  # run_node's recording, inlined: this is the hot path
+    if (session.default if not session.scoped else mode_state()).recording:
+        # run_node's recording, inlined: this is the hot path
         # the walk starts at dispatch's caller (__torch_dispatch__, or xlanb's own code)
         node = Node(info, tuple(inputs), tuple(scalars), None, user_frame(3),
                     _scope_stack[-1] if _scope_stack else "")
@@ -143,7 +144,7 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
         _infos[sig] = info
         if plan.fast is not None and not kwargs:
             plan.fast[sig_args] = info
-    if kind != "functional" and kind != "view" and session.recording:
+    if kind != "functional" and kind != "view" and mode_state().recording:
         _settle_written_fills(func, plan, args, kwargs, outs)
     recorder = session.recorder
     if recorder is not None:  # xlanb.compile: where the graph's inputs come from
@@ -264,7 +265,7 @@ def _factory_device(kwargs) -> int:
 def _view_result(func, info: OpInfo, src: XlaTensor):
     storage = src._storage
     node = run_node(info, (value_node(src),), ())
-    waiting = session.deferred and node.data is None  # eager, waiting on a compile
+    waiting = mode_state().deferred and node.data is None  # eager, waiting on a compile
     if not info.multi:
         t = XlaTensor(info.out, storage, src._view + ((info, None),), node)
         if waiting:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import weakref
 
-from .base.session import session
+from .base.session import mode_state, session
 from .ir import Node
 
 # Storages whose node may be pending, appended on every write. Read in last-write order,
@@ -53,8 +53,10 @@ def track_view(t) -> None:
 
 
 def end_waiting() -> None:
-    """Eager: nothing waits on a background compile any more."""
-    session.deferred = False
+    """Eager: nothing waits on a background compile any more (every pending node was
+    run, whichever thread recorded it)."""
+    session.default.deferred = False
+    mode_state().deferred = False
     _waiting_views.clear()
 
 

@@ -1,43 +1,58 @@
 """The execution mode: lazy (record, compile whole graphs), eager (run each op now through
-the single-op cache) or opbyop (record, then run node by node through that cache)."""
+the single-op cache) or opbyop (record, then run node by node through that cache).
+
+``set_mode`` sets the process's mode (or, inside a ``with xlanb.mode(...)`` block, that
+block's). ``with xlanb.mode(...)`` is per thread, as torch's grad mode is: another thread
+keeps running in its own mode meanwhile.
+"""
 from __future__ import annotations
 
 import contextlib
 
 from .base.config import MODES, check_mode
-from .base.session import session
+from .base.session import ModeState, enter_block, leave_block, mode_state
 from .realize import sync
 
 __all__ = ["MODES", "get_mode", "set_mode", "mode"]
 
 
 def get_mode() -> str:
-    """The current execution mode."""
-    return session.mode
+    """This thread's execution mode."""
+    return mode_state().mode
+
+
+def _switch(state: ModeState, name: str) -> None:
+    # Leaving a recording mode for eager syncs the pending work first, so that eager ops
+    # only ever see device data (cause "mode switch"); so does leaving eager while ops
+    # wait on background compiles, so that no lazy graph depends on how fast those
+    # compiles were.
+    if name != state.mode and ((state.recording and name == "eager") or state.deferred):
+        sync(cause="mode switch")  # in eager, this also ends the waiting state
 
 
 def set_mode(name: str) -> None:
-    """Switch modes. Leaving a recording mode for eager syncs the pending work first, so
-    that eager ops only ever see device data (the sync's cause is "mode switch"); so does
-    leaving eager while ops wait on background compiles, so that no lazy graph depends
-    on how fast those compiles were."""
+    """Switch modes: the process's, or the enclosing ``xlanb.mode()`` block's."""
     __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     check_mode(name)
-    if name == session.mode:
-        return
-    if (session.recording and name == "eager") or session.deferred:
-        sync(cause="mode switch")  # in eager, this also ends the waiting state
-    session.mode = name
-    session.recording = name != "eager"
+    state = mode_state()
+    _switch(state, name)
+    state.set(name)
 
 
 @contextlib.contextmanager
 def mode(name: str):
-    """``with xlanb.mode("eager"): ...`` switches for the block, then back."""
+    """``with xlanb.mode("eager"): ...`` runs the block in that mode, in this thread only,
+    then switches back."""
     __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
-    previous = session.mode
-    set_mode(name)
+    check_mode(name)
+    outer_state = mode_state()
+    _switch(outer_state, name)
+    state = ModeState(name)
+    outer = enter_block(state)
     try:
         yield
     finally:
-        set_mode(previous)
+        try:
+            _switch(state, outer_state.mode)
+        finally:
+            leave_block(outer)

@@ -8,7 +8,7 @@ the whole run succeeded, so a failed compile or a KeyboardInterrupt loses nothin
 from __future__ import annotations
 
 from .base.frames import user_frame
-from .base.session import session
+from .base.session import mode_state, session
 from .execute.fills import settled_if_empty
 from .execute.graphs import run_graph
 from .execute.opbyop import run_op_by_op
@@ -17,8 +17,10 @@ from .live import clear_peeks, compact, end_waiting, peek_values, pending_roots
 
 
 def materialize(roots: list[Node], cause: str) -> None:
-    """Compute ``roots`` (pending nodes) and swap them for device data."""
-    if session.deferred and session.mode == "eager":
+    """Compute ``roots`` (pending nodes) and swap them for device data, in the calling
+    thread's mode."""
+    state = mode_state()
+    if state.deferred and state.mode == "eager":
         # eager: a value read runs every op that waited on a background compile
         roots = list(roots) + pending_roots()
     roots = list({id(r): r for r in roots if r.data is None}.values())
@@ -33,7 +35,7 @@ def materialize(roots: list[Node], cause: str) -> None:
     results = []
     for device, nodes in by_device.items():
         plan = plan_graph(nodes)
-        if session.mode == "lazy":
+        if state.mode == "lazy":
             arrays = run_graph(plan, device, cause, src)
         else:
             arrays = run_op_by_op(plan)
@@ -41,13 +43,16 @@ def materialize(roots: list[Node], cause: str) -> None:
     for nodes, arrays in results:
         for node, arr in zip(nodes, arrays):
             node.materialize(arr)
-    if session.deferred and session.mode == "eager":
+    if state.deferred and state.mode == "eager":
         end_waiting()
     clear_peeks()
 
 
 def sync(cause: str = "user sync") -> None:
-    """Run all pending work as one graph (per device). Alias: ``mark_step``."""
+    """Run all pending work as one graph (per device). Alias: ``mark_step``.
+
+    All of it: the process's live pending tensors, whichever thread recorded them (they
+    share one graph cache), in the calling thread's mode."""
     __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     if session.recorder is not None:
         return  # inside xlanb.compile the function's end is the sync
@@ -56,7 +61,7 @@ def sync(cause: str = "user sync") -> None:
         materialize(roots, cause)
     else:
         clear_peeks()
-        if session.deferred:  # the ops that waited on compiles were never needed
+        if mode_state().deferred:  # the ops that waited on compiles were never needed
             end_waiting()
     compact()
 

@@ -16,7 +16,7 @@ from .base import metrics
 from .base.config import config
 from .base.frames import user_frame
 from .base.scopes import current_scope
-from .base.session import session
+from .base.session import mode_state, session
 from .execute.background import compile_op_ahead, compiles_in_flight
 from .execute.fills import settled_if_empty
 from .execute.single_op import direct_call, op_executable
@@ -60,14 +60,15 @@ set_decomposition_runner(run_decomposition)
 
 def run_node(info: OpInfo, inputs: tuple, scalars: tuple) -> Node:
     """Record (lazy/opbyop) or run now (eager, direct) one op; returns its node."""
-    if session.recording and not session.direct:
+    state = session.default if not session.scoped else mode_state()
+    if state.recording and not session.direct:
         return Node(info, inputs, scalars, None, user_frame(), current_scope())
     if session.direct:
         return Node(info, (), (), info.fn([n.data for n in inputs], scalars))
     call = info.call
-    if call is None or session.deferred:
-        if (info.exe is None or session.deferred) and config.background_compile:
-            node = _eager_deferred(info, inputs, scalars)
+    if call is None or state.deferred:
+        if (info.exe is None or state.deferred) and config.background_compile:
+            node = _eager_deferred(state, info, inputs, scalars)
             if node is not None:
                 return node
         call = op_executable(info)
@@ -83,14 +84,14 @@ def run_node(info: OpInfo, inputs: tuple, scalars: tuple) -> Node:
     return Node(info, (), (), data)
 
 
-def _eager_deferred(info: OpInfo, inputs: tuple, scalars: tuple) -> Node | None:
+def _eager_deferred(state, info: OpInfo, inputs: tuple, scalars: tuple) -> Node | None:
     """Eager mode while single-op executables compile in the background: an op whose
     executable is still compiling, or whose inputs wait on one, is recorded instead of
     run, and Python goes on to the next op (XLA compiles without the GIL, so compiles
     overlap each other and the Python that follows). The recorded ops run in order,
     through the same executables, once no compile is in flight or when a value is needed.
     Returns the recorded node, or None to run the op now."""
-    if session.deferred and not compiles_in_flight():
+    if state.deferred and not compiles_in_flight():
         sync(cause="background compiles done")
     pending = info.exe is None and (info.compiling or compile_op_ahead(info))
     waiting = False
@@ -98,7 +99,7 @@ def _eager_deferred(info: OpInfo, inputs: tuple, scalars: tuple) -> Node | None:
         if n.data is None and not settled_if_empty(n):  # an empty costs nothing to settle
             waiting = True
     if waiting or (pending and not pending.done()):
-        session.deferred = True
+        state.deferred = True
         return Node(info, inputs, scalars, None, user_frame(), current_scope())
     return None
 
@@ -124,7 +125,7 @@ def value_node(t: XlaTensor) -> Node:
                 node = output_node(node, info, idx)
         t._node = node
         t._ver = s.version
-        if node.data is None and session.deferred:
+        if node.data is None and mode_state().deferred:
             track_view(t)
     return t._node
 

@@ -3,8 +3,7 @@
 Modules keep references to the containers here (``_infos = session.infos``) so that the
 per-op hot path reads a module global, as fast as before; for that reason ``clear`` empties
 the containers in place and never replaces them. Scalars that change while running (the
-mode, the debugger-free recorder slot, the decomposition depth) are attributes, read as
-``session.recording`` and so on.
+mode, the recorder of an ``xlanb.compile`` trace, the decomposition depth) are attributes.
 
 What is *not* here, on purpose: process resources that outlive a session (the compile
 thread pool, JAX's device list, the executable store's once-per-process warnings) and
@@ -13,6 +12,7 @@ metrics, an observer with its own ``clear``.
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from collections import OrderedDict
 
@@ -67,15 +67,31 @@ def _nbytes(value) -> int:
     return int(getattr(value, "nbytes", 0))
 
 
+class ModeState:
+    """An execution mode as the dispatcher reads it on every op."""
+    __slots__ = ("mode", "recording", "deferred")
+
+    def __init__(self, mode: str):
+        self.set(mode)
+        # eager: some ops were recorded while their executables compile (record.py)
+        self.deferred = False
+
+    def set(self, mode: str) -> None:
+        self.mode = mode
+        self.recording = mode != "eager"
+
+
 class Session:
     """Everything a reset forgets. One instance per process: ``session``."""
 
     def __init__(self, mode: str):
-        # -- the execution mode (modes.py switches it; dispatch reads it on every op)
-        self.mode = mode
-        self.recording = mode != "eager"
-        # eager: some ops were recorded while their executables compile (record.py)
-        self.deferred = False
+        # -- the execution mode. ``default`` is the process's (``set_mode``); a thread
+        # inside ``with xlanb.mode(...)`` runs that block's own state (``mode_state``),
+        # as torch's grad mode is per thread. ``scoped`` counts such blocks in all
+        # threads: while it is 0, the per-op path reads ``default`` without a
+        # thread-local lookup.
+        self.default = ModeState(mode)
+        self.scoped = 0
         # >0 while a decomposition traces on JAX values: ops run at once (record.py)
         self.direct = 0
         # the recorder of the xlanb.compile call being traced, if any (capture/)
@@ -119,9 +135,8 @@ class Session:
         for value in vars(self).values():
             if isinstance(value, (dict, list, set, weakref.WeakKeyDictionary, PeekCache)):
                 value.clear()
-        self.mode = mode
-        self.recording = mode != "eager"
-        self.deferred = False
+        self.default.set(mode)
+        self.default.deferred = False
         self.direct = 0
         self.recorder = None
 
@@ -131,3 +146,26 @@ def starting_mode() -> str:
 
 
 session = Session(starting_mode())
+_thread = threading.local()
+
+
+def mode_state() -> ModeState:
+    """This thread's mode: its innermost ``xlanb.mode()`` block's, else the default."""
+    if session.scoped:
+        state = getattr(_thread, "state", None)
+        if state is not None:
+            return state
+    return session.default
+
+
+def enter_block(state: ModeState):
+    """Make ``state`` this thread's mode until ``leave_block``; returns what to restore."""
+    outer = getattr(_thread, "state", None)
+    _thread.state = state
+    session.scoped += 1
+    return outer
+
+
+def leave_block(outer) -> None:
+    _thread.state = outer
+    session.scoped -= 1
