@@ -295,6 +295,8 @@ def load(key: str, device: int):
     except _Rejected as e:
         _reject(path, str(e))
         body = None
+    except OSError:  # unreadable (I/O error): compile again
+        body = None
     if body is None:
         metrics.counter("PersistentCacheMiss")
         return None
@@ -321,16 +323,19 @@ def _read_verified(path: str, key: str):
         if e.errno == errno.ELOOP:
             raise _Rejected("a symbolic link") from None
         return None  # absent (the usual miss) or unreadable
-    with os.fdopen(fd, "rb") as f:
+    try:
         st = os.fstat(fd)
         why = "not a regular file" if not stat.S_ISREG(st.st_mode) else _not_private(st)
         if why is not None:
             raise _Rejected(why)
-        blob = memoryview(f.read())
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            blob = memoryview(f.read())
         tag, body = blob[len(_MAGIC):len(_MAGIC) + _TAG_LEN], blob[len(_MAGIC) + _TAG_LEN:]
         if blob[:len(_MAGIC)] != _MAGIC or not hmac.compare_digest(tag, _sign(_secret(), key, body)):
             raise _Rejected("not signed with your store key")
         _touch(fd)
+    finally:
+        os.close(fd)
     return body
 
 
