@@ -18,6 +18,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 import warnings
 import zlib
 
@@ -191,10 +192,23 @@ def test_key_file_location(monkeypatch, tmp_path):
 
 
 def test_racing_key_creation_keeps_one_key(store):
-    """The key is linked into place, never replaced: the first writer's key wins."""
-    first = exe_store._read_or_create_secret(config.store_key_file)
-    assert exe_store._read_or_create_secret(config.store_key_file) == first
-    assert os.listdir(os.path.dirname(config.store_key_file)) == ["store-key"]
+    """The key is linked into place, never replaced: whoever links first wins, and every
+    racer reads that key."""
+    barrier = threading.Barrier(8)
+    got = []
+
+    def create():
+        barrier.wait()
+        got.append(exe_store._read_or_create_secret(config.store_key_file))
+
+    threads = [threading.Thread(target=create) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 8 and len(set(got)) == 1
+    assert exe_store._read_or_create_secret(config.store_key_file) == got[0]
+    assert os.listdir(os.path.dirname(config.store_key_file)) == ["store-key"]  # no temp left
 
 
 # ---------------------------------------------------------------------------------------

@@ -89,6 +89,7 @@ def directory() -> str | None:
 # A private store: the directories and the signing key
 
 _refusals: dict = {}  # (cache dir, key file) -> why the store is off there, or None
+_setup_lock = threading.Lock()
 
 
 def _refusal(cache_dir: str, key_file: str) -> str | None:
@@ -97,11 +98,14 @@ def _refusal(cache_dir: str, key_file: str) -> str | None:
     k = (cache_dir, key_file)
     if k in _refusals:
         return _refusals[k]
-    _make_private_dirs(cache_dir)
-    why = dir_problem(cache_dir)
-    if why is None:
-        why = _load_secret(key_file)[1]
-    _refusals[k] = why
+    with _setup_lock:  # compile threads may ask first, together
+        if k in _refusals:
+            return _refusals[k]
+        _make_private_dirs(cache_dir)
+        why = dir_problem(cache_dir)
+        if why is None:
+            why = _load_secret(key_file)[1]
+        _refusals[k] = why
     if why is not None:
         warnings.warn(f"xlanb: the executable store is turned off: {why}. Compiled "
                       "executables will not be kept between processes. Set XLANB_CACHE_DIR "
