@@ -103,30 +103,45 @@ def _refusal(cache_dir: str, key_file: str) -> str | None:
             return _refusals[k]
         _make_private_dirs(cache_dir)
         why = dir_problem(cache_dir)
-        if why is None:
+        if why is not None:
+            remedy = ("Run chmod go-w on it if it is yours, or set XLANB_CACHE_DIR to a "
+                      "directory only you can write (empty: no store)")
+        else:
             why = _load_secret(key_file)[1]
+            remedy = "Fix or delete that file, or set XLANB_STORE_KEY to another path"
         _refusals[k] = why
     if why is not None:
         warnings.warn(f"xlanb: the executable store is turned off: {why}. Compiled "
-                      "executables will not be kept between processes. Set XLANB_CACHE_DIR "
-                      "to a directory only you can write, or to an empty string to turn "
-                      "the store off.", RuntimeWarning, stacklevel=3)
+                      f"executables will not be kept between processes. {remedy}.",
+                      RuntimeWarning, stacklevel=3)
     return why
 
 
 def _make_private_dirs(cache_dir: str) -> None:
-    """Create the cache directory and the store's root 0700 where they are missing (the
-    umask can only narrow that). Failing is not fatal: writes warn about it later."""
-    for d in (cache_dir, os.path.join(cache_dir, _DIR)):
+    """Create the store's root (and the cache directory) where missing. Failing is not
+    fatal: a read-only store still loads, and writes warn."""
+    try:
+        _mkdirs_private(os.path.join(cache_dir, _DIR))
+    except OSError:
+        pass
+
+
+def _mkdirs_private(d: str) -> None:
+    """``d`` and its missing parents, created 0700 (the umask can only narrow that). One
+    system call when ``d`` exists."""
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        parent = os.path.dirname(d)
+        if parent == d:
+            raise
+        _mkdirs_private(parent)
         try:
             os.mkdir(d, 0o700)
-        except FileNotFoundError:
-            try:
-                os.makedirs(d, 0o700)  # parents too (theirs get the default mode)
-            except OSError:
-                return
-        except OSError:
-            pass  # exists, or cannot be made: checked or reported later
+        except FileExistsError:  # another process made it meanwhile
+            pass
 
 
 def dir_problem(cache_dir: str) -> str | None:
@@ -175,7 +190,7 @@ def _read_or_create_secret(path: str) -> bytes:
     except FileNotFoundError:
         pass
     d = os.path.dirname(path)
-    os.makedirs(d, 0o700, exist_ok=True)
+    _mkdirs_private(d)
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".store-key-")  # 0600
     try:
         os.write(fd, secrets.token_bytes(_TAG_LEN))
@@ -405,7 +420,7 @@ def _write(path: str, key: str, body: bytes) -> None:
     keep the store under its cap."""
     entry = _MAGIC + _sign(_secret(), key, body) + body
     try:
-        _make_entry_dirs(path)
+        _mkdirs_private(os.path.dirname(path))  # again if someone deleted it as we ran
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=_TMP_PREFIX)  # 0600
         try:
             with os.fdopen(fd, "wb") as f:
@@ -426,19 +441,6 @@ def _write(path: str, key: str, body: bytes) -> None:
 
 
 _write_failed: list = []  # warn once per process
-
-
-def _make_entry_dirs(path: str) -> None:
-    """The cache dir, store root, environment and shard folders above ``path``, each
-    created 0700 if missing (again if someone deleted them while we ran)."""
-    shard = os.path.dirname(path)
-    env = os.path.dirname(shard)
-    root = os.path.dirname(env)
-    for d in (os.path.dirname(root), root, env, shard):
-        try:
-            os.mkdir(d, 0o700)
-        except FileExistsError:
-            pass
 
 
 def _path(key: str) -> str | None:
