@@ -418,13 +418,14 @@ def store(key: str, compiled) -> None:
 def _write(path: str, key: str, body: bytes) -> None:
     """Sign ``body`` and write it at ``path`` atomically, in folders created 0700; then
     keep the store under its cap."""
-    entry = _MAGIC + _sign(_secret(), key, body) + body
+    tag = _sign(_secret(), key, body)
     try:
         _mkdirs_private(os.path.dirname(path))  # again if someone deleted it as we ran
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=_TMP_PREFIX)  # 0600
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(entry)
+                f.write(_MAGIC + tag)
+                f.write(body)  # not joined: a graph's entry can be megabytes
             os.replace(tmp, path)  # atomic: a reader sees the whole entry or none
         except BaseException:
             os.unlink(tmp)
@@ -437,7 +438,7 @@ def _write(path: str, key: str, body: bytes) -> None:
                           "writable directory, or to an empty string to turn the store off.",
                           RuntimeWarning, stacklevel=3)
         return
-    _account(_root_of(path), len(entry))
+    _account(_root_of(path), len(_MAGIC) + len(tag) + len(body))
 
 
 _write_failed: list = []  # warn once per process
