@@ -119,7 +119,7 @@ def test_store_key_covers_what_decides_the_code(monkeypatch):
     with jax.default_matmul_precision("highest"):  # thread-local JAX settings count too
         assert exe_store.key(b"graph", 0, None) != base
     assert exe_store.key(b"graph", 0, None) == base
-    # an edited lowering (any change to xlanb's source) must not find old executables
+    # an edited lowering (any change to exe_store.KEY_SOURCES) must not find old executables
     monkeypatch.setattr(exe_store, "_source_digest", lambda: b"edited source")
     assert exe_store.key(b"graph", 0, None) != base
 

@@ -63,6 +63,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
      ("xlanb.inspect.repr", "xlanb.inspect.pending")),
     ("api", "the public API",
      ("xlanb",)),
+    ("commands", "python -m xlanb.cache: show and manage the executable store",
+     ("xlanb.cache",)),
     ("front ends", "extensions/ (IPython, pdb, widgets), kernel/, and the xlanb.widgets shim",
      ("xlanb.extensions.*", "xlanb.kernel.*", "xlanb.widgets")),
 ]

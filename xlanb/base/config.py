@@ -3,6 +3,10 @@
 ``XLANB_MODE``       initial execution mode (lazy | eager | opbyop)
 ``XLANB_PLATFORM``   JAX platform for the xla device (cpu | gpu | tpu); default: JAX's default
 ``XLANB_CACHE_DIR``  where executables persist between processes; empty turns it off
+``XLANB_CACHE_MAX_BYTES``  the cap on that store, in bytes or with a K, M, G or T suffix
+                     (powers of 1024); default 2G
+``XLANB_STORE_KEY``  the file holding the secret that signs the store's entries;
+                     default ``$XDG_CONFIG_HOME/xlanb/store-key`` (``~/.config/...``)
 ``XLANB_INSPECT``    how repr/print show a pending tensor (peek | sync | meta)
 ``XLANB_DEBUG``      1: print each recompile and its explanation as it happens
 ``XLANB_BACKGROUND_COMPILE``  0: eager mode compiles each new op before running it,
@@ -32,12 +36,40 @@ def _default_cache_dir() -> str | None:
     return os.path.join(base, "xlanb", "jax")
 
 
+def _default_store_key() -> str:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "xlanb", "store-key")
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """``"2G"`` -> 2147483648: a positive byte count, with an optional K/M/G/T suffix."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = t[-1:] if t[-1:] in _UNITS else ""
+    try:
+        n = int(float(t[:len(t) - len(unit)]) * _UNITS[unit])
+    except (ValueError, OverflowError):
+        n = 0
+    if n <= 0:
+        raise ValueError(f"not a positive size in bytes (e.g. 2147483648, 500M, 2G): {text!r}")
+    return n
+
+
 class Config:
     """``xlanb.config``: a plain object whose setters validate."""
 
     def __init__(self) -> None:
         self.platform: str | None = os.environ.get("XLANB_PLATFORM") or None
         self.cache_dir: str | None = _default_cache_dir()
+        # The executable store's cap; least recently used entries go first.
+        try:
+            self.cache_max_bytes: int = parse_bytes(os.environ.get("XLANB_CACHE_MAX_BYTES") or "2G")
+        except ValueError as e:
+            raise ValueError(f"XLANB_CACHE_MAX_BYTES: {e}") from None
+        # Signs the store's entries; outside the cache directory, readable only by the user.
+        self.store_key_file: str = os.environ.get("XLANB_STORE_KEY") or _default_store_key()
         self._inspect = "peek"
         self.inspect = os.environ.get("XLANB_INSPECT", "peek")
         # Warn once per op that falls back to CPU torch.

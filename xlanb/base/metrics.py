@@ -38,6 +38,9 @@ Counters (``counter``):
     ``<op>`` (e.g. ``aten::nonzero``) had no lowering and fell back to CPU.
 ``PersistentCacheHit`` / ``PersistentCacheMiss``
     JAX's on-disk compilation cache was hit / missed.
+``PersistentCacheRejected``
+    An executable-store entry was not this user's or not signed with their key: it was
+    deleted without being loaded (also counted as a miss).
 ``CreateXlaTensor`` / ``DestroyXlaTensor``
     A tensor on the ``xla`` device was created / freed; the difference is the
     number of live device tensors (useful for spotting leaks).

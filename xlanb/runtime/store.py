@@ -13,18 +13,37 @@ executable without tracing anything; its StableHLO is lowered again only if some
 to see it.
 
 Entries are JAX's own serialized executables (``jax.experimental.serialize_executable``),
-zlib-compressed and written atomically, one file per key, in ``<cache dir>/xlanb-executables``. An entry that
-cannot be read back (truncated, or from an incompatible build) is a miss, and is replaced.
+zlib-compressed and written atomically, one file per key, in
+``<cache dir>/xlanb-executables/<environment>/<key[:2]>/<key>``. An entry that cannot be
+read back (from an incompatible build) is a miss, and is replaced.
+
+Those executables are pickles, so loading one runs whatever code its writer chose. The
+store is therefore private and signed: its directories are created 0700 and refused (with
+one warning, the store turned off) when another user owns them or can write to them; an
+entry is loaded only if it is a regular file of this user's and its HMAC-SHA256, made with
+a per-user secret kept outside the cache directory, verifies. Anything else is never
+unpickled: it counts as ``PersistentCacheRejected`` and is deleted.
+
+The store is bounded by ``config.cache_max_bytes``: a write that takes it over the cap
+deletes entries of other environments (xlanb source digest, torch, JAX or jaxlib version)
+first, then the least recently used ones (a load refreshes an entry's mtime).
+``python -m xlanb.cache`` shows and manages it.
 """
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
+import hmac
 import os
 import pickle
+import secrets
+import stat
 import tempfile
+import threading
 import warnings
 import zlib
+from typing import NamedTuple
 
 import jax
 from jax.experimental import serialize_executable
@@ -39,41 +58,232 @@ _DIR = "xlanb-executables"
 _LOWERING_SETTINGS = ("default_matmul_precision", "default_prng_impl", "threefry_partitionable",
                       "numpy_dtype_promotion", "numpy_rank_promotion")
 
+# The sources that decide compiled code besides the description each caller passes,
+# relative to the package (a folder means every .py under it): the lowerings, how a
+# signature becomes a JAX function (ops/, templates, dtypes, and dispatch and record,
+# through which torch's decompositions trace), the description format (ir's digests)
+# and how executables are built from it (execute/compile, execute/graphs). Edit this
+# list when those move; other modules (metrics, the renderers, the front ends, ...)
+# may change freely without losing the store.
+KEY_SOURCES = ("lowering", "ops", "templates.py", "ir.py", "base/dtypes.py", "dispatch.py",
+               "record.py", "execute/compile.py", "execute/graphs.py")
+# Bump when the entry format changes, or when code outside KEY_SOURCES starts to decide
+# what an executable computes.
+FORMAT_VERSION = 2
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the package
+
+_MAGIC = b"XLNBEXE2"
+_TAG_LEN = 32  # HMAC-SHA256
+_TMP_PREFIX = ".tmp-"
+
 
 def directory() -> str | None:
-    """Where entries live, or None when the store is off: no cache directory, or the user
-    pointed JAX's own persistent cache somewhere (then that cache is used, as JAX does)."""
+    """Where entries live, or None when the store is off: no cache directory, the user
+    pointed JAX's own persistent cache somewhere (then that cache is used, as JAX does),
+    or the store was refused (not private, or no signing key; warned once)."""
     if not config.cache_dir or user_cache_dir():
+        return None
+    if _refusal(config.cache_dir, config.store_key_file) is not None:
         return None
     return os.path.join(config.cache_dir, _DIR)
 
 
-@functools.cache
-def _source_digest() -> bytes:
-    """xlanb's own source, lowerings included: an edited lowering must miss."""
-    h = hashlib.sha256()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames):
-            if name.endswith(".py"):
-                path = os.path.join(dirpath, name)
-                h.update(os.path.relpath(path, root).encode())
-                with open(path, "rb") as f:
-                    h.update(f.read())
+# ---------------------------------------------------------------------------------------
+# A private store: the directories and the signing key
+
+_refusals: dict = {}  # (cache dir, key file) -> why the store is off there, or None
+_setup_lock = threading.Lock()
+
+
+def _refusal(cache_dir: str, key_file: str) -> str | None:
+    """Why the store must not run in ``cache_dir`` with ``key_file``, or None; decided
+    once per process (creating the directories and key as needed), warned once."""
+    k = (cache_dir, key_file)
+    if k in _refusals:
+        return _refusals[k]
+    with _setup_lock:  # compile threads may ask first, together
+        if k in _refusals:
+            return _refusals[k]
+        _make_private_dirs(cache_dir)
+        why = dir_problem(cache_dir)
+        if why is not None:
+            remedy = ("Run chmod go-w on it if it is yours, or set XLANB_CACHE_DIR to a "
+                      "directory only you can write (empty: no store)")
+        else:
+            why = _load_secret(key_file)[1]
+            remedy = "Fix or delete that file, or set XLANB_STORE_KEY to another path"
+        _refusals[k] = why
+    if why is not None:
+        warnings.warn(f"xlanb: the executable store is turned off: {why}. Compiled "
+                      f"executables will not be kept between processes. {remedy}.",
+                      RuntimeWarning, stacklevel=3)
+    return why
+
+
+def _make_private_dirs(cache_dir: str) -> None:
+    """Create the store's root (and the cache directory) where missing. Failing is not
+    fatal: a read-only store still loads, and writes warn."""
+    try:
+        _mkdirs_private(os.path.join(cache_dir, _DIR))
+    except OSError:
+        pass
+
+
+def _mkdirs_private(d: str) -> None:
+    """``d`` and its missing parents, created 0700 (the umask can only narrow that). One
+    system call when ``d`` exists."""
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        parent = os.path.dirname(d)
+        if parent == d:
+            raise
+        _mkdirs_private(parent)
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:  # another process made it meanwhile
+            pass
+
+
+def dir_problem(cache_dir: str) -> str | None:
+    """Why ``cache_dir`` or the store root in it is not private, or None. A level that
+    does not exist is fine: it is created 0700 when first written."""
+    for d in (cache_dir, os.path.join(cache_dir, _DIR)):
+        try:
+            st = os.stat(d)
+        except OSError:
+            continue
+        why = _not_private(st)
+        if why is not None:
+            return f"{d} is {why}"
+    return None
+
+
+def _not_private(st: os.stat_result) -> str | None:
+    """What lets another user change this file or directory, or None (as ssh checks)."""
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+_secrets: dict = {}  # key file -> (secret or None, why not)
+
+
+def _load_secret(path: str) -> tuple[bytes | None, str | None]:
+    """The per-user signing secret in ``path`` (created if missing), or why not."""
+    if path not in _secrets:
+        try:
+            _secrets[path] = (_read_or_create_secret(path), None)
+        except (OSError, ValueError) as e:
+            _secrets[path] = (None, f"its signing key {path} cannot be used ({e})")
+    return _secrets[path]
+
+
+def _secret() -> bytes:
+    return _load_secret(config.store_key_file)[0]
+
+
+def _read_or_create_secret(path: str) -> bytes:
+    try:
+        return _read_secret(path)
+    except FileNotFoundError:
+        pass
+    d = os.path.dirname(path)
+    _mkdirs_private(d)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".store-key-")  # 0600
+    try:
+        os.write(fd, secrets.token_bytes(_TAG_LEN))
+        os.fsync(fd)
+        os.close(fd)
+        try:
+            os.link(tmp, path)  # atomic and never replaces: a racing process's key wins
+        except FileExistsError:
+            pass
+    finally:
+        os.unlink(tmp)
+    return _read_secret(path)
+
+
+def _read_secret(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise ValueError("not a regular file of yours")
+        if st.st_mode & 0o077:
+            raise ValueError(f"readable or writable by others (mode {stat.S_IMODE(st.st_mode):04o}); "
+                             "chmod 600 it")
+        secret = f.read(_TAG_LEN + 1)
+    if len(secret) != _TAG_LEN:
+        raise ValueError(f"not an xlanb store key ({len(secret)} bytes, not {_TAG_LEN})")
+    return secret
+
+
+def _sign(secret: bytes, key: str, body) -> bytes:
+    """The entry's tag: its key and its bytes, so an entry moved to another key fails."""
+    h = hmac.new(secret, key.encode() + b"\0", hashlib.sha256)
+    h.update(body)
     return h.digest()
 
 
-def _environment() -> bytes:
+# ---------------------------------------------------------------------------------------
+# Keys
+
+@functools.cache
+def _source_digest(root: str = _ROOT) -> bytes:
+    """KEY_SOURCES under ``root`` and FORMAT_VERSION: an edited lowering must miss.
+    Raw bytes: stripping docstrings through ``ast`` cost ~100 ms per process."""
+    h = hashlib.sha256(b"xlanb-store-format %d\0" % FORMAT_VERSION)
+    for path in _key_files(root):
+        h.update(os.path.relpath(path, root).encode() + b"\0")
+        try:
+            with open(path, "rb") as f:
+                h.update(f.read())
+        except FileNotFoundError:  # a declared source that moved (tests check the list)
+            h.update(b"<missing>")
+        h.update(b"\0")
+    return h.digest()
+
+
+def _key_files(root: str) -> list[str]:
+    """The files KEY_SOURCES names under ``root``, in a fixed order."""
+    files = []
+    for rel in KEY_SOURCES:
+        path = os.path.join(root, rel)
+        if not os.path.isdir(path):
+            files.append(path)
+            continue
+        for dirpath, dirnames, filenames in os.walk(path):
+            dirnames.sort()
+            files += [os.path.join(dirpath, n) for n in sorted(filenames) if n.endswith(".py")]
+    return files
+
+
+def _versions() -> bytes:
     import jaxlib
     import torch
+    return repr((torch.__version__, jax.__version__, jaxlib.__version__)).encode()
+
+
+def _environment() -> bytes:
     from jax._src import config as jax_config
+    import torch
     settings = tuple((k, getattr(getattr(jax_config, k, None), "value", None))
                      for k in _LOWERING_SETTINGS)
     # torch's default dtype can reach inside a decomposition without showing in its result
-    return repr((torch.__version__, jax.__version__, jaxlib.__version__,
-                 os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""),
-                 settings, torch.get_default_dtype())).encode()
+    return _versions() + repr((os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""),
+                               settings, torch.get_default_dtype())).encode()
+
+
+@functools.cache
+def env_tag() -> str:
+    """The folder of entries written by this xlanb source, torch, JAX and jaxlib: the
+    others are evicted first, and ``python -m xlanb.cache prune`` deletes them."""
+    return hashlib.sha256(_source_digest() + _versions()).hexdigest()[:16]
 
 
 def key(description: bytes, device: int, options) -> str:
@@ -88,29 +298,90 @@ def key(description: bytes, device: int, options) -> str:
     return h.hexdigest()
 
 
+# ---------------------------------------------------------------------------------------
+# Loading: verified before anything is unpickled
+
+class _Rejected(Exception):
+    """An entry that must not be loaded: not ours, or its tag does not verify."""
+
+
 def load(key: str, device: int):
     """The ``jax.stages.Compiled`` stored under ``key``, or None. Counts
-    ``PersistentCacheHit`` / ``PersistentCacheMiss``."""
+    ``PersistentCacheHit`` / ``PersistentCacheMiss``, and ``PersistentCacheRejected``
+    (also a miss) for an entry that is not this user's or not signed with their key."""
     path = _path(key)
     if path is None:
         return None
     try:
-        with open(path, "rb") as f:
-            blob = f.read()
-    except OSError:
+        body = _read_verified(path, key)
+    except _Rejected as e:
+        _reject(path, str(e))
+        body = None
+    except OSError:  # unreadable (I/O error): compile again
+        body = None
+    if body is None:
         metrics.counter("PersistentCacheMiss")
         return None
     try:
-        payload, in_tree, out_tree = pickle.loads(zlib.decompress(blob))
+        payload, in_tree, out_tree = pickle.loads(zlib.decompress(body))
         d = jax_device(device)
         _prepare_backend(d.platform)
         exe = serialize_executable.deserialize_and_load(payload, in_tree, out_tree,
                                                         backend=d.client, execution_devices=[d])
-    except Exception:  # unreadable or incompatible: compile again, and overwrite it
+    except Exception:  # signed by us, but from an incompatible build: compile again, overwrite
         metrics.counter("PersistentCacheMiss")
         return None
     metrics.counter("PersistentCacheHit")
     return exe
+
+
+def _read_verified(path: str, key: str):
+    """The compressed body of the entry at ``path`` once its owner and tag check out;
+    None if there is none. Raises ``_Rejected``. Refreshes its mtime (the LRU clock)."""
+    try:
+        # no symlinks followed; O_NONBLOCK: a planted FIFO must not hang the open
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _Rejected("a symbolic link") from None
+        return None  # absent (the usual miss) or unreadable
+    try:
+        st = os.fstat(fd)
+        why = "not a regular file" if not stat.S_ISREG(st.st_mode) else _not_private(st)
+        if why is not None:
+            raise _Rejected(why)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            blob = memoryview(f.read())
+        tag, body = blob[len(_MAGIC):len(_MAGIC) + _TAG_LEN], blob[len(_MAGIC) + _TAG_LEN:]
+        if blob[:len(_MAGIC)] != _MAGIC or not hmac.compare_digest(tag, _sign(_secret(), key, body)):
+            raise _Rejected("not signed with your store key")
+        _touch(fd)
+    finally:
+        os.close(fd)
+    return body
+
+
+def _touch(fd: int) -> None:
+    try:
+        os.utime(fd)
+    except OSError:  # read-only store: LRU order is only less exact
+        pass
+
+
+def _reject(path: str, why: str) -> None:
+    metrics.counter("PersistentCacheRejected")
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    if not _rejected:
+        _rejected.append(path)
+        warnings.warn(f"xlanb: rejected and deleted an executable-store entry ({why}): {path}. "
+                      "Only entries written by your xlanb, signed with your key, are loaded.",
+                      RuntimeWarning, stacklevel=3)
+
+
+_rejected: list = []  # warn once per process
 
 
 def _prepare_backend(platform: str) -> None:
@@ -144,13 +415,20 @@ def store(key: str, compiled) -> None:
         blob = zlib.compress(pickle.dumps(serialize_executable.serialize(compiled)), 1)
     except Exception:
         return
-    d = os.path.dirname(path)
+    _write(path, key, blob)
+
+
+def _write(path: str, key: str, body: bytes) -> None:
+    """Sign ``body`` and write it at ``path`` atomically, in folders created 0700; then
+    keep the store under its cap."""
+    tag = _sign(_secret(), key, body)
     try:
-        os.makedirs(d, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
+        _mkdirs_private(os.path.dirname(path))  # again if someone deleted it as we ran
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=_TMP_PREFIX)  # 0600
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(blob)
+                f.write(_MAGIC + tag)
+                f.write(body)  # not joined: a graph's entry can be megabytes
             os.replace(tmp, path)  # atomic: a reader sees the whole entry or none
         except BaseException:
             os.unlink(tmp)
@@ -161,7 +439,9 @@ def store(key: str, compiled) -> None:
             warnings.warn(f"xlanb: cannot write compiled executables to {directory()} ({e}); "
                           "a new process will compile them again. Set XLANB_CACHE_DIR to a "
                           "writable directory, or to an empty string to turn the store off.",
-                          RuntimeWarning, stacklevel=2)
+                          RuntimeWarning, stacklevel=3)
+        return
+    _account(_root_of(path), len(_MAGIC) + len(tag) + len(body))
 
 
 _write_failed: list = []  # warn once per process
@@ -169,4 +449,76 @@ _write_failed: list = []  # warn once per process
 
 def _path(key: str) -> str | None:
     d = directory()
-    return None if d is None else os.path.join(d, key[:2], key)
+    return None if d is None else os.path.join(d, env_tag(), key[:2], key)
+
+
+def _root_of(path: str) -> str:
+    return os.path.dirname(os.path.dirname(os.path.dirname(path)))
+
+
+# ---------------------------------------------------------------------------------------
+# A bounded store
+
+class Entry(NamedTuple):
+    path: str
+    size: int
+    mtime_ns: int  # refreshed by each load: the LRU clock
+    current: bool  # written by this xlanb source, torch, JAX and jaxlib
+
+
+def entries(root: str) -> list[Entry]:
+    """Every entry under the store root ``root``; writes in progress left out. Files of
+    another layout (older xlanb) count as entries of another environment."""
+    current_env = env_tag()
+    found = []
+    for dirpath, _dirnames, filenames in os.walk(root):
+        rel = os.path.relpath(dirpath, root).split(os.sep)
+        current = len(rel) == 2 and rel[0] == current_env
+        for name in filenames:
+            if name.startswith(_TMP_PREFIX):
+                continue
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            found.append(Entry(path, st.st_size, st.st_mtime_ns, current))
+    return found
+
+
+def evict(root: str, max_bytes: int) -> tuple[list[Entry], int]:
+    """Delete entries until ``root`` holds at most ``max_bytes``: other environments'
+    first, then the least recently used. Returns those deleted and the bytes left."""
+    found = sorted(entries(root), key=lambda e: (e.current, e.mtime_ns))
+    total = sum(e.size for e in found)
+    gone = []
+    for e in found:
+        if total <= max_bytes:
+            break
+        try:
+            os.unlink(e.path)
+        except FileNotFoundError:  # another process evicted it
+            pass
+        except OSError:
+            continue
+        total -= e.size
+        gone.append(e)
+    return gone, total
+
+
+_usage: dict = {}  # store root -> bytes it holds, as this process counts them
+_usage_lock = threading.Lock()  # writes come from compile threads too
+
+
+def _account(root: str, added: int) -> None:
+    """Count ``added`` bytes into ``root``'s size (scanned on this process's first write)
+    and evict when over the cap: down to 90% of it, so the next writes do not scan
+    again. Other processes' writes are seen at the next scan, so the cap holds per
+    process between scans."""
+    with _usage_lock:
+        total = _usage.get(root)
+        total = sum(e.size for e in entries(root)) if total is None else total + added
+        cap = config.cache_max_bytes
+        if total > cap:
+            total = evict(root, cap * 9 // 10)[1]
+        _usage[root] = total
