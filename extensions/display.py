@@ -6,7 +6,10 @@ a terminal, a notebook and a log. Nothing here imports IPython, so the objects c
 built and tested anywhere; they use only xlanb's public API.
 
 Also here: a ``Probe`` that measures what a stretch of code compiled and ran (metrics diff
-plus the compiled-graph log), and the helpers that render DOT to SVG and highlight HLO.
+plus the compiled-graph log), source locations as a reader names them, and HLO
+highlighting. Pictures are drawn by the core's one renderer (``xlanb.render_dot`` and
+``xlanb.render_svg``); source locations stay ``xlanb.SourceLoc`` data until they are
+named here, so nothing parses ``file:line`` back out of text.
 """
 from __future__ import annotations
 
@@ -15,19 +18,12 @@ import linecache
 import math
 import os
 import re
-import shutil
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 import xlanb
-
-INSTALL_DOT_HINT = ("Graphviz's `dot` is not installed, so the graph is shown as text. "
-                    "Install it with `apt-get install graphviz` (Debian/Ubuntu), "
-                    "`brew install graphviz` (macOS) or `conda install graphviz`.")
 
 # Graphs with more ops than this are shown as text unless a --depth limits them: dot
 # takes a long time on big graphs and the picture is unreadable anyway.
@@ -74,65 +70,51 @@ def escape(text: str) -> str:
 # --------------------------------------------------------------------------- source lines
 
 class SourceResolver:
-    """Turns the ``"file.py:LINE func"`` strings xlanb records into something a reader
-    can find: ``In[5] line 3`` for notebook cells, plus the line of code itself.
+    """Names an ``xlanb.SourceLoc`` as a reader can find it: ``In[5] line 3`` for a
+    notebook cell, ``model.py:42 forward`` for a file, ``%xla_sync`` for one of our
+    magics; plus the line of code itself.
 
-    ``cell_names`` maps a cell's code name (what ``co_filename`` says) to its execution
-    count; the IPython extension fills it from the shell's compiler."""
-
-    _SRC = re.compile(r"(?P<file>[^\s:]+(?:\.py|>)):(?P<line>\d+)(?: (?P<func>[\w<>.]+))?")
+    ``cell_names`` maps a cell's code name (what ``co_filename`` says, the full name a
+    ``SourceLoc`` holds) to its execution count; the IPython extension fills it from the
+    shell's compiler. ``label`` is what the core's renderer and differ take as ``label=``.
+    """
 
     def __init__(self, cell_names: Callable[[], dict] | None = None) -> None:
         self._cell_names = cell_names or (lambda: {})
 
-    def _lookup(self, base: str) -> tuple[str | None, int | None]:
-        """(full filename, cell number or None) for a basename."""
-        for full, number in list(self._cell_names().items()):
-            if os.path.basename(full) == base:
-                return full, number
-        for full in list(linecache.cache):
-            if os.path.basename(full) == base:
-                return full, None
-        for mod in list(sys.modules.values()):
-            f = getattr(mod, "__file__", None)
-            if f and os.path.basename(f) == base:
-                return f, None
-        return None, None
-
-    def resolve(self, src: str) -> tuple[str, str]:
-        """(label, code) for ``src``; code is "" when the line cannot be found."""
-        if not src:
+    def resolve(self, loc: xlanb.SourceLoc | None) -> tuple[str, str]:
+        """(label, code) for ``loc``; code is "" when the line cannot be found."""
+        if loc is None:
             return "", ""
-        m = self._SRC.fullmatch(src.strip())
-        if not m:
-            return src, ""
-        base, line = m["file"], int(m["line"])
-        if base == "ipython.py" and (m["func"] or "").startswith("xla_"):
-            return f"%{m['func']}", ""  # synced by one of our magics
-        full, number = self._lookup(base)
-        code = linecache.getline(full, line).strip() if full else ""
+        if _our_magic(loc):
+            return f"%{loc.function}", ""  # synced by one of our magics
+        code = linecache.getline(loc.file, loc.line).strip()
         code = re.sub(r"\s+#[^'\"]*$", "", code)  # a trailing comment
-        if number is not None:
-            label = f"In[{number}] line {line}"
-        else:
-            label = f"{base}:{line}" + (f" {m['func']}" if m["func"] else "")
-        return label, code
+        return self.label(loc), code
 
-    def label(self, src: str) -> str:
-        return self.resolve(src)[0]
+    def label(self, loc: xlanb.SourceLoc | None) -> str:
+        """``In[5] line 3``, ``model.py:42 forward`` or ``%xla_sync``; "" for None."""
+        if loc is None:
+            return ""
+        if _our_magic(loc):
+            return f"%{loc.function}"
+        # Not cached: a cell's name hashes its code, so running the same code again
+        # moves the name to the new execution count.
+        number = self._cell_names().get(loc.file)
+        return f"In[{number}] line {loc.line}" if number is not None else loc.short
 
-    def relabel(self, text: str) -> str:
-        """``text`` with every notebook-cell source reference replaced by its label."""
-        if not text:
-            return text
-        def sub(m: re.Match) -> str:
-            if m["file"] == "ipython.py" and (m["func"] or "").startswith("xla_"):
-                return f"%{m['func']}"
-            full, number = self._lookup(m["file"])
-            if number is None:
-                return m.group(0)
-            return f"In[{number}] line {m['line']}"
-        return self._SRC.sub(sub, text)
+
+def _our_magic(loc: xlanb.SourceLoc) -> bool:
+    """A location inside one of our magics (extensions/ipython.py's ``xla_*``)."""
+    return os.path.basename(loc.file) == "ipython.py" and loc.function.startswith("xla_")
+
+
+def synced_in_magic(loc: xlanb.SourceLoc | None) -> bool:
+    """Was a graph synced from inside a magic? xlanb then records IPython's frame (or
+    ours), not a line of the user's; the graph's cause ("%xla_sync") says more."""
+    return loc is not None and (loc.function in ("run_line_magic", "run_cell_magic")
+                                or loc.file.startswith("<decorator-gen")
+                                or _our_magic(loc))
 
 
 DEFAULT_RESOLVER = SourceResolver()
@@ -173,14 +155,10 @@ class Rich:
 
 
 def _table_text(header: tuple, rows: list[tuple], right: set[int] = frozenset()) -> str:
+    """``xlanb.format_table`` with a rule of dashes under the header."""
     rows = [tuple(str(c) for c in r) for r in rows]
-    all_rows = [tuple(header)] + rows
-    widths = [max(len(r[i]) for r in all_rows) for i in range(len(header))]
-
-    def fmt(r):
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
-                         for i, (c, w) in enumerate(zip(r, widths))).rstrip()
-    return "\n".join([fmt(all_rows[0]), fmt(tuple("-" * w for w in widths))] + [fmt(r) for r in rows])
+    rule = tuple("-" * max(len(r[i]) for r in [tuple(header)] + rows) for i in range(len(header)))
+    return xlanb.format_table(header, [rule] + rows, right=tuple(right))
 
 
 def _table_html(header: tuple, rows: list[tuple], right: set[int] = frozenset(),
@@ -261,58 +239,57 @@ class Probe:
         return Activity(new, hit, d.get("counters", {}), d.get("metrics", {}))
 
 
-# A graph synced from inside a magic: xlanb records IPython's frame (or ours), not a line
-# of the user's; the graph's cause ("%xla_sync") says more.
-_MAGIC_SRC = re.compile(r"(run_line_magic|run_cell_magic)$|^<decorator-gen|^ipython\.py:\d+ xla_")
-
-
 def graph_where(g, resolver: SourceResolver = DEFAULT_RESOLVER) -> str:
-    """Where graph ``g`` was synced, as a reader would name it."""
-    src = g.src or ""
-    if _MAGIC_SRC.search(src):
+    """Where graph ``g`` was synced, as a reader would name it (a graph synced inside a
+    magic is named by its cause, ``%xla_sync``)."""
+    if synced_in_magic(g.src):
         cause = g.cause or ""
         return cause if cause.startswith("%") else f"a magic ({cause})" if cause else "a magic"
-    return resolver.label(src)
+    return resolver.label(g.src)
 
 
-def graph_why(g, resolver: SourceResolver = DEFAULT_RESOLVER) -> str:
+def previous_graph(g, gs: list | None = None):
+    """The graph ``g``'s recompile explanation compares it with: the last one before it in
+    ``gs`` (default ``xlanb.graphs()``) synced from the same place on the same device, as
+    the core chooses it. None when there is none (or ``g`` is not in ``gs``)."""
+    gs = list(xlanb.graphs()) if gs is None else gs
+    i = next((k for k, x in enumerate(gs) if x is g), None)
+    if i is None:
+        return None
+    return next((p for p in reversed(gs[:i]) if p.src == g.src and p.device == g.device), None)
+
+
+def recompile_reason(g, resolver: SourceResolver = DEFAULT_RESOLVER, gs: list | None = None) -> str:
+    """``g.explanation`` with source lines named by ``resolver`` (``In[5] line 3``): the
+    core's differ run again on the two graphs' summaries. "" for a first graph."""
+    expl = getattr(g, "explanation", "") or ""
+    if not expl:
+        return ""
+    prev = previous_graph(g, gs)
+    if prev is None or prev.summary is None or g.summary is None:
+        return expl  # the log was cleared since: the core's own wording
+    return xlanb.explain(prev.summary, g.summary, label=resolver.label)
+
+
+def graph_why(g, resolver: SourceResolver = DEFAULT_RESOLVER, gs: list | None = None) -> str:
     """Why ``g`` compiled: its recompile explanation, or that it is the first graph seen
     from its source line."""
-    expl = getattr(g, "explanation", "") or ""
+    expl = recompile_reason(g, resolver, gs)
     if expl:
-        return "recompile: " + resolver.relabel(expl)
+        return "recompile: " + expl
     where = graph_where(g, resolver)
     return f"new graph at {where}" if where else "new graph"
 
 
 # --------------------------------------------------------------------------- %xla_pending
 
-def dot_available() -> bool:
-    return shutil.which("dot") is not None
-
-
-def render_svg(dot_source: str, timeout: float = 60.0) -> str:
-    """DOT rendered to SVG through the ``graphviz`` package (or ``dot`` directly when
-    that package is missing). Raises RuntimeError with an install hint when Graphviz's
-    ``dot`` is missing."""
-    if not dot_available():
-        raise RuntimeError(INSTALL_DOT_HINT)
+def graph_svg(dot: str) -> tuple[str | None, str]:
+    """(SVG, "") for DOT source drawn by Graphviz, or (None, why not): the core's
+    ``xlanb.render_svg`` says how to install ``dot`` when it is missing."""
     try:
-        import graphviz
-    except ImportError:
-        graphviz = None
-    if graphviz is not None:
-        try:
-            return graphviz.Source(dot_source).pipe(format="svg", encoding="utf-8")
-        except graphviz.ExecutableNotFound as e:
-            raise RuntimeError(INSTALL_DOT_HINT) from e
-        except graphviz.CalledProcessError as e:
-            raise RuntimeError(f"dot failed: {e}") from e
-    res = subprocess.run([shutil.which("dot"), "-Tsvg"], input=dot_source.encode(),
-                         capture_output=True, timeout=timeout)
-    if res.returncode != 0:
-        raise RuntimeError(f"dot failed: {res.stderr.decode(errors='replace').strip()}")
-    return res.stdout.decode()
+        return xlanb.render_svg(dot), ""
+    except Exception as e:  # no dot, or dot failed: text plus the reason
+        return None, str(e)
 
 
 class PendingGraph(Rich):
@@ -537,13 +514,15 @@ class GraphsTable(Rich):
     def __init__(self, graphs: list, resolver: SourceResolver = DEFAULT_RESOLVER,
                  first_index: int = 0) -> None:
         self.graphs = graphs
+        all_graphs = list(xlanb.graphs())
         self.rows = []
         for i, g in enumerate(graphs, first_index):
             expl = getattr(g, "explanation", "") or ""
             self.rows.append((str(i), g.hash[:12], str(g.n_nodes), str(g.n_inputs),
                               str(g.n_outputs), fmt_time(g.compile_time), str(g.hits),
                               fmt_time(g.run_time), g.cause, graph_where(g, resolver),
-                              resolver.relabel(expl) if expl else "first from this line"))
+                              recompile_reason(g, resolver, all_graphs) if expl
+                              else "first from this line"))
         by_src: dict[str, int] = {}
         self._example: dict[str, object] = {}
         for g in graphs:
@@ -557,7 +536,7 @@ class GraphsTable(Rich):
             return ""
         worst = max(self.hot, key=self.hot.get)
         g = self._example[worst]
-        if _MAGIC_SRC.search(worst or ""):
+        if synced_in_magic(worst):
             label, code = graph_where(g, self.resolver), ""
         else:
             label, code = self.resolver.resolve(worst)
@@ -634,12 +613,12 @@ class ExplainReport(Rich):
         self.a, self.pending, self.mode, self.resolver, self.wall = (
             activity, pending_after, mode, resolver, wall)
 
-    def _where(self, src: str) -> str:
-        label, code = self.resolver.resolve(src)
+    def _where(self, loc) -> str:
+        label, code = self.resolver.resolve(loc)
         return f"{label}: {code}" if code else (label or "?")
 
     def _where_graph(self, g) -> str:
-        if _MAGIC_SRC.search(g.src or ""):
+        if synced_in_magic(g.src):
             return graph_where(g, self.resolver)
         return self._where(g.src)
 

@@ -75,8 +75,10 @@ class XlaMagics(Magics):
     # ------------------------------------------------------------------ helpers
 
     def _cell_names(self) -> dict:
+        """The shell's map of cell code names (``co_filename``) to execution counts
+        (read, never changed)."""
         comp = getattr(self.shell, "compile", None)
-        return dict(getattr(comp, "_filename_map", {}) or {})
+        return getattr(comp, "_filename_map", None) or {}
 
     def _rich(self) -> set:
         """Mime types this frontend shows (a terminal: text/plain only)."""
@@ -122,14 +124,12 @@ class XlaMagics(Magics):
         if args.mode is None:
             print(f"xla mode: {old}  (choices: {', '.join(xlanb.MODES)})")
             return
-        if args.mode not in xlanb.MODES:
-            raise UsageError(f"unknown mode {args.mode!r}; valid modes are: "
-                             f"{', '.join(xlanb.MODES)}")
-        pending = xd.pending_count() if old != "eager" and args.mode == "eager" else 0
         try:
-            xlanb.set_mode(args.mode)
-        except ValueError as e:
+            xlanb.check_mode(args.mode)
+        except ValueError as e:  # the core's one message, listing the modes
             raise UsageError(str(e)) from None
+        pending = xd.pending_count() if old != "eager" and args.mode == "eager" else 0
+        xlanb.set_mode(args.mode)
         note = f" (synced {xd.plural(pending, 'pending op')} first)" if pending else ""
         print(f"xla mode: {old} -> {args.mode}{note}" if old != args.mode
               else f"xla mode: {old} (unchanged)")
@@ -168,24 +168,23 @@ class XlaMagics(Magics):
         if fmt is None:
             fmt = "svg" if "image/svg+xml" in self._rich() else "text"
         try:
-            n_ops = xd.pending_count(*tensors)
-            text = self.resolver.relabel(xlanb.pending_ir(*tensors, fmt="text", depth=args.depth))
+            summary = xlanb.pending_summary(*tensors)
         except (TypeError, ValueError) as e:
             raise UsageError(str(e)) from None
+        label = self.resolver.label
+        n_ops = len(summary.ops)
+        text = xlanb.render_text(summary, args.depth, label=label)
         dot = svg = None
         note = ""
         if fmt in ("dot", "svg") and n_ops:
-            dot = xlanb.pending_ir(*tensors, fmt="dot", depth=args.depth,
-                                   scope_depth=args.collapse)
+            dot = xlanb.render_dot(summary, scope_depth=args.collapse, depth=args.depth,
+                                   label=label)
         if fmt == "svg" and n_ops:
             if n_ops > xd.SVG_MAX_OPS and args.depth is None and args.collapse is None:
                 note = (f"{n_ops} ops is too many to draw: showing text. Use --depth N to draw "
                         "the last N levels.")
             else:
-                try:
-                    svg = xd.render_svg(dot)
-                except Exception as e:  # no dot, or dot failed: text plus the reason
-                    note = str(e)
+                svg, note = xd.graph_svg(dot)
         self._show(xd.PendingGraph(text, n_ops, dot=dot, svg=svg, show_dot=fmt == "dot",
                                    note=note, title=title))
 
@@ -311,16 +310,14 @@ class XlaMagics(Magics):
             raise UsageError(f"there is no graph #{index}: {len(gs)} graphs were compiled "
                              "(see %xla_graphs)")
         g = gs[index]
-        if not hasattr(g, "ir_text"):
-            raise UsageError("this version of xlanb keeps no IR for compiled graphs")
-        text = self.resolver.relabel(g.ir_text())
+        if g.summary is None:
+            raise UsageError(f"graph #{index} keeps no IR")
+        label = self.resolver.label
+        text = xlanb.render_text(g.summary, label=label)
         svg, note = None, ""
-        if not text_only and "image/svg+xml" in self._rich():
-            try:
-                svg = xd.render_svg(g.dot()) if g.n_nodes <= xd.SVG_MAX_OPS else None
-            except Exception as e:
-                note = str(e)
-        why = xd.graph_why(g, self.resolver)
+        if not text_only and "image/svg+xml" in self._rich() and g.n_nodes <= xd.SVG_MAX_OPS:
+            svg, note = xd.graph_svg(xlanb.render_dot(g.summary, label=label))
+        why = xd.graph_why(g, self.resolver, gs)
         self._show(xd.PendingGraph(text, g.n_nodes, svg=svg, note=note,
                                    title=f"graph #{index % len(gs)} {g.hash[:12]} ({why})",
                                    compiled=True))

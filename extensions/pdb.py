@@ -310,8 +310,10 @@ class XlaPdb(pdb.Pdb):
         if not arg:
             self.message(f"mode: {xlanb.get_mode()}  (modes: {', '.join(xlanb.MODES)})")
             return
-        if arg not in xlanb.MODES:
-            raise _BadInput(f"unknown mode {arg!r}; valid modes are: {', '.join(xlanb.MODES)}")
+        try:
+            xlanb.check_mode(arg)
+        except ValueError as e:  # the core's one message, listing the modes
+            raise _BadInput(str(e)) from None
         old = xlanb.get_mode()
         pending = xlanb.pending_count() if arg == "eager" and old != "eager" else 0
         xlanb.set_mode(arg)

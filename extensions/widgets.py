@@ -10,18 +10,20 @@
                              # after every cell
 
 A front end: it uses only xlanb's public API (``pending_summary``, ``hlo``, ``graphs``,
-``metrics``, ``inspection.render_dot`` / ``render_text``, ``render_svg``), and the core never
-imports it. Every widget has ``snapshot()``: a static HTML copy of what it shows now (the SVG
-inline), for readers without a kernel (exported HTML, GitHub), where widgets do not run.
+``metrics``, ``render_dot`` / ``render_text`` / ``render_svg``, ``diff_summaries``), and the
+core never imports it. Every widget has ``snapshot()``: a static HTML copy of what it shows
+now (the SVG inline), for readers without a kernel (exported HTML, GitHub), where widgets
+do not run.
 
 The pure functions (``graph_dot``, ``diff_summaries``, the SVG charts) take plain data, so
-they are tested without a browser.
+they are tested without a browser. Pictures are drawn by the core's one renderer
+(``xlanb.render_dot``, given marks, tooltips and the nodes to draw), and differences are
+found by the core's one differ (``xlanb.diff_summaries``, which the recompile explanation
+is built on).
 """
 from __future__ import annotations
 
 import collections
-import difflib
-import functools
 import html
 import re
 from dataclasses import dataclass, field
@@ -31,8 +33,7 @@ import ipywidgets as W
 import torch
 
 import xlanb
-from xlanb.inspection import render_dot, render_text
-from xlanb.summary import GraphSummary
+from xlanb import GraphSummary, SummaryDiff, render_text
 
 from . import display as xd
 
@@ -69,11 +70,6 @@ def _esc(text) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _dot_str(text: str) -> str:
-    """A DOT string literal's body: backslashes and quotes escaped, newlines as ``\\n``."""
-    return str(text).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
 def _resolver() -> xd.SourceResolver:
     """Source labels like ``In[5] line 3`` when an IPython shell is running."""
     def cell_names() -> dict:
@@ -83,7 +79,7 @@ def _resolver() -> xd.SourceResolver:
             return {}
         ip = get_ipython()
         comp = getattr(ip, "compile", None)
-        return dict(getattr(comp, "_filename_map", {}) or {})
+        return getattr(comp, "_filename_map", None) or {}
     return xd.SourceResolver(cell_names)
 
 
@@ -103,17 +99,11 @@ def _node_text(s: GraphSummary, p: int, label=None) -> str:
     if p < n_in:
         return f"%{p} data {s.inputs[p]}"
     op = s.ops[p - n_in]
-    where = label(op.src) if label and op.src else op.src
-    if where != op.src:
-        where += f" ({op.src})"
+    short = op.src.short if op.src else ""
+    where = label(op.src) if label and op.src else short
+    if where != short:
+        where += f" ({short})"
     return f"%{p} {op.name} {op.aval} {where} [{op.scope}]"
-
-
-def _labeller(resolver: xd.SourceResolver | None):
-    """``resolver.label``, cached per source string (graphs repeat a few lines a lot)."""
-    if resolver is None:
-        return None
-    return functools.lru_cache(maxsize=None)(resolver.label)
 
 
 def find_matches(s: GraphSummary, search: str | None,
@@ -124,28 +114,18 @@ def find_matches(s: GraphSummary, search: str | None,
     pat = _pattern(search)
     if pat is None:
         return []
-    label = _labeller(resolver)
+    label = resolver.label if resolver is not None else None
     n = len(s.inputs) + len(s.ops)
     return [p for p in range(n) if pat.search(_node_text(s, p, label) + " ")]
 
 
-def _clip(scope: str, depth: int | None) -> str:
-    if depth is None or not scope:
-        return scope
-    return ".".join(scope.split(".")[:depth]) if depth > 0 else ""
-
-
 def _scope_key(scope: str, depth: int | None) -> str | None:
     """The collapsed-scope box an op at ``scope`` is drawn in at ``depth`` (None: drawn
-    as itself). Mirrors ``inspection.render_dot``."""
-    if depth is None:
+    as itself), as ``xlanb.render_dot`` collapses them."""
+    if depth is None or not scope:
         return None
-    clipped = _clip(scope, depth)
+    clipped = ".".join(scope.split(".")[:depth]) if depth > 0 else ""
     return None if clipped == scope else (clipped or "<top>")
-
-
-def _scope_node(key: str) -> str:
-    return "s_" + re.sub(r"\W", "_", key)
 
 
 def scope_levels(s: GraphSummary) -> int:
@@ -227,6 +207,13 @@ def _split_aval(aval: str) -> tuple[str, str]:
     return m[1], "[" + ", ".join(m[2].split(",")) + "]" if m[2] else "[] (scalar)"
 
 
+def _split_aval(aval: str) -> tuple[str, str]:
+    m = re.fullmatch(r"(\w+)\[([\d,]*)\]", aval)
+    if not m:
+        return aval, ""
+    return m[1], "[" + ", ".join(m[2].split(",")) + "]" if m[2] else "[] (scalar)"
+
+
 def node_tooltip(s: GraphSummary, p: int, resolver: xd.SourceResolver | None = None) -> str:
     """Hover text of node ``p``: op, shape, dtype, source line, module, arguments."""
     n_in = len(s.inputs)
@@ -240,7 +227,7 @@ def node_tooltip(s: GraphSummary, p: int, resolver: xd.SourceResolver | None = N
         lines.append(f"dtype {dtype} · shape {shape}")
     if op.src:
         label = (resolver or xd.DEFAULT_RESOLVER).label(op.src)
-        lines.append(f"source: {label}" + (f"  ({op.src})" if label != op.src else ""))
+        lines.append(f"source: {label}" + (f"  ({op.src.short})" if label != op.src.short else ""))
     if op.scope:
         lines.append(f"module: {op.scope}")
     if op.call:
@@ -260,111 +247,26 @@ def _scope_tooltip(key: str, ops: list, resolver) -> str:
     return "\n".join(lines)
 
 
-_DECL = re.compile(r"^\s*(n\d+|s_\w+) \[", re.M)
-
-
-def _decorate(dot: str, overrides: dict[str, dict]) -> str:
-    """``dot`` with extra attribute statements for nodes it declares (a later statement
-    for a node adds to, or replaces, its attributes; the node stays in its cluster)."""
-    present = set(_DECL.findall(dot))
-    extra = [f'  {nid} [{", ".join(f"{k}={_attr(v)}" for k, v in attrs.items())}];'
-             for nid, attrs in overrides.items() if nid in present and attrs]
-    body = dot.rstrip()
-    assert body.endswith("}"), "not a DOT graph"
-    return body[:-1].rstrip() + "\n" + "\n".join(extra) + "\n}\n"
-
-
-def _attr(v) -> str:
-    return str(v) if isinstance(v, (int, float)) else f'"{_dot_str(v)}"'
-
-
-def _subgraph_dot(s: GraphSummary, keep: set[int], note: str = "") -> str:
-    """DOT of only the nodes in ``keep`` (same ids and style as ``render_dot``), clustered
-    by module scope. Nodes with neighbours that are not drawn get a dashed border."""
-    n_in = len(s.inputs)
-    adj: dict[int, set[int]] = collections.defaultdict(set)
-    for j, op in enumerate(s.ops):
-        for q in op.ins:
-            adj[q].add(n_in + j)
-            adj[n_in + j].add(q)
-    out = ["digraph xla_graph {",
-           '  rankdir=TB; node [shape=box, style="rounded,filled", fillcolor="#eef3fb", '
-           'fontname="Helvetica", fontsize=10]; edge [color="#7f8c8d"];']
-    if note:
-        out.append(f'  label="{_dot_str(note)}"; labelloc=t; fontname="Helvetica"; fontsize=10;')
-    clusters: dict[str, list[str]] = collections.defaultdict(list)
-    for p in sorted(keep):
-        hidden = ', style="rounded,filled,dashed"' if adj[p] - keep else ""
-        if p < n_in:
-            dashed = ', style="filled,dashed"' if hidden else ""
-            out.append(f'  n{p} [label="%{p} data\\n{s.inputs[p]}", shape=ellipse, '
-                       f'fillcolor="#f3f3f3"{dashed}];')
-            continue
-        op = s.ops[p - n_in]
-        root = ', penwidth=2, color="#c0392b"' if p in s.outputs else ""
-        clusters[op.scope].append(f'n{p} [label="%{p} {_dot_str(op.name)}\\n{op.aval}"'
-                                  f'{hidden}{root}];')
-    for scope, decls in clusters.items():
-        if scope:
-            out.append(f'  subgraph cluster_{re.sub(chr(92) + "W", "_", scope)} {{ '
-                       f'label="{_dot_str(scope)}"; style=dashed; fontsize=9; fontname="Helvetica";')
-            out.extend("    " + d for d in decls)
-            out.append("  }")
-        else:
-            out.extend("  " + d for d in decls)
-    for j, op in enumerate(s.ops):
-        p = n_in + j
-        if p in keep:
-            for q in dict.fromkeys(op.ins):
-                if q in keep:
-                    out.append(f"  n{q} -> n{p};")
-    out.append("}")
-    return "\n".join(out)
-
-
 def graph_dot(s: GraphSummary, depth: int | None = None, *, marks: dict[int, str] | None = None,
               only: Iterable[int] | None = None, hops: int = 1,
               resolver: xd.SourceResolver | None = None) -> str:
-    """DOT for one view of a graph.
+    """DOT for one view of a graph, drawn by ``xlanb.render_dot``.
 
     ``depth`` collapses module scopes deeper than that (``render_dot``'s ``scope_depth``);
     ``marks`` fills nodes (position -> colour) and the collapsed scopes that hold them;
     ``only`` draws just those positions and their neighbours ``hops`` edges away. Every
     node gets a tooltip with its shape, dtype, source line and module.
     """
-    marks = marks or {}
-    n_in = len(s.inputs)
+    keep = None
     if only is not None:
         focus = list(only)[:MAX_FOCUS]
         keep = neighbourhood(s, focus, hops)
         if len(keep) > MAX_DRAWN_NODES:
             keep = set(focus) | set(sorted(keep - set(focus))[:MAX_DRAWN_NODES - len(focus)])
-        dot, depth = _subgraph_dot(s, keep), None
-    else:
-        dot = render_dot(s, scope_depth=depth)
-    over: dict[str, dict] = {}
-    boxes: dict[str, list] = collections.defaultdict(list)
-    box_marks: dict[str, list[str]] = collections.defaultdict(list)
-    for p in range(n_in + len(s.ops)):
-        key = _scope_key(s.ops[p - n_in].scope, depth) if p >= n_in else None
-        if key is None:
-            attrs = {"tooltip": node_tooltip(s, p, resolver)}
-            if p in marks:
-                attrs["fillcolor"] = marks[p]
-            over[f"n{p}"] = attrs
-        else:
-            boxes[key].append(s.ops[p - n_in])
-            if p in marks:
-                box_marks[key].append(marks[p])
-    for key, ops in boxes.items():
-        attrs = {"tooltip": _scope_tooltip(key, ops, resolver)}
-        if box_marks.get(key):
-            colours = box_marks[key]
-            attrs["fillcolor"] = (colours[0] if len(set(colours)) == 1 else
-                                  HIGHLIGHT if HIGHLIGHT in colours else colours[0])
-            attrs["label"] = f"{key}\n{len(ops)} ops ({len(colours)} marked)"
-        over[_scope_node(key)] = attrs
-    return _decorate(dot, over)
+    res = resolver or xd.DEFAULT_RESOLVER
+    return xlanb.render_dot(s, scope_depth=depth, marks=marks, only=keep, label=res.label,
+                            tooltip=lambda p: node_tooltip(s, p, resolver),
+                            box_tooltip=lambda key, ops: _scope_tooltip(key, ops, resolver))
 
 
 def inline_svg(svg: str, zoom: float | str = 1.0) -> str:
@@ -395,103 +297,11 @@ def _svg_or_message(dot: str, zoom) -> tuple[str, str]:
 
 # =========================================================================== graph diff
 
-class SummaryDiff(NamedTuple):
-    """How graph ``b`` differs from graph ``a``, node by node."""
-    a: dict     # position in a -> "changed" | "follows" | "removed"
-    b: dict     # position in b -> "changed" | "follows" | "added"
-    lines: list  # one readable line per difference
-    pairs: dict  # matched positions: a -> b
-
-
-def _match(a: list, b: list) -> list[tuple]:
-    return difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes()
-
-
-def _unwired(static: str) -> str:
-    """An op's static arguments without its input references (``%3``): positions shift
-    from graph to graph, and the inputs are compared on their own."""
-    return re.sub(r"%\d+", "%", static)
-
-
 def diff_summaries(a: GraphSummary, b: GraphSummary,
                    resolver: xd.SourceResolver | None = None) -> SummaryDiff:
-    """Match the nodes of two graphs and say which differ.
-
-    Inputs are matched by their types, ops by their names (``difflib`` on the op
-    sequences, as the recompile explanation does). A matched op whose result type, static
-    arguments or inputs differ is "changed", or "follows" when that is only because one of
-    its inputs differs (a consequence, not a cause); unmatched ops are "removed" (only in
-    ``a``) or "added" (only in ``b``).
-    """
-    res = resolver or xd.DEFAULT_RESOLVER
-    na, nb = len(a.inputs), len(b.inputs)
-    sa: dict[int, str] = {}
-    sb: dict[int, str] = {}
-    lines: list[str] = []
-    pairs: dict[int, int] = {}
-
-    def where(op) -> str:
-        return f" at {res.label(op.src)}" if op.src else ""
-
-    for tag, i1, i2, j1, j2 in _match(list(a.inputs), list(b.inputs)):
-        if tag == "equal":
-            pairs.update({i1 + k: j1 + k for k in range(i2 - i1)})
-            continue
-        common = min(i2 - i1, j2 - j1) if tag == "replace" else 0
-        for k in range(common):
-            pairs[i1 + k] = j1 + k
-            sa[i1 + k] = sb[j1 + k] = "changed"
-            lines.append(f"input %{j1 + k}: {a.inputs[i1 + k]} -> {b.inputs[j1 + k]}")
-        for i in range(i1 + common, i2):
-            sa[i] = "removed"
-            lines.append(f"input %{i} {a.inputs[i]} is gone")
-        for j in range(j1 + common, j2):
-            sb[j] = "added"
-            lines.append(f"new input %{j} {b.inputs[j]}")
-
-    for tag, i1, i2, j1, j2 in _match([o.name for o in a.ops], [o.name for o in b.ops]):
-        if tag == "equal":
-            pairs.update({na + i1 + k: nb + j1 + k for k in range(i2 - i1)})
-            continue
-        for i in range(i1, i2):
-            sa[na + i] = "removed"
-        for j in range(j1, j2):
-            sb[nb + j] = "added"
-        if i2 > i1:
-            op = a.ops[i1]
-            lines.append(f"{i2 - i1} op(s) only in the old graph, first %{na + i1} "
-                         f"{op.name}{where(op)}")
-        if j2 > j1:
-            op = b.ops[j1]
-            lines.append(f"{j2 - j1} op(s) only in the new graph, first %{nb + j1} "
-                         f"{op.name}{where(op)}")
-
-    followers: list[str] = []
-    for pa, pb in pairs.items():
-        if pa < na:
-            continue
-        oa, ob = a.ops[pa - na], b.ops[pb - nb]
-        why = []
-        if oa.aval != ob.aval:
-            why.append(f"{oa.aval} -> {ob.aval}")
-        same_static = _unwired(oa.static) == _unwired(ob.static)
-        if not same_static:
-            why.append(f"arguments ({oa.static}) -> ({ob.static})")
-        if why or tuple(pairs.get(q, -1 - q) for q in oa.ins) != tuple(ob.ins):
-            if same_static and any(sb.get(q) in ("changed", "follows", "added")
-                                   for q in ob.ins):
-                sa[pa] = sb[pb] = "follows"  # its inputs changed: a consequence
-                followers.append(f"%{pb} {ob.name}")
-                continue
-            sa[pa] = sb[pb] = "changed"
-            lines.append(f"%{pb} {ob.name}{where(ob)}: " + ("; ".join(why) or "different inputs"))
-    if followers:
-        lines.append(f"{xd.plural(len(followers), 'op')} downstream changed with them: "
-                     + ", ".join(followers[:6]) + (" ..." if len(followers) > 6 else ""))
-    outs_a = {pairs.get(p, -1 - p) for p in a.outputs}
-    if outs_a != set(b.outputs):
-        lines.append(f"outputs: {len(a.outputs)} -> {len(b.outputs)} live tensors")
-    return SummaryDiff(sa, sb, lines, pairs)
+    """Match the nodes of two graphs and say which differ: ``xlanb.diff_summaries`` (the
+    differ behind recompile explanations), with source lines named by ``resolver``."""
+    return xlanb.diff_summaries(a, b, label=(resolver or xd.DEFAULT_RESOLVER).label)
 
 
 # =========================================================================== SVG charts
@@ -654,7 +464,7 @@ def _as_tensors(tensors) -> list:
 
 
 def _graph_where(g, resolver) -> str:
-    return xd.graph_where(g, resolver) or g.src or "?"
+    return xd.graph_where(g, resolver) or "?"
 
 
 def _pre(text: str, note: str = "") -> str:
@@ -912,7 +722,7 @@ class GraphView(W.VBox):
         dot, note, what, svg, body = self._svg_cache[key]
         self._svg = svg
         self.graph_html.value = (f"<div style='{_BOX}'>{inline_svg(svg, self.zoom.value)}</div>"
-                                 if svg else body + _pre(_esc(render_text(s))))
+                                 if svg else body + _pre(_esc(render_text(s, label=self._resolver.label))))
         self.info.value = self._info_html(what, note)
 
     def _short(self, p: int) -> str:
@@ -936,7 +746,7 @@ class GraphView(W.VBox):
                      f"{_esc(_graph_where(c, self._resolver))} ({_esc(c.cause)}); "
                      f"{xd.plural(c.hits, 'cache hit')}")
             if c.explanation:
-                head += f"<br>recompiled: {_esc(self._resolver.relabel(c.explanation))}"
+                head += f"<br>recompiled: {_esc(xd.recompile_reason(c, self._resolver))}"
         parts = [head]
         if note:
             parts.append(f"<span style='color:#a15c00'>{_esc(note)}</span>")
@@ -983,7 +793,7 @@ class GraphView(W.VBox):
 
     def _ir_html(self) -> str:
         s = self._graph.summary
-        text = self._resolver.relabel(render_text(s))
+        text = render_text(s, label=self._resolver.label)
         hits = set(self.matches)
         lines = []
         for line in text.splitlines():
@@ -1080,7 +890,7 @@ class GraphView(W.VBox):
     def snapshot(self) -> Snapshot:
         """What the Graph tab shows now, as static HTML (SVG inline)."""
         g = self._graph
-        svg = inline_svg(self._svg, "fit") if self._svg else _pre(_esc(render_text(g.summary)))
+        svg = inline_svg(self._svg, "fit") if self._svg else _pre(_esc(render_text(g.summary, label=self._resolver.label)))
         controls = f"scope depth {self.depth.value} of {self.depth.max}"
         if self.search.value.strip():
             controls += f" · find {self.search.value!r}"
@@ -1118,9 +928,9 @@ def _last_recompile() -> tuple[int, int]:
         raise ValueError(f"GraphDiff needs two compiled graphs; xlanb.graphs() has {len(gs)}")
     for j in range(len(gs) - 1, 0, -1):
         if gs[j].explanation:
-            for i in range(j - 1, -1, -1):
-                if gs[i].src == gs[j].src and gs[i].device == gs[j].device:
-                    return i, j
+            prev = xd.previous_graph(gs[j], gs)
+            if prev is not None:
+                return next(i for i, g in enumerate(gs) if g is prev), j
     return len(gs) - 2, len(gs) - 1
 
 
@@ -1203,10 +1013,10 @@ class GraphDiff(W.VBox):
 
     def _info_html(self) -> str:
         d = self.diff
-        expl = getattr(self.b_graph, "explanation", "") or ""
+        expl = xd.recompile_reason(self.b_graph, self._resolver) if self.b_graph else ""
         parts = []
         if expl:
-            parts.append(f"<b>why it recompiled:</b> {_esc(self._resolver.relabel(expl))}")
+            parts.append(f"<b>why it recompiled:</b> {_esc(expl)}")
         if not (d.a or d.b or d.lines):
             parts.append("<b>the two graphs have the same structure</b>")
         legend = "".join(
@@ -1440,7 +1250,8 @@ class MetricsDashboard(W.VBox):
         return column_chart_svg(cols, legend, "Time per cell (Nc: graphs compiled)")
 
     def _slowest_graphs(self) -> str:
-        gs = list(enumerate(xlanb.graphs()))[self._first_graph:]
+        every = list(xlanb.graphs())
+        gs = list(enumerate(every))[self._first_graph:]
         if not gs:
             return ""
         res = _resolver()
@@ -1448,8 +1259,8 @@ class MetricsDashboard(W.VBox):
         rows = [(f"#{i} {_graph_where(g, res)}", g.compile_time,
                  C_OPCOMPILE if g.explanation else C_COMPILE,
                  f"{xd.fmt_time(g.compile_time)} · {g.n_nodes} ops",
-                 f"#{i}: {g.n_nodes} ops, {g.cause}" + (f"; recompiled: {g.explanation}"
-                                                        if g.explanation else ""))
+                 f"#{i}: {g.n_nodes} ops, {g.cause}"
+                 + (f"; recompiled: {xd.recompile_reason(g, res, every)}" if g.explanation else ""))
                 for i, g in top]
         return bar_chart_svg(rows, "Slowest graph compiles (orange: recompiles)")
 

@@ -271,7 +271,7 @@ def test_graphs_records_user_sync():
     g = gl[-1]
     assert isinstance(g, xlanb.CompiledGraph)
     assert g.cause == "user sync"
-    assert g.src == f"{HERE}:{sync_line} test_graphs_records_user_sync"
+    assert g.src.short == f"{HERE}:{sync_line} test_graphs_records_user_sync"
     assert re.fullmatch(r"[0-9a-f]{16}", g.hash)
     assert g.n_nodes == 2 and g.n_inputs == 1 and g.n_outputs >= 1
     assert g.compile_time > 0 and g.run_time > 0 and g.hits == 0
@@ -312,7 +312,7 @@ def test_cause_value_needed_by_item():
     line = _line() - 1
     g = xlanb.graphs()[-1]
     assert g.cause == "value needed by .item()"
-    assert g.src.startswith(f"{HERE}:{line} ")
+    assert g.src.short.startswith(f"{HERE}:{line} ")
 
 
 def test_cause_cpu_fallback(monkeypatch):
@@ -332,7 +332,7 @@ def test_cause_cpu_fallback(monkeypatch):
     assert f"CPU fallback of {name}" in causes, causes
     g = next(g for g in reversed(xlanb.graphs()) if g.cause == f"CPU fallback of {name}")
     # the user's frame: the candidate's call is a lambda in test_fallback.py
-    assert g.src.startswith(("test_fallback.py:", f"{HERE}:{line} ")), g.src
+    assert g.src.short.startswith(("test_fallback.py:", f"{HERE}:{line} ")), g.src
     assert got.device.type == "xla"
     want = fn(*mk("cpu"))
     torch.testing.assert_close(got.cpu(), want)
@@ -346,7 +346,7 @@ def test_cause_mode_switch():
     assert counter("UncachedCompile") == 1
     g = xlanb.graphs()[-1]
     assert g.cause == "mode switch"
-    assert g.src.startswith(f"{HERE}:{line} ")
+    assert g.src.short.startswith(f"{HERE}:{line} ")
     assert xlanb.pending_count() == 0
     torch.testing.assert_close(y.cpu(), torch.full((3, 17), 1.0).exp() * 2)
 
@@ -428,6 +428,7 @@ def test_changed_static_argument_is_explained():
 def test_too_frequent_compiles_warn_naming_the_cause():
     """The issue asks for a torch_xla-style "compiles too frequent" warning that names
     the cause (the torch.cat line and the growing shape)."""
+    xlanb.reset()  # the warning comes once per line: earlier tests loop through that line too
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         _eval_loop(6, preallocate=False, width=31)

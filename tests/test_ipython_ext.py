@@ -531,12 +531,22 @@ def test_depth_keeps_the_last_levels_in_text_and_pictures():
 
 
 def test_source_resolver_labels_cells():
+    from xlanb import GraphSummary, OpRecord, SourceLoc
+    cell = SourceLoc("/tmp/ipykernel_1/123.py", 4, "<module>")
     r = xd.SourceResolver(lambda: {"/tmp/ipykernel_1/123.py": 7})
-    assert r.label("123.py:4 <module>") == "In[7] line 4"
-    assert r.relabel("shape change: aten::cat at 123.py:4 <module>: f32[2] -> f32[3]") == \
+    assert r.label(cell) == "In[7] line 4"
+    assert r.label(SourceLoc("/other/dir/123.py", 4, "<module>")) == "123.py:4 <module>"
+    assert r.label(SourceLoc("/src/train.py", 51, "step")) == "train.py:51 step"
+    assert r.label(SourceLoc("/src/extensions/ipython.py", 120, "xla_sync")) == "%xla_sync"
+    assert r.label(None) == ""
+    # the core's renderer and differ name source lines through the resolver
+    op = OpRecord("aten::cat", "f32[2]", "%0", cell, "", (0,), "%0")
+    a = GraphSummary(("f32[2]",), (op,), (1,))
+    b = GraphSummary(("f32[3]",), (op._replace(aval="f32[3]"),), (1,))
+    assert xlanb.explain(a, b, label=r.label) == \
         "shape change: aten::cat at In[7] line 4: f32[2] -> f32[3]"
-    assert r.label("train.py:51 step") == "train.py:51 step"
-    assert r.label("ipython.py:120 xla_sync") == "%xla_sync"
+    assert "# In[7] line 4" in xlanb.render_text(b, label=r.label)
+    assert 'tooltip="In[7] line 4"' in xlanb.render_dot(b, label=r.label)
 
 
 def test_pending_collapse_scopes(ip):
@@ -564,8 +574,13 @@ def test_graphs_show_one_graph(both):
 
 def test_graphs_synced_inside_a_magic_are_named_by_the_magic():
     from types import SimpleNamespace as G
-    for src in ("interactiveshell.py:2417 run_line_magic", "ipython.py:203 xla_sync"):
+    from xlanb import SourceLoc as L
+    for src in (L("/ip/core/interactiveshell.py", 2417, "run_line_magic"),
+                L("/ip/core/interactiveshell.py", 2541, "run_cell_magic"),
+                L("<decorator-gen-123>", 2, "xla_sync"),
+                L("/src/extensions/ipython.py", 203, "xla_sync")):
         assert xd.graph_where(G(src=src, cause="%xla_sync")) == "%xla_sync"
-    assert xd.graph_where(G(src="interactiveshell.py:1 run_line_magic",
+    assert xd.graph_where(G(src=L("/ip/interactiveshell.py", 1, "run_line_magic"),
                             cause="xlanb.hlo(optimized=True)")) == "a magic (xlanb.hlo(optimized=True))"
-    assert xd.graph_where(G(src="train.py:3 step", cause="user sync")) == "train.py:3 step"
+    assert xd.graph_where(G(src=L("/src/train.py", 3, "step"), cause="user sync")) == "train.py:3 step"
+    assert xd.graph_where(G(src=L("/src/ipython.py", 3, "step"), cause="user sync")) == "ipython.py:3 step"

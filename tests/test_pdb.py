@@ -327,7 +327,7 @@ def test_commands_work():
     ("xpending output4 --depth x", "--depth needs a positive integer, got 'x'"),
     ("xpending output4 --deep 3", "unknown option --deep"),
     ("xhlo 'text'", "not a tensor on the xla device (it is str)"),
-    ("xmode fast", "unknown mode 'fast'; valid modes are: lazy, eager, opbyop"),
+    ("xmode fast", "unknown xlanb mode 'fast'; valid modes are: lazy, eager, opbyop"),
     ("xla extra", "takes no arguments"),
 ])
 def test_bad_input_is_one_line_and_the_session_goes_on(command, says):

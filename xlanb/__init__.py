@@ -25,7 +25,7 @@ from .base.session import session as _session, starting_mode as _starting_mode
 from .capture.function import CompiledFunction, compile
 from .execute.background import compiles_in_flight as _compiles_in_flight
 from .execute.graphs import CompiledGraph, GraphList, RecompileWarning, graphs
-from .graph.explain import explain
+from .graph.explain import SummaryDiff, diff_summaries, explain
 from .graph.render import render_dot, render_svg, render_text
 from .graph.summary import GraphSummary, OpRecord
 from .inspect import repr as _repr  # noqa: F401  (installs how tensors print)
@@ -42,7 +42,8 @@ _install_scope_hooks()
 __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "check_mode",
            "sync", "mark_step", "peek", "reset", "pending_ir", "pending_count",
            "pending_summary", "render_svg", "render_text", "render_dot", "hlo", "graphs",
-           "GraphList", "GraphSummary", "OpRecord", "SourceLoc", "explain",
+           "GraphList", "GraphSummary", "OpRecord", "SourceLoc", "explain", "diff_summaries",
+           "SummaryDiff",
            "RecompileWarning", "metrics", "config", "XlaTensor", "CompiledGraph",
            "manual_seed", "set_trace", "compile", "CompiledFunction", "debugger_active",
            "format_table",

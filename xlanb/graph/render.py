@@ -2,13 +2,17 @@
 for pending graphs, compiled graphs, magics, pdb commands and widgets."""
 from __future__ import annotations
 
-import html
 import re
 import shutil
 import subprocess
+from typing import Callable, Iterable
 
-from ..base.frames import format_loc
+from ..base.frames import SourceLoc, format_loc
 from .summary import GraphSummary
+
+# Names a source location in text, tooltips and explanations. Front ends pass their own
+# (a notebook's ``In[5] line 3``); the default is ``SourceLoc.short``.
+Label = Callable[[SourceLoc], str]
 
 
 def _near_outputs(g: GraphSummary, depth: int | None) -> set[int] | None:
@@ -27,8 +31,9 @@ def _near_outputs(g: GraphSummary, depth: int | None) -> set[int] | None:
     return {p for p, d in dist.items() if d < depth}
 
 
-def render_text(g: GraphSummary, depth: int | None = None) -> str:
-    """One line per node: ``%12 = f32[8,16] aten::addmm(%3, %10, %11)  # f.py:42 fwd  [M.l1]``."""
+def render_text(g: GraphSummary, depth: int | None = None, *, label: Label = format_loc) -> str:
+    """One line per node: ``%12 = f32[8,16] aten::addmm(%3, %10, %11)  # f.py:42 fwd  [M.l1]``;
+    ``label`` names each source line."""
     n_in = len(g.inputs)
     shown = _near_outputs(g, depth)
     lines = []
@@ -44,7 +49,7 @@ def render_text(g: GraphSummary, depth: int | None = None) -> str:
             continue
         line = f"%{n_in + j} = {op.aval} {op.name}({op.call})"
         if op.src or op.scope:
-            line += "  #" + (f" {op.src.short}" if op.src else "") + (f"  [{op.scope}]" if op.scope else "")
+            line += "  #" + (f" {label(op.src)}" if op.src else "") + (f"  [{op.scope}]" if op.scope else "")
         lines.append(line)
     lines.append("outputs: " + ", ".join(f"%{p}" for p in g.outputs))
     return "\n".join(lines)
@@ -52,6 +57,9 @@ def render_text(g: GraphSummary, depth: int | None = None) -> str:
 
 # ---------------------------------------------------------------------------------------
 # DOT
+
+HIGHLIGHT = "#f5b041"  # the fill of ``highlight`` matches
+
 
 def _cluster_id(scope: str) -> str:
     return "cluster_" + re.sub(r"\W", "_", scope)
@@ -63,30 +71,83 @@ def _clip_scope(scope: str, depth: int | None) -> str:
     return ".".join(scope.split(".")[:depth]) if depth > 0 else ""
 
 
-def _matches(pattern, op) -> bool:
+def _dot_str(text) -> str:
+    """A DOT string literal's body: backslashes and quotes escaped, newlines as ``\\n``."""
+    return str(text).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _matches(pattern, op, label: Label) -> bool:
     return bool(pattern) and (pattern.search(op.name) is not None
-                              or pattern.search(format_loc(op.src)) is not None)
+                              or (op.src is not None and pattern.search(label(op.src)) is not None))
+
+
+def _default_box_tooltip(label: Label):
+    def tip(key: str, ops: list) -> str:
+        srcs = sorted({label(o.src) for o in ops if o.src})
+        return "; ".join(srcs[:5]) + (" ..." if len(srcs) > 5 else "")
+    return tip
 
 
 def render_dot(g: GraphSummary, scope_depth: int | None = None,
-               highlight: str | None = None, depth: int | None = None) -> str:
-    """Graphviz DOT with ids that are the same from run to run (graph positions), one
-    ``cluster_`` per module scope (nested by path) and the source line in each node's
-    tooltip.
+               highlight: str | None = None, depth: int | None = None, *,
+               label: Label = format_loc, marks: dict[int, str] | None = None,
+               only: Iterable[int] | None = None,
+               tooltip: Callable[[int], str] | None = None,
+               box_tooltip: Callable[[str, list], str] | None = None) -> str:
+    """Graphviz DOT with ids that are the same from run to run (graph positions: ``n12``;
+    a collapsed scope: ``s_<scope>``), one ``cluster_`` per module scope (nested by path)
+    and the source line in each node's tooltip.
 
     ``scope_depth`` collapses ops in scopes deeper than that many levels into one node
     per scope, labelled with its op count. ``highlight`` (a regex, matched against op
-    names and ``file:line``) fills the matching nodes, and the collapsed scopes that hold
+    names and source lines) fills the matching nodes, and the collapsed scopes that hold
     them, in orange. ``depth`` draws only the ops at most that many hops before the
     outputs, as the text form does; what feeds them from further back is a dashed stub.
+
+    For front ends: ``label`` names a source location (default ``SourceLoc.short``);
+    ``marks`` fills nodes (position -> colour) and the collapsed scopes that hold them;
+    ``only`` draws just those positions (no scope is collapsed), with a dashed border
+    on a node some of whose neighbours are not drawn; ``tooltip(position)`` and
+    ``box_tooltip(scope, ops)`` give the hover texts. Positions are ``g``'s, so ``depth``
+    cannot be combined with ``marks`` or ``only``.
     """
     if depth is not None:
+        if marks or only is not None:
+            raise ValueError("render_dot: depth cuts the graph, so it cannot be combined "
+                             "with marks or only (positions of the whole graph)")
         g = _cut(g, depth)
-    pattern = re.compile(highlight) if highlight else None
+    marks = dict(marks or {})
+    if highlight:
+        pattern = re.compile(highlight)
+        for j, op in enumerate(g.ops):
+            if _matches(pattern, op, label):
+                marks.setdefault(len(g.inputs) + j, HIGHLIGHT)
     n_in = len(g.inputs)
+    n_all = n_in + len(g.ops)
+    keep = set(range(n_all)) if only is None else set(only)
+    if only is not None:
+        scope_depth = None
     out = ["digraph xla_graph {",
            '  rankdir=TB; node [shape=box, style="rounded,filled", fillcolor="#eef3fb", '
            'fontname="Helvetica", fontsize=10]; edge [color="#7f8c8d"];']
+    neighbours: dict[int, set[int]] = {}
+    if only is not None:  # nodes with neighbours that are not drawn: a dashed border
+        for j, op in enumerate(g.ops):
+            for q in op.ins:
+                neighbours.setdefault(q, set()).add(n_in + j)
+                neighbours.setdefault(n_in + j, set()).add(q)
+
+    def cut_off(p: int) -> bool:
+        return bool(neighbours.get(p, set()) - keep)
+
+    def attrs(p: int, default_tip: str) -> str:
+        """A node's tooltip, border and fill (when marked)."""
+        tip = tooltip(p) if tooltip is not None else default_tip
+        out = f', tooltip="{_dot_str(tip)}"'
+        if cut_off(p):
+            out += ', style="rounded,filled,dashed"' if p >= n_in else ', style="filled,dashed"'
+        return out + (f', fillcolor="{marks[p]}"' if p in marks else "")
+
     # Inputs read only by collapsed scopes (weights, mostly) are folded into them.
     consumers: dict[int, set] = {}
     for j, op in enumerate(g.ops):
@@ -97,41 +158,47 @@ def render_dot(g: GraphSummary, scope_depth: int | None = None,
                     and op.scope != _clip_scope(op.scope, scope_depth) else None)
     folded = {q for q, c in consumers.items() if None not in c}
     for i, aval in enumerate(g.inputs):
-        if i not in folded:
+        if i not in folded and i in keep:
             kind = "" if aval.startswith("…") else " data"  # cut ops show as stubs
-            out.append(f'  n{i} [label="%{i}{kind}\\n{aval}", shape=ellipse, '
-                       f'fillcolor="#f3f3f3", tooltip="device data"];')
+            fill = "" if i in marks else ', fillcolor="#f3f3f3"'
+            out.append(f'  n{i} [label="%{i}{kind}\\n{_dot_str(aval)}", shape=ellipse'
+                       f'{fill}{attrs(i, "device data")}];')
     # Which drawn node stands for each position: itself, or its collapsed scope.
-    rep: dict[int, str] = {i: f"n{i}" for i in range(n_in) if i not in folded}
-    collapsed: dict[str, list] = {}  # clipped scope -> ops inside deeper scopes
+    rep: dict[int, str] = {i: f"n{i}" for i in range(n_in) if i not in folded and i in keep}
+    collapsed: dict[str, list] = {}  # clipped scope -> positions of ops in deeper scopes
     by_cluster: dict[str, list[str]] = {}
     for j, op in enumerate(g.ops):
         p = n_in + j
+        if p not in keep:
+            continue
         clipped = _clip_scope(op.scope, scope_depth)
         if scope_depth is not None and op.scope != clipped:
             key = clipped or "<top>"
             rep[p] = _scope_node(key)
-            collapsed.setdefault(key, []).append(op)
+            collapsed.setdefault(key, []).append(p)
             continue
         rep[p] = f"n{p}"
-        fill = ', fillcolor="#f5b041"' if _matches(pattern, op) else ""
         root = ', penwidth=2, color="#c0392b"' if p in g.outputs else ""
-        tip = html.escape(format_loc(op.src), quote=True)
         by_cluster.setdefault(clipped, []).append(
-            f'n{p} [label="%{p} {op.name}\\n{op.aval}", tooltip="{tip}"{fill}{root}];')
-    for key, ops in collapsed.items():
-        hit = any(_matches(pattern, o) for o in ops)
-        fill = "#f5b041" if hit else "#d6eaf8"
-        srcs = sorted({o.src.short for o in ops if o.src})
-        tip = html.escape("; ".join(srcs[:5]) + (" ..." if len(srcs) > 5 else ""), quote=True)
+            f'n{p} [label="%{p} {_dot_str(op.name)}\\n{_dot_str(op.aval)}"{root}'
+            f'{attrs(p, label(op.src) if op.src else "")}];')
+    box_tip = box_tooltip or _default_box_tooltip(label)
+    for key, ps in collapsed.items():
+        ops = [g.ops[p - n_in] for p in ps]
+        colours = [marks[p] for p in ps if p in marks]
+        fill = "#d6eaf8" if not colours else colours[0] if len(set(colours)) == 1 else \
+            HIGHLIGHT if HIGHLIGHT in colours else colours[0]
+        text = f"{key}\n{len(ops)} ops" + (f" ({len(colours)} marked)" if colours else "")
         parent = _clip_scope(key, (scope_depth or 1) - 1) if key != "<top>" else ""
         by_cluster.setdefault(parent, []).append(
-            f'{_scope_node(key)} [label="{key}\\n{len(ops)} ops", shape=box3d, '
-            f'fillcolor="{fill}", tooltip="{tip}"];')
+            f'{_scope_node(key)} [label="{_dot_str(text)}", shape=box3d, '
+            f'fillcolor="{fill}", tooltip="{_dot_str(box_tip(key, ops))}"];')
     out.extend(_nested_clusters(by_cluster))
     edges = set()
     for j, op in enumerate(g.ops):
-        dst = rep[n_in + j]
+        dst = rep.get(n_in + j)
+        if dst is None:
+            continue
         for q in op.ins:
             src = rep.get(q)
             if src is not None and src != dst and (src, dst) not in edges:
