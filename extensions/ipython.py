@@ -253,6 +253,8 @@ class XlaMagics(Magics):
             raise UsageError(f"{expr}: {e}") from None
         except SyntaxError as e:
             raise UsageError(f"{expr!r} is not a Python expression: {e.msg}") from None
+        except Exception as e:  # the expression's own error, in one line, as other magics
+            raise UsageError(f"{expr}: {type(e).__name__}: {e}") from None
         return self._peek(value, expr)
 
     def _peek(self, value, expr: str):

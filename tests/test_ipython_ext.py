@@ -354,6 +354,7 @@ def test_peek_does_not_cut_the_graph(ip):
     ("3 +", "not a Python expression"),
     ("'text'", "is a str, not a tensor"),
     ("", "needs an expression"),
+    ("1/0", r"1/0: ZeroDivisionError: division by zero"),  # one line, no traceback
 ])
 def test_peek_bad_input(ip, expr, message):
     record(ip)
@@ -584,3 +585,19 @@ def test_graphs_synced_inside_a_magic_are_named_by_the_magic():
                             cause="xlanb.hlo(optimized=True)")) == "a magic (xlanb.hlo(optimized=True))"
     assert xd.graph_where(G(src=L("/src/train.py", 3, "step"), cause="user sync")) == "train.py:3 step"
     assert xd.graph_where(G(src=L("/src/ipython.py", 3, "step"), cause="user sync")) == "ipython.py:3 step"
+
+
+def test_explain_error_traceback_names_the_cell_it_ran_in(shell):
+    """A cell that raises under %%xla_explain: its traceback names that cell's In[N],
+    also when the same code ran before as another cell."""
+    import io
+    import re
+    from contextlib import redirect_stdout
+    shell.run_line_magic("load_ext", "xlanb")
+    for _ in range(2):
+        n = shell.execution_count
+        out = io.StringIO()
+        with redirect_stdout(out):
+            shell.run_cell("%%xla_explain\ny = 2\nraise ValueError('boom')", store_history=True)
+        text = re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())
+        assert f"Cell In[{n}], line 3" in text, text
