@@ -245,3 +245,15 @@ def test_inplace_across_mode_switch():
     want[:, 2] -= 0.5
     assert torch.equal(x.cpu(), want)
     assert torch.equal(v.cpu(), want[:, 2])
+
+
+def test_out_list_argument(mode, same):
+    """An out= argument that is a list of tensors (split_copy(..., out=[a, b, c])): PyTorch's
+    test_view_ops test_view_copy_out found it failing."""
+    x = torch.arange(12.0).reshape(6, 2)
+    outs = [torch.empty(2, 2, device="xla") for _ in range(3)]
+    cpu_outs = [torch.empty(2, 2) for _ in range(3)]
+    assert torch.split_copy(x.to("xla"), 2, out=outs) is None
+    torch.split_copy(x, 2, out=cpu_outs)
+    for o, c in zip(outs, cpu_outs):
+        same(o, c, exact=True)

@@ -117,8 +117,11 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
     lift = plan.lift
     kind = plan.kind
     outs = ()
+    out_args = None
     if kind == "out":
-        outs = [kwargs[name] for name in plan.mutated]
+        # an out= argument is a tensor or a list of them (split_copy's out=[a, b])
+        out_args = {name: kwargs[name] for name in plan.mutated}
+        outs = [o for v in out_args.values() for o in (v if isinstance(v, (list, tuple)) else (v,))]
         kwargs = {k: v for k, v in kwargs.items() if k not in plan.mutated}
     tensors: list = []
     scalars: list = []
@@ -136,7 +139,7 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
             readable = (func, readable_sig(args, lift),
                         tuple((k, readable_sig(v, lift)) for k, v in kwargs.items()),
                         readable_sig(outs, lift))
-            info = new_info(plan, func, readable, args, kwargs, tensors, scalars, device, outs)
+            info = new_info(plan, func, readable, args, kwargs, tensors, scalars, device, out_args)
         except NotImplementedError:
             if session.direct or plan.kind == "view":
                 raise
@@ -163,6 +166,8 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
                 raise RuntimeError(f"xlanb: {plan.name} out= tensor has shape {tuple(o.shape)}, "
                                    f"result has {m.shape}; resizing out= tensors is not supported")
             write(o, cast_node(n, m, o.dtype, device))
+        if not func._schema.returns:
+            return None
         return outs[0] if len(outs) == 1 else tuple(outs)
     if kind == "functional":
         return wrap_results(node, info, device)

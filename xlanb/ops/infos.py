@@ -103,9 +103,9 @@ def check_traceable(fn, tensors, scalars, random) -> None:
         raise NotImplementedError(f"torch's decomposition does not lower: {e}") from e
 
 
-def new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device, outs=()) -> OpInfo:
+def new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device, out_args=None) -> OpInfo:
     """Build the OpInfo of one signature. For out= ops, ``kwargs`` and ``tensors`` exclude
-    the out tensors, which are passed as ``outs`` (in ``plan.mutated`` order)."""
+    the out arguments, which are passed as ``out_args`` (name -> tensor or list of them)."""
     lift = plan.lift
     counters = [0, 0]
     targs = [template_of(a, counters, lift) for a in args]
@@ -114,8 +114,8 @@ def new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device, outs
     margs, mkwargs = fill_call((targs, tkwargs), [meta_tensor(t) for t in tensors], scalars)
     if "device" in mkwargs:
         mkwargs["device"] = "meta"
-    for name, o in zip(plan.mutated if plan.kind == "out" else (), outs):
-        mkwargs[name] = meta_tensor(o)
+    for name, o in (out_args or {}).items():
+        mkwargs[name] = [meta_tensor(x) for x in o] if isinstance(o, (list, tuple)) else meta_tensor(o)
     tkwargs = {k: v for k, v in tkwargs.items() if k not in ("device", "pin_memory")}
     template = (targs, tkwargs)
     try:
