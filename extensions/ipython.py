@@ -13,6 +13,8 @@ Line magics (``%xla_mode?`` and friends give help)::
     %xla_graphs [--last N] [--show I [--text]]
                                          compiled graphs with causes and recompile reasons
     %xla_status [on|off]                 a status line after each cell
+    %xla_compat [on|off] [--shadow]      import torch_xla gives xlanb's modules
+    %xla_nans [on|off]                   name the first op that makes a NaN/Inf
 
 Objects shown carry ``_repr_mimebundle_``: text/plain always, HTML or SVG for notebooks.
 In a terminal (text/plain only) nothing is rendered that cannot be shown. An xla tensor
@@ -31,6 +33,7 @@ from __future__ import annotations
 import ast
 import re
 import time
+import warnings
 
 import torch
 from IPython.core.error import UsageError
@@ -44,7 +47,7 @@ from . import display as xd
 
 _NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _MAGIC_NAMES = {"line": ("xla_mode", "xla_pending", "xla_sync", "xla_hlo", "xla_peek",
-                         "xla_metrics", "xla_graphs", "xla_status"),
+                         "xla_metrics", "xla_graphs", "xla_status", "xla_compat"),
                 "cell": ("xla_explain",)}
 
 
@@ -367,6 +370,62 @@ class XlaMagics(Magics):
         if last is not None:
             return eval(shell.compile(last, name, "eval"), shell.user_global_ns, ns)
         return None
+
+    # ------------------------------------------------------------------ %xla_nans
+
+    @magic_arguments()
+    @argument("state", nargs="?", help="on or off; without it, say whether it is on")
+    @line_magic
+    def xla_nans(self, line: str = ""):
+        """Find the first op that makes a NaN or Inf (``xlanb.debug_nans``): each sync is
+        checked, and on a NaN/Inf the error names the aten op, shapes, module scope,
+        source line (the forward line for a backward op) and its inputs' ranges."""
+        args = parse_argstring(self.xla_nans, line)
+        if args.state is None:
+            print(f"xla nans check {'on' if xlanb.config.debug_nans else 'off'}")
+            return
+        state = args.state.lower()
+        if state not in ("on", "off"):
+            raise UsageError(f"%xla_nans takes on or off, got {args.state!r}")
+        xlanb.debug_nans(state == "on")
+        print(f"xla nans check {state}")
+
+    # ------------------------------------------------------------------ %xla_compat
+
+    @magic_arguments()
+    @argument("state", nargs="?", help="on or off; without it, say whether it is on")
+    @argument("--shadow", action="store_true",
+              help="use xlanb's modules even when the real torch_xla is installed")
+    @line_magic
+    def xla_compat(self, line: str = ""):
+        """Run torch_xla code unchanged: with it on, ``import torch_xla`` (and
+        ``torch_xla.core.xla_model``, ``torch_xla.debug.metrics``, ``torch_xla.runtime``,
+        ``torch_xla.experimental``, ``torch_xla.distributed.parallel_loader``,
+        ``torch_xla._XLAC``) gives xlanb's implementations, and every xla magic works on
+        the tensors it makes. A real torch_xla, if installed, is used unless --shadow."""
+        args = parse_argstring(self.xla_compat, line)
+        compat = xlanb.compat
+        if args.state is None:
+            print(compat.status())
+            return
+        state = args.state.lower()
+        if state not in ("on", "off"):
+            raise UsageError(f"%xla_compat takes on or off, got {args.state!r}")
+        if state == "off":
+            compat.uninstall()
+            print("torch_xla compatibility off (modules already imported keep working)")
+            return
+        try:
+            with warnings.catch_warnings():  # said below, in the magic's own words
+                warnings.simplefilter("ignore")
+                on = compat.install(shadow=args.shadow)
+        except RuntimeError as e:  # the real torch_xla is already imported
+            raise UsageError(str(e)) from None
+        if not on:
+            print(f"torch_xla compatibility off: the real torch_xla is installed "
+                  f"({compat.real_torch_xla()}); %xla_compat on --shadow to use xlanb's")
+            return
+        print(compat.status())
 
     # ------------------------------------------------------------------ %xla_status
 

@@ -12,6 +12,7 @@
     xsync                      run the pending work now (mark_step)
     xmode [lazy|eager|opbyop]  show or switch the execution mode
     xgraphs                    every compiled graph: hash, size, cause, source, times
+    xnans                      the frame's xla tensors holding NaN/Inf, and where made
 
 Looking never cuts the lazy graph: ``p``/``pp``/a bare expression/``display``/``xpeek``
 peek, and so do ``.cpu()``/``.item()``/``.tolist()`` while a debugger is stopped. Only
@@ -319,6 +320,48 @@ class XlaPdb(pdb.Pdb):
         xlanb.set_mode(arg)
         note = f" (synced {pending} pending ops first)" if pending else ""
         self.message(f"mode: {old} -> {arg}{note}" if old != arg else f"mode: {arg} (unchanged)")
+
+    @_command
+    def do_xnans(self, arg):
+        """xnans
+        Peek every xla tensor in the current frame (locals, and tensors in their tuples,
+        lists and dicts) and list the ones holding NaN or Inf, with the line and module
+        that made them. Peeking changes no pending graph.
+        """
+        import torch
+        found = []
+        seen = set()
+
+        def visit(label, v, depth=0):
+            if isinstance(v, xlanb.XlaTensor):
+                if id(v) in seen or not (v.is_floating_point() or v.is_complex()):
+                    return
+                seen.add(id(v))
+                c = xlanb.peek(v)
+                bad = int((~torch.isfinite(c)).sum())
+                if bad:
+                    src, scope = xlanb.where_made(v)
+                    where = f" made at {src.short}" if src is not None else ""
+                    found.append(f"  {label}: {tuple(v.shape)} {str(v.dtype).replace('torch.', '')}"
+                                 f" {int(torch.isnan(c).sum())} nan, {bad - int(torch.isnan(c).sum())} inf"
+                                 f"{where}" + (f" [{scope}]" if scope else ""))
+            elif depth < 2 and isinstance(v, (tuple, list)):
+                for i, x in enumerate(v[:64]):
+                    visit(f"{label}[{i}]", x, depth + 1)
+            elif depth < 2 and isinstance(v, dict):
+                for k, x in list(v.items())[:64]:
+                    visit(f"{label}[{k!r}]", x, depth + 1)
+
+        for name, v in list(self.curframe_locals.items()):
+            visit(name, v)
+        if not seen:
+            self.message("no xla tensors in this frame")
+        elif not found:
+            self.message(f"{len(seen)} xla tensors, all finite")
+        else:
+            self.message(f"{len(found)} of {len(seen)} xla tensors hold NaN/Inf:")
+            for line in found:
+                self.message(line)
 
     @_command
     def do_xgraphs(self, arg):

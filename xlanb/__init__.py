@@ -23,7 +23,10 @@ from .base.frames import SourceLoc, debugger_active
 from .base.scopes import install_scope_hooks as _install_scope_hooks
 from .base.session import session as _session, starting_mode as _starting_mode
 from .capture.function import CompiledFunction, compile
+from .compare import CompareReport, CompareRow, compare_cpu
+from .debug import debug_nans, where_made
 from .execute.background import compiles_in_flight as _compiles_in_flight
+from .execute.nans import NonFiniteError
 from .execute.graphs import CompiledGraph, GraphList, RecompileWarning, graphs
 from .graph.explain import SummaryDiff, diff_summaries, explain
 from .graph.render import render_dot, render_svg, render_text
@@ -38,6 +41,8 @@ from .tensor import XlaTensor
 
 _register()
 _install_scope_hooks()
+if config.debug_nans:  # XLANB_DEBUG_NANS=1
+    debug_nans(True)
 
 __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "check_mode",
            "sync", "mark_step", "peek", "reset", "pending_ir", "pending_count",
@@ -46,7 +51,8 @@ __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "c
            "SummaryDiff",
            "RecompileWarning", "metrics", "config", "XlaTensor", "CompiledGraph",
            "manual_seed", "set_trace", "compile", "CompiledFunction", "debugger_active",
-           "format_table",
+           "format_table", "debug_nans", "NonFiniteError", "where_made",
+           "compare_cpu", "CompareReport", "CompareRow",
            "load_ipython_extension", "unload_ipython_extension"]
 
 __version__ = "0.1.0"
@@ -122,4 +128,9 @@ def __getattr__(name: str):
     if name == "widgets":
         import importlib
         return importlib.import_module("xlanb.widgets")
+    # ``xlanb.compat``, the torch_xla compatibility layer, sits above this API: loaded
+    # when first used (``%xla_compat``, ``python -m xlanb.run``).
+    if name == "compat":
+        import importlib
+        return importlib.import_module("xlanb.compat")
     raise AttributeError(f"module 'xlanb' has no attribute {name!r}")

@@ -8,9 +8,11 @@ the whole run succeeded, so a failed compile or a KeyboardInterrupt loses nothin
 from __future__ import annotations
 
 from .base.frames import user_frame
+from .base.config import config
 from .base.session import mode_state, session
 from .execute.fills import settled_if_empty
 from .execute.graphs import run_graph
+from .execute.nans import check_run, raise_deferred
 from .execute.opbyop import run_op_by_op
 from .ir import Node, plan_graph
 from .live import clear_peeks, compact, end_waiting, peek_values, pending_roots
@@ -39,6 +41,8 @@ def materialize(roots: list[Node], cause: str) -> None:
             arrays = run_graph(plan, device, cause, src)
         else:
             arrays = run_op_by_op(plan)
+        if config.debug_nans:  # one fused check; on a NaN, raises before anything is swapped
+            check_run(plan, arrays, state.mode, cause, src)
         results.append((plan.roots, arrays))
     for nodes, arrays in results:
         for node, arr in zip(nodes, arrays):
@@ -56,6 +60,8 @@ def sync(cause: str = "user sync") -> None:
     __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     if session.recorder is not None:
         return  # inside xlanb.compile the function's end is the sync
+    if config.debug_nans:
+        raise_deferred()  # a NaN an eager backward op made (found on autograd's thread)
     roots = pending_roots()
     if roots:
         materialize(roots, cause)

@@ -11,6 +11,7 @@
 ``XLANB_DEBUG``      1: print each recompile and its explanation as it happens
 ``XLANB_BACKGROUND_COMPILE``  0: eager mode compiles each new op before running it,
                      instead of going on while XLA compiles it on a background thread
+``XLANB_DEBUG_NANS``  1: find the first op that makes a NaN or Inf (``xlanb.debug_nans``)
 ``XLANB_PEEK_CACHE_BYTES``  how many bytes of values peeks keep until the next sync
                      (default 256 MiB); past that the least recently used are recomputed
 """
@@ -80,6 +81,10 @@ class Config:
         self.background_compile = os.environ.get("XLANB_BACKGROUND_COMPILE", "1") not in ("", "0")
         # Warn when one source line compiles this many graphs in at most twice as many syncs.
         self.frequent_compiles = 3
+        # Check every sync (and every eager op) for NaN/Inf and name the first op that
+        # made one. Turned on and off with xlanb.debug_nans(), which also records where
+        # backward ops come from; XLANB_DEBUG_NANS=1 turns it on at import.
+        self.debug_nans = os.environ.get("XLANB_DEBUG_NANS", "") not in ("", "0")
         # Bytes of peeked values kept until the next sync (base/session.py PeekCache).
         self.peek_cache_bytes = int(os.environ.get("XLANB_PEEK_CACHE_BYTES") or 256 << 20)
 

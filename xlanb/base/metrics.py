@@ -205,6 +205,7 @@ class MetricData:
     max: float = math.nan
     stddev: float = math.nan  # population standard deviation over all samples
     rate: float | None = None  # samples per second; None if it cannot be measured
+    times: tuple[float, ...] = ()  # when each kept sample was taken (perf_counter seconds)
 
     @property
     def mean(self) -> float:
@@ -257,6 +258,7 @@ def _data(m: _Metric, epoch: float) -> MetricData:
         max=m.max,
         stddev=math.sqrt(m.m2 / m.count),
         rate=rate,
+        times=tuple(t for t, _ in ring),
     )
 
 

@@ -32,9 +32,11 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..base import metrics, rng
+from ..base.config import config
 from ..base.frames import user_frame
 from ..base.session import session
 from ..execute.graphs import compiled_graph, run_graph
+from ..execute.nans import check_run
 from ..graph.explain import explain
 from ..graph.summary import summarize
 from ..ir import Node, TensorMeta, contiguous_strides, plan_graph
@@ -272,7 +274,10 @@ def _finish(rec: _Recorder, flat_in, out, cause: str):
         return None  # several devices: run as lazy tracing did (already synced below)
     device = devices.pop()
     plan = plan_graph(roots)
-    arrays = run_graph(plan, device, cause, user_frame())
+    src = user_frame()
+    arrays = run_graph(plan, device, cause, src)
+    if config.debug_nans:  # before anything is swapped in, as a lazy sync does
+        check_run(plan, arrays, "compiled", cause, src)
     for node, arr in zip(plan.roots, arrays):
         node.materialize(arr)
     clear_peeks()
@@ -345,6 +350,9 @@ def _replay(cf: CompiledFunction, entry: _Entry, flat_in):
     metrics.record("ExecuteTime", dt)
     metrics.counter("CompiledReplay")
     cf.replays += 1
+    if config.debug_nans:  # before any state tensor is written: a NaN leaves them as they were
+        check_run(trace.plan, outs, "compiled", f"xlanb.compile({cf.name}) replay",
+                  user_frame(), leaves=leaves, scalars=scalars)
     for arr, dest in zip(outs, trace.dests):
         for ref in dest:
             s = ref()

@@ -2,9 +2,12 @@
 (``xlanb.graphs()``), each with why it compiled and, for a recompile, what changed."""
 from __future__ import annotations
 
+import _thread
 import functools
+import re
 import sys
 import time
+import types
 import warnings
 from dataclasses import dataclass, field
 
@@ -20,7 +23,7 @@ from ..graph.render import render_dot, render_text
 from ..graph.summary import summarize
 from ..ir import GraphPlan, leaf_meta, stable_hash
 from ..runtime import store
-from ..runtime.jit import compile_jitted, jax_context
+from ..runtime.jit import compile_lowered, jax_context, lower_jitted
 from .compile import add_op_note, load_stored, scalar_spec, store_key, tensor_spec
 
 @dataclass
@@ -63,7 +66,9 @@ class CompiledGraph:
             return self.executable.as_text()
         if dialect not in ("stablehlo", "hlo"):
             raise ValueError(f"dialect must be 'stablehlo' or 'hlo', got {dialect!r}")
-        return self.lowered_module().as_text(dialect=dialect)
+        # the hlo dialect prints each instruction's metadata: op_name (scope path and
+        # aten op), source_file and source_line (the user's line)
+        return self.lowered_module().as_text(dialect=dialect, debug_info=dialect == "hlo")
 
     @property
     def ops(self) -> tuple:
@@ -118,11 +123,118 @@ _graph_cache = session.graph_cache
 graph_log = session.graph_log  # in compile order
 
 
+# Source-mapped HLO. JAX names each instruction by its source info: a traceback (the
+# innermost frame outside JAX gives source_file/source_line) and a name stack (op_name).
+# While an op is traced, xlanb sets both from the op's node: a traceback whose innermost
+# frame is a synthetic code object with the user's file, line and function (one per
+# SourceLoc, made once), and the scope path plus aten op as the name. Metadata only: the
+# graph's key never sees it, so the same structure from another line hits the cache.
+try:
+    from jax._src import source_info_util as _siu
+    _get_traceback = _siu.Traceback.get_traceback
+    _siu_context = _siu._source_info_context
+    from jax._src.lib.mlir import ir
+except (ImportError, AttributeError):  # another JAX: no metadata, nothing else changes
+    _siu = None
+
+
+def _traceback_template(get, box, lock): box.append(get()); lock.release()  # noqa: E702
+
+
+_tracebacks: dict = {}
+
+
+def _user_traceback(src: SourceLoc):
+    """A JAX traceback of one frame: ``src`` (made once per SourceLoc). Captured on a
+    new thread, so no xlanb frame sits under it in the HLO's stack frames."""
+    tb = _tracebacks.get(src)
+    if tb is None:
+        code = _traceback_template.__code__.replace(
+            co_filename=src.file, co_firstlineno=src.line, co_name=src.function,
+            co_qualname=src.function)
+        box: list = []
+        lock = _thread.allocate_lock()
+        lock.acquire()
+        _thread.start_new_thread(types.FunctionType(code, {}), (_get_traceback, box, lock))
+        lock.acquire()
+        tb = _tracebacks[src] = box[0]
+    return tb
+
+
+def op_path(info, scope: str) -> str:
+    """``BertModel/encoder/layer/0/attention/self/query/aten::addmm``: HLO's op_name."""
+    return f"{scope.replace('.', '/')}/{info.name}" if scope else info.name
+
+
+def _trace_op(info, args, scalars, src, scope):
+    """``info.fn`` traced with the user's line and scope as JAX's source info."""
+    if _siu is None:
+        return info.fn(args, scalars)
+    prev = _siu_context.context
+    try:
+        tb = _user_traceback(src) if src is not None else prev.traceback
+        _siu_context.context = prev.replace(traceback=tb,
+                                            name_stack=prev.name_stack.extend(op_path(info, scope)))
+    except Exception:  # JAX's internals moved: no metadata, nothing else changes
+        return info.fn(args, scalars)
+    try:
+        return info.fn(args, scalars)
+    finally:
+        _siu_context.context = prev
+
+
+_LOC_NAME = re.compile(r'loc\("([^"]*)"')
+
+
+def annotate_op_types(lowered, names) -> None:
+    """Give each instruction of ``lowered`` its aten op as HLO ``op_type``: an MLIR name
+    location ``"aten::addmm:"`` around the one JAX made (XLA reads a trailing ``:`` as the
+    op type; JAX sets its primitive there only for the few ops it does not cache). The
+    aten op is the last segment of the op's name stack that is one of ``names``.
+    In place, before compiling; metadata only."""
+    if _siu is None:
+        return
+    try:
+        module = lowered.compiler_ir("stablehlo")
+        names = set(names)
+        made: dict = {}
+
+        def visit(op):
+            loc = op.location
+            text = str(loc)
+            if text in made:
+                new = made[text]
+            else:
+                new = None
+                m = _LOC_NAME.match(text)
+                if m is not None and not m.group(1).endswith(":"):
+                    for seg in reversed(m.group(1).split("/")):
+                        if seg in names:
+                            new = ir.Location.name(f"{seg}:", childLoc=loc)
+                            break
+                made[text] = new
+            if new is not None:
+                op.location = new
+            return ir.WalkResult.ADVANCE
+
+        with module.context:
+            module.operation.walk(visit)
+    except Exception:  # JAX's or MLIR's internals moved: no op_type, nothing else changes
+        return
+
+
+def _lower_annotated(fn, specs, names, lower_metric: str):
+    lowered = lower_jitted(fn, specs, lower_metric=lower_metric)
+    annotate_op_types(lowered, names)
+    return lowered
+
+
 def _graph_fn(plan: GraphPlan):
     steps = plan.steps
     root_pos = plan.root_pos
-    # where each op was recorded, to name the one whose lowering fails (not the nodes:
-    # the function lives as long as its graph, the nodes should not)
+    # where each op was recorded, to name the one whose lowering fails and to put in the
+    # HLO's metadata (not the nodes: the function lives as long as its graph, the nodes
+    # should not)
     places = [(node.src, node.scope) for node in plan.op_nodes]
 
     def run(leaves, scalars):
@@ -131,7 +243,8 @@ def _graph_fn(plan: GraphPlan):
         for j, (info, ins) in enumerate(steps):
             n = len(info.scalar_specs)
             try:
-                vals.append(info.fn([vals[i] for i in ins], scalars[k:k + n]))
+                vals.append(_trace_op(info, [vals[i] for i in ins], scalars[k:k + n],
+                                      *places[j]))
             except Exception as e:  # runs while tracing only: no cost in the executable
                 add_op_note(e, "lowering failed in", info, *places[j])
                 raise
@@ -148,12 +261,18 @@ def graph_specs(plan: GraphPlan, device: int):
 
 def lower_graph(plan: GraphPlan, device: int):
     """``plan`` lowered by JAX (a ``jax.stages.Lowered``), without compiling it."""
-    return _lower_graph_fn(_graph_fn(plan), graph_specs(plan, device))
+    return _lower_graph_fn(_graph_fn(plan), graph_specs(plan, device), _op_names(plan))
 
 
-def _lower_graph_fn(fn, specs):
+def _op_names(plan: GraphPlan) -> frozenset:
+    return frozenset(info.name for info, _ in plan.steps)
+
+
+def _lower_graph_fn(fn, specs, names=frozenset()):
     with jax_context():
-        return jax.jit(fn).lower(*specs)
+        lowered = jax.jit(fn).lower(*specs)
+    annotate_op_types(lowered, names)
+    return lowered
 
 
 def compiled_graph(plan: GraphPlan, device: int, cause: str, src) -> tuple[CompiledGraph, bool]:
@@ -171,8 +290,11 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src) -> tuple[Compi
         exe = load_stored(key_in_store, device, "CompileTime")
         if exe is None:
             try:
-                lowered, exe = compile_jitted(fn, specs, metric="CompileTime",
-                                              lower_metric="LowerTime")
+                # runtime.jit.compile_jitted, with the op types put in between
+                t_lower = time.perf_counter()
+                lowered = _lower_annotated(fn, specs, _op_names(plan), "LowerTime")
+                exe = compile_lowered(lowered, metric="CompileTime",
+                                      lower_s=time.perf_counter() - t_lower)
             except Exception as e:
                 e.add_note(f"xlanb: while compiling a graph of {len(plan.steps)} ops ({cause}) "
                            f"synced at {format_loc(src) or '?'}; every tensor keeps its "
@@ -187,7 +309,8 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src) -> tuple[Compi
                             len(plan.roots), cause, src, time.perf_counter() - t0, exe,
                             explanation=explain(prev.summary, summary) if prev else "",
                             summary=summary, lowered=lowered,
-                            relower=functools.partial(_lower_graph_fn, fn, specs))
+                            relower=functools.partial(_lower_graph_fn, fn, specs,
+                                                      _op_names(plan)))
         _graph_cache[key] = rec
         graph_log.append(rec)
         return rec, True

@@ -80,4 +80,4 @@ def hlo(*tensors, dialect: str = "stablehlo", optimized: bool = False) -> str:
     if optimized:
         rec, _ = compiled_graph(plan, device, "xlanb.hlo(optimized=True)", user_frame())
         return rec.executable.as_text()
-    return lower_graph(plan, device).as_text(dialect=dialect)
+    return lower_graph(plan, device).as_text(dialect=dialect, debug_info=dialect == "hlo")

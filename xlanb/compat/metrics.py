@@ -1,0 +1,106 @@
+"""``torch_xla.debug.metrics`` (``met``) on xlanb's metrics, with torch_xla's signatures,
+names and tuple formats.
+
+- ``metric_data(name)`` is torch_xla's tuple ``(total_samples, accumulator, samples)``:
+  times in nanoseconds (xlanb keeps seconds), ``samples`` as ``(time_s, value_ns)`` pairs;
+  None for a metric with no samples.
+- torch_xla's ``EagerOpCompileTime`` is xlanb's ``OpCompileTime`` (compiling one op's
+  executable); ``CompileTime``, ``ExecuteTime``, ``TransferToDeviceTime`` and
+  ``TransferFromDeviceTime`` are the same in both. xlanb does not time each eager op's
+  execution, so ``EagerOpExecuteTime`` has no samples (None); ``OpCacheHit`` counts those
+  runs. ``MarkStep`` counts torch_xla.sync / xm.mark_step calls.
+"""
+from __future__ import annotations
+
+import xlanb
+
+from .missing import module_getattr
+
+NAME = "torch_xla.debug.metrics"
+
+# torch_xla's metric name -> xlanb's, where they differ.
+RENAMED = {"EagerOpCompileTime": "OpCompileTime"}
+_TO_TORCH_XLA = {v: k for k, v in RENAMED.items()}
+
+# torch_xla's defaults for short_metrics_report.
+SHORT_COUNTERS = ("CachedCompile", "MarkStep", "DynamoSyncInputExecuteTime")
+SHORT_METRICS = ("CompileTime", "ExecuteTime", "ExecuteReplicatedTime",
+                 "TransferToDeviceTime", "TransferFromDeviceTime")
+
+__all__ = ["counter_names", "counter_value", "clear_counters", "metric_names", "metric_data",
+           "clear_metrics", "clear_all", "metrics_report", "short_metrics_report",
+           "executed_fallback_ops"]
+
+__getattr__ = module_getattr(NAME, {
+    "save_metrics": "xlanb keeps metrics in memory: print met.metrics_report() instead",
+})
+
+
+def counter_names() -> list[str]:
+    """Every counter with a value."""
+    return xlanb.metrics.counter_names()
+
+
+def counter_value(name: str) -> int | None:
+    """The counter's value; None if it never counted."""
+    return xlanb.metrics.counter_value(name)
+
+
+def clear_counters() -> None:
+    xlanb.metrics.clear_counters()
+
+
+def metric_names() -> list[str]:
+    """Every metric with samples, under torch_xla's names."""
+    return [_TO_TORCH_XLA.get(n, n) for n in xlanb.metrics.metric_names()]
+
+
+def metric_data(name: str):
+    """torch_xla's ``(total_samples, accumulator, samples)`` for metric ``name``: times in
+    nanoseconds, samples as ``(time_s, value_ns)``; None if the metric has no samples."""
+    d = xlanb.metrics.metric_data(RENAMED.get(name, name))
+    if d is None:
+        return None
+    samples = tuple((t, v * 1e9) for t, v in zip(d.times, d.samples))
+    return (d.count, d.total * 1e9, samples)
+
+
+def clear_metrics() -> None:
+    xlanb.metrics.clear_metrics()
+
+
+def clear_all() -> None:
+    xlanb.metrics.clear_all()
+
+
+def _blocks() -> list[tuple[str, str, str]]:
+    """xlanb's report as ``(kind, torch_xla name, text)`` blocks."""
+    out = []
+    for line in xlanb.metrics.report().splitlines():
+        if line.startswith(("Metric: ", "Counter: ")):
+            kind, _, name = line.partition(": ")
+            name = _TO_TORCH_XLA.get(name, name) if kind == "Metric" else name
+            out.append([kind, name, [f"{kind}: {name}"]])
+        elif out:
+            out[-1][2].append(line)
+    return [(k, n, "\n".join(ls) + "\n") for k, n, ls in out]
+
+
+def metrics_report() -> str:
+    """Every metric, then every counter, in torch_xla's report format."""
+    return "".join(text for _, _, text in _blocks())
+
+
+def short_metrics_report(counter_names: list | None = None,
+                         metric_names: list | None = None) -> str:
+    """The report, for the given counters and metrics only (torch_xla's defaults when a
+    list is empty or None)."""
+    counters = set(counter_names or SHORT_COUNTERS)
+    metrics = set(metric_names or SHORT_METRICS)
+    return "".join(text for kind, name, text in _blocks()
+                   if name in (metrics if kind == "Metric" else counters))
+
+
+def executed_fallback_ops() -> list[str]:
+    """The ops that ran on CPU torch (no lowering), e.g. ``aten::nonzero``."""
+    return [n for n in xlanb.metrics.counter_names() if n.startswith("aten::")]

@@ -1,0 +1,89 @@
+"""``torch_xla.runtime`` (``xr``): one process, the JAX devices of xlanb's platform."""
+from __future__ import annotations
+
+import xlanb
+from xlanb.runtime.devices import platform_name
+
+from .missing import ONE_PROCESS, SHARDING, module_getattr
+
+NAME = "torch_xla.runtime"
+
+# JAX platform -> torch_xla's PJRT device type.
+_HW = {"cpu": "CPU", "tpu": "TPU", "gpu": "CUDA", "cuda": "CUDA", "rocm": "ROCM"}
+
+__all__ = ["device_type", "world_size", "global_ordinal", "local_ordinal", "process_index",
+           "process_count", "local_process_count", "global_device_count",
+           "local_device_count", "addressable_device_count", "global_runtime_device_count",
+           "addressable_runtime_device_count", "host_index", "is_spmd", "use_spmd",
+           "is_bf16_supported"]
+
+__getattr__ = module_getattr(NAME, {
+    "initialize_cache": "xlanb keeps compiled executables in its own store: see "
+                        "`python -m xlanb.cache` and XLANB_CACHE_DIR",
+    "get_master_ip": ONE_PROCESS,
+    "set_device_type": "choose the JAX platform with XLANB_PLATFORM=cpu|gpu|tpu",
+})
+
+
+def device_type() -> str:
+    """The hardware: ``"CPU"``, ``"TPU"``, ``"CUDA"`` (JAX's platform, in torch_xla's words)."""
+    p = platform_name()
+    return _HW.get(p, p.upper())
+
+
+def world_size() -> int:
+    """1: xlanb runs one process."""
+    return 1
+
+
+def global_ordinal() -> int:
+    return 0
+
+
+def local_ordinal() -> int:
+    return 0
+
+
+def process_index() -> int:
+    return 0
+
+
+def process_count() -> int:
+    return 1
+
+
+def local_process_count() -> int:
+    return 1
+
+
+def host_index() -> int:
+    return 0
+
+
+def global_device_count() -> int:
+    return xlanb.device_count()
+
+
+def local_device_count() -> int:
+    return xlanb.device_count()
+
+
+def addressable_device_count() -> int:
+    return xlanb.device_count()
+
+
+global_runtime_device_count = global_device_count
+addressable_runtime_device_count = addressable_device_count
+
+
+def is_bf16_supported() -> bool:
+    return True
+
+
+def is_spmd() -> bool:
+    """False: xlanb has no SPMD mode yet."""
+    return False
+
+
+def use_spmd(auto: bool | None = False):
+    raise NotImplementedError(f"{NAME}.use_spmd: {SHARDING}")
