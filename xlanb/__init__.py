@@ -32,12 +32,13 @@ from .graph.explain import SummaryDiff, diff_summaries, explain
 from .graph.render import render_dot, render_svg, render_text
 from .graph.summary import GraphSummary, OpRecord
 from .inspect import repr as _repr  # noqa: F401  (installs how tensors print)
-from .inspect.pending import hlo, pending_count, pending_ir, pending_summary
+from .inspect.pending import collectives, hlo, pending_count, pending_ir, pending_summary
 from .modes import get_mode, mode, set_mode
 from .reads import peek_host as _peek_host
 from .realize import sync
 from .runtime.devices import device_count, jax_device as _jax_device
 from .tensor import XlaTensor
+from . import spmd
 
 _register()
 _install_scope_hooks()
@@ -52,7 +53,7 @@ __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "c
            "RecompileWarning", "metrics", "config", "XlaTensor", "CompiledGraph",
            "manual_seed", "set_trace", "compile", "CompiledFunction", "debugger_active",
            "format_table", "debug_nans", "NonFiniteError", "where_made",
-           "compare_cpu", "CompareReport", "CompareRow",
+           "compare_cpu", "CompareReport", "CompareRow", "spmd", "collectives",
            "load_ipython_extension", "unload_ipython_extension"]
 
 __version__ = "0.1.0"
@@ -70,16 +71,21 @@ def mark_step() -> None:
     sync(cause="user sync (mark_step)")
 
 
-def peek(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s value as a CPU tensor, computed op by op through the single-op cache.
+def peek(t: torch.Tensor, shards: bool = False):
+    """``t``'s value as a CPU tensor, computed op by op through the single-op cache (of
+    a sharded tensor, the global value).
 
     The pending graph is left exactly as it was: the next ``sync()`` compiles the same
     graph and hits the same cache entry as it would have without the peek.
+    ``shards=True`` gives instead the list of ``xlanb.spmd.Shard(device, index, value)``
+    this process holds (one, on its device, for an unsharded tensor).
     """
     __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     if not isinstance(t, XlaTensor):
         raise TypeError(f"xlanb.peek expects a tensor on the xla device, got {type(t).__name__}"
                         + (f" on {t.device}" if isinstance(t, torch.Tensor) else ""))
+    if shards:
+        return spmd.peek_shards(t)
     return _peek_host(t)
 
 

@@ -46,7 +46,8 @@ class OpInfo:
 
     __slots__ = ("uid", "name", "op", "sig", "fn", "out", "multi", "n_in", "scalar_specs",
                  "device", "plan", "in_metas", "template", "view",
-                 "exe", "call", "compiling", "aval_uid", "layout", "__weakref__")
+                 "exe", "call", "compiling", "aval_uid", "layout", "sharding", "sharded",
+                 "__weakref__")
 
     def __init__(self, name: str, sig, fn: Callable, out, *, op=None, n_in: int = 0,
                  scalar_specs: tuple = (), device: int = 0, plan=None, in_metas: tuple = (),
@@ -72,6 +73,8 @@ class OpInfo:
         self.compiling = None
         self.aval_uid = None      # interned (shape, dtype) when used as a leaf
         self.layout = None        # the result's BaseLayout (single-output ops), made on first use
+        self.sharding = None      # xlanb::mark_sharding: the NamedSharding it constrains to
+        self.sharded = None       # input shardings -> its executable for sharded inputs (spmd)
 
     def __repr__(self) -> str:
         return f"<OpInfo {self.uid} {self.name}>"

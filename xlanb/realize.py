@@ -15,7 +15,8 @@ from .execute.graphs import run_graph
 from .execute.nans import check_run, raise_deferred
 from .execute.opbyop import run_op_by_op
 from .ir import Node, plan_graph
-from .live import clear_peeks, compact, end_waiting, peek_values, pending_roots
+from .live import (clear_peeks, compact, end_waiting, live_storages, peek_values,
+                   pending_roots)
 
 
 def materialize(roots: list[Node], cause: str) -> None:
@@ -38,7 +39,8 @@ def materialize(roots: list[Node], cause: str) -> None:
     for device, nodes in by_device.items():
         plan = plan_graph(nodes)
         if state.mode == "lazy":
-            arrays = run_graph(plan, device, cause, src)
+            arrays = run_graph(plan, device, cause, src,
+                               _placed(plan.roots) if session.spmd else None)
         else:
             arrays = run_op_by_op(plan)
         if config.debug_nans:  # one fused check; on a NaN, raises before anything is swapped
@@ -50,6 +52,12 @@ def materialize(roots: list[Node], cause: str) -> None:
     if state.deferred and state.mode == "eager":
         end_waiting()
     clear_peeks()
+
+
+def _placed(roots) -> tuple:
+    """SPMD: per root, where the value it replaces in its storage lay (or None)."""
+    by_node = {id(s.node): s.placed for s in live_storages()}
+    return tuple(by_node.get(id(r)) for r in roots)
 
 
 def sync(cause: str = "user sync") -> None:

@@ -19,7 +19,7 @@ from .base.scopes import current_scope
 from .base.session import mode_state, session
 from .execute.background import compile_op_ahead, compiles_in_flight
 from .execute.fills import settled_if_empty
-from .execute.single_op import direct_call, op_executable
+from .execute.single_op import direct_call, op_executable, run_op
 from .ir import Node, OpInfo, TensorMeta
 from .live import track, track_view
 from .ops.infos import getitem_info, set_decomposition_runner
@@ -65,6 +65,10 @@ def run_node(info: OpInfo, inputs: tuple, scalars: tuple) -> Node:
         return Node(info, inputs, scalars, None, user_frame(), current_scope())
     if session.direct:
         return Node(info, (), (), info.fn([n.data for n in inputs], scalars))
+    if session.spmd:  # a tensor was sharded: executables are chosen by input shardings
+        arrays = [n.data if n.data is not None else node_array(n) for n in inputs]
+        with _x64():
+            return Node(info, (), (), run_op(info, arrays, scalars))
     call = info.call
     if call is None or state.deferred:
         if (info.exe is None or state.deferred) and config.background_compile:
@@ -133,6 +137,10 @@ def value_node(t: XlaTensor) -> Node:
 def write(t: XlaTensor, node: Node) -> None:
     """Make ``node`` the new value of ``t``, writing through to its base if it is a view."""
     s = t._storage
+    if session.spmd:  # remember where the value being replaced lay (execute/graphs.py)
+        old = s.node.data
+        if old is not None and not isinstance(old, tuple):
+            s.placed = old.sharding
     if t._view:
         sinfo = view_scatter_info(s.meta, t._meta, t._view, s.device)
         s.node = run_node(sinfo, (s.node, node), ())

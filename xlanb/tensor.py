@@ -55,13 +55,16 @@ def sig_key(meta: TensorMeta, device: int) -> SigKey:
 class Storage:
     """The current value of a base tensor, shared by all of its views."""
 
-    __slots__ = ("node", "version", "device", "meta", "__weakref__")
+    __slots__ = ("node", "version", "device", "meta", "placed", "__weakref__")
 
     def __init__(self, node: Node, meta: TensorMeta, device: int):
         self.node = node
+        # SPMD: the sharding of the device data this storage held before its pending
+        # write, so that a graph that updates it in place keeps it where it was
         self.version = 0          # bumped on every write; views compare against it
         self.device = device
         self.meta = meta          # the base tensor's shape/stride/dtype
+        self.placed = None
 
 
 class XlaTensor(torch.Tensor):

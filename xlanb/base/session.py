@@ -96,6 +96,9 @@ class Session:
         self.direct = 0
         # the recorder of the xlanb.compile call being traced, if any (capture/)
         self.recorder = None
+        # True once any tensor was sharded over a mesh (xlanb.spmd): from then on eager
+        # ops look at their inputs' shardings (single-device runs never pay for it)
+        self.spmd = False
 
         # -- what ops are and how each signature evaluates (dispatch, ops/)
         self.plans: dict = {}          # id(OpOverload) -> OpPlan
@@ -139,6 +142,7 @@ class Session:
         self.default.deferred = False
         self.direct = 0
         self.recorder = None
+        self.spmd = False
 
 
 def starting_mode() -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import _thread
 import functools
+import hashlib
 import re
 import sys
 import time
@@ -18,12 +19,14 @@ from ..base.config import config
 from ..base.frames import SourceLoc, format_loc
 from ..base.session import session
 from ..base.tables import format_table
+from ..graph.collectives import CollectiveList, parse_collectives
 from ..graph.explain import explain
 from ..graph.render import render_dot, render_text
 from ..graph.summary import summarize
 from ..ir import GraphPlan, leaf_meta, stable_hash
 from ..runtime import store
 from ..runtime.jit import compile_lowered, jax_context, lower_jitted
+from ..runtime.mesh import common_mesh, on_mesh, sharding_text
 from .compile import add_op_note, load_stored, scalar_spec, store_key, tensor_spec
 
 @dataclass
@@ -45,6 +48,11 @@ class CompiledGraph:
     lowered: object = field(default=None, repr=False)  # jax.stages.Lowered, once known
     # lowers the graph again (an executable loaded from the store was never lowered here)
     relower: object = field(default=None, repr=False)
+    # a graph on a mesh: its leaves' shardings, its outputs' (the partitioner's choice)
+    # and the collectives in its optimized module
+    in_shardings: tuple | None = field(default=None, repr=False)
+    out_shardings: tuple | None = field(default=None, repr=False)
+    collectives: CollectiveList = field(default_factory=CollectiveList, repr=False)
 
     def lowered_module(self):
         """The ``jax.stages.Lowered`` this graph compiles from (lowered now if needed)."""
@@ -108,6 +116,10 @@ class GraphList(list):
         for i, g in enumerate(self):
             if g.explanation:
                 lines.append(f"  #{i} recompiled: {g.explanation}")
+            if g.collectives:
+                counts = ", ".join(f"{n} {k}" for k, n in g.collectives.counts().items())
+                lines.append(f"  #{i} on a mesh: {counts}; {g.collectives.total_bytes} bytes "
+                             "per device per run (xlanb.collectives)")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
@@ -229,7 +241,7 @@ def _lower_annotated(fn, specs, names, lower_metric: str):
     return lowered
 
 
-def _graph_fn(plan: GraphPlan):
+def _graph_fn(plan: GraphPlan, out_shardings=None):
     steps = plan.steps
     root_pos = plan.root_pos
     # where each op was recorded, to name the one whose lowering fails and to put in the
@@ -249,19 +261,64 @@ def _graph_fn(plan: GraphPlan):
                 add_op_note(e, "lowering failed in", info, *places[j])
                 raise
             k += n
+        if out_shardings is not None:  # SPMD: tensors updated in place stay where they were
+            return [vals[p] if sh is None else jax.lax.with_sharding_constraint(vals[p], sh)
+                    for p, sh in zip(root_pos, out_shardings)]
         return [vals[p] for p in root_pos]
     return run
 
 
-def graph_specs(plan: GraphPlan, device: int):
-    """The abstract arguments of ``plan``'s graph function: leaf arrays, lifted scalars."""
-    return ([tensor_spec(leaf_meta(n), device) for n in plan.leaves],
-            [scalar_spec(k, device) for info, _ in plan.steps for k in info.scalar_specs])
+def graph_specs(plan: GraphPlan, device: int, shardings=None, mesh=None):
+    """The abstract arguments of ``plan``'s graph function: leaf arrays, lifted scalars.
+    On a mesh, each leaf has its array's sharding (the graph's in_shardings) and the
+    lifted scalars are replicated."""
+    if shardings is None:
+        return ([tensor_spec(leaf_meta(n), device) for n in plan.leaves],
+                [scalar_spec(k, device) for info, _ in plan.steps for k in info.scalar_specs])
+    return ([jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh)
+             for s, sh in zip((tensor_spec(leaf_meta(n), device) for n in plan.leaves), shardings)],
+            [jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type, sharding=mesh)
+             for s in (scalar_spec(k, device) for info, _ in plan.steps for k in info.scalar_specs)])
 
 
-def lower_graph(plan: GraphPlan, device: int):
-    """``plan`` lowered by JAX (a ``jax.stages.Lowered``), without compiling it."""
-    return _lower_graph_fn(_graph_fn(plan), graph_specs(plan, device), _op_names(plan))
+def _sharding_of(a):
+    return getattr(a, "sharding", None)
+
+
+def mesh_leaves(plan: GraphPlan):
+    """``(arrays, mesh)``: the leaves' arrays and, if the graph touches a sharded tensor
+    (a sharded leaf or a ``mark_sharding`` constraint), its mesh, with every unsharded
+    leaf replicated onto it (kept on the leaf, so the next step does not copy it again)."""
+    arrays = [n.data for n in plan.leaves]
+    if not session.spmd:
+        return arrays, None
+    mesh = common_mesh([_sharding_of(a) for a in arrays]
+                       + [info.sharding for info, _ in plan.steps if info.sharding is not None])
+    if mesh is None:
+        return arrays, None
+    for i, (n, a) in enumerate(zip(plan.leaves, arrays)):
+        if not isinstance(a, tuple) and a.sharding.device_set != mesh.device_set:
+            arrays[i] = n.data = on_mesh(a, mesh)
+    return arrays, mesh
+
+
+def _sharded_inputs(summary, plan: GraphPlan, shardings):
+    """The summary's input texts with each leaf's sharding and where it was marked,
+    so that a changed sharding is a named recompile cause."""
+    texts = []
+    for t, n, sh in zip(summary.inputs, plan.leaves, shardings):
+        marked = n.src is not None and n.info.name == "device_data"  # by mark_sharding
+        where = f" (marked at {n.src.short})" if marked else ""
+        texts.append(f"{t} {sharding_text(sh)}{where}")
+    return summary._replace(inputs=tuple(texts))
+
+
+def lower_graph(plan: GraphPlan, device: int, arrays=None, mesh=None):
+    """``plan`` lowered by JAX (a ``jax.stages.Lowered``), without compiling it (on
+    ``mesh`` with the shardings of ``arrays``, as ``mesh_leaves`` gives them)."""
+    shardings = tuple(_sharding_of(a) for a in arrays) if mesh is not None else None
+    return _lower_graph_fn(_graph_fn(plan), graph_specs(plan, device, shardings, mesh),
+                           _op_names(plan))
 
 
 def _op_names(plan: GraphPlan) -> frozenset:
@@ -275,16 +332,24 @@ def _lower_graph_fn(fn, specs, names=frozenset()):
     return lowered
 
 
-def compiled_graph(plan: GraphPlan, device: int, cause: str, src) -> tuple[CompiledGraph, bool]:
+def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
+                   arrays=None, mesh=None, keep=None) -> tuple[CompiledGraph, bool]:
     """The cached executable of ``plan``'s structure: from memory, else from the
-    executable store, else compiled now. Returns it and whether it is new to this process."""
-    key = (device, plan.key)
+    executable store, else compiled now. Returns it and whether it is new to this process.
+    On a mesh (``mesh``, with the leaves' ``arrays``), the key holds the leaves'
+    shardings too, and the executable is not stored."""
+    shardings = tuple(_sharding_of(a) for a in arrays) if mesh is not None else None
+    key = (device, plan.key) if shardings is None else (device, plan.key, shardings, keep)
     rec = _graph_cache.get(key)
     if rec is None:
-        specs = graph_specs(plan, device)
-        fn = _graph_fn(plan)
+        specs = graph_specs(plan, device, shardings, mesh)
+        fn = _graph_fn(plan, keep)
         graph_hash = stable_hash(plan, device)
-        key_in_store = store_key(graph_hash.encode(), device, None)
+        if shardings is not None:
+            graph_hash = hashlib.blake2b(
+                (graph_hash + repr([sharding_text(s) for s in shardings])).encode(),
+                digest_size=16).hexdigest()
+        key_in_store = store_key(graph_hash.encode(), device, None) if shardings is None else None
         t0 = time.perf_counter()
         lowered = None
         exe = load_stored(key_in_store, device, "CompileTime")
@@ -304,6 +369,8 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src) -> tuple[Compi
                 store.store(key_in_store, exe)
         metrics.counter("UncachedCompile")
         summary = summarize(plan)
+        if shardings is not None:
+            summary = _sharded_inputs(summary, plan, shardings)
         prev = next((g for g in reversed(graph_log) if g.src == src and g.device == device), None)
         rec = CompiledGraph(graph_hash[:16], device, len(plan.steps), len(plan.leaves),
                             len(plan.roots), cause, src, time.perf_counter() - t0, exe,
@@ -311,6 +378,13 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src) -> tuple[Compi
                             summary=summary, lowered=lowered,
                             relower=functools.partial(_lower_graph_fn, fn, specs,
                                                       _op_names(plan)))
+        if shardings is not None:
+            rec.in_shardings = shardings
+            try:
+                rec.out_shardings = tuple(exe.output_shardings)
+            except Exception:  # an executable that does not say (loaded, another JAX)
+                rec.out_shardings = None
+            rec.collectives = CollectiveList(parse_collectives(exe.as_text()), rec.hash)
         _graph_cache[key] = rec
         graph_log.append(rec)
         return rec, True
@@ -349,10 +423,32 @@ def _report_compile(rec: CompiledGraph, src) -> None:
             warnings.warn(msg, RecompileWarning, stacklevel=3)
 
 
-def run_graph(plan: GraphPlan, device: int, cause: str, src) -> list:
-    """Compile (or find) the graph of ``plan`` and run it; returns the roots' arrays."""
+def _kept(placed, mesh):
+    """Where the graph should leave tensors it updates in place (``placed``: per root,
+    the sharding of the value it replaces, or None), on ``mesh``: as sharded as they
+    were, replicated if they were on one device. Otherwise the partitioner may shard an
+    updated bias differently than it was, and the next step would compile again."""
+    if mesh is None or placed is None:
+        return None
+    out = []
+    for s in placed:
+        if s is None:
+            out.append(None)
+        elif len(s.device_set) == 1:
+            out.append(mesh)
+        elif s.device_set == mesh.device_set:
+            out.append(s)
+        else:
+            out.append(None)
+    return tuple(out) if any(s is not None for s in out) else None
+
+
+def run_graph(plan: GraphPlan, device: int, cause: str, src, placed=None) -> list:
+    """Compile (or find) the graph of ``plan`` and run it; returns the roots' arrays.
+    ``placed`` (SPMD): per root, the sharding of the value it replaces (see ``_kept``)."""
     _syncs_at[src] = _syncs_at.get(src, 0) + 1
-    rec, fresh = compiled_graph(plan, device, cause, src)
+    arrays, mesh = mesh_leaves(plan)
+    rec, fresh = compiled_graph(plan, device, cause, src, arrays, mesh, _kept(placed, mesh))
     if fresh:
         _report_compile(rec, src)
     else:
@@ -360,11 +456,14 @@ def run_graph(plan: GraphPlan, device: int, cause: str, src) -> list:
         rec.hits += 1
     t0 = time.perf_counter()
     with jax.enable_x64(True):
-        outs = rec.executable([n.data for n in plan.leaves], plan.scalars)
+        outs = rec.executable(arrays, plan.scalars)
         jax.block_until_ready(outs)
     dt = time.perf_counter() - t0
     rec.run_time += dt
     metrics.record("ExecuteTime", dt)
+    if rec.collectives:  # torch_xla has no name for these: xlanb's own
+        metrics.counter("CollectiveOps", len(rec.collectives))
+        metrics.counter("CollectiveBytes", rec.collectives.total_bytes)
     return outs
 
 

@@ -7,10 +7,11 @@ import jax
 
 from ..base import metrics
 from ..base.config import config
+from ..base.session import session
 from ..ir import GETITEM, GraphPlan
 from .background import compile_op_ahead
 from .compile import add_op_note
-from .single_op import op_executable
+from .single_op import op_executable, run_op
 
 
 def run_op_by_op(plan: GraphPlan, keep=None) -> list:
@@ -19,7 +20,7 @@ def run_op_by_op(plan: GraphPlan, keep=None) -> list:
     ``keep``, if given (a PeekCache), receives every intermediate value and supplies
     values computed earlier, so repeated peeks recompute nothing.
     """
-    if config.background_compile:
+    if config.background_compile and not session.spmd:
         # Every missing executable starts compiling now, on the compile threads, while
         # the main thread lowers the next: the first peek at a layer's output or the
         # first op-by-op sync waits for the slowest compile, not for all of them in turn.
@@ -39,6 +40,14 @@ def run_op_by_op(plan: GraphPlan, keep=None) -> list:
             args = [vals[i] for i in ins]
             if info.name == GETITEM:  # pick one output of a multi-output node: nothing to run
                 out = info.fn(args, ())
+            elif session.spmd:  # chosen by the inputs' shardings (execute/single_op.py)
+                t0 = time.perf_counter()
+                try:
+                    out = run_op(info, args, plan.scalars[k:k + n])
+                except Exception as e:
+                    add_op_note(e, "running failed for", info, node.src, node.scope)
+                    raise
+                run_time += time.perf_counter() - t0
             else:
                 try:
                     exe = op_executable(info)  # compile time is OpCompileTime, not ExecuteTime

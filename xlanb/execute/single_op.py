@@ -3,8 +3,15 @@ from __future__ import annotations
 
 import time
 
+import jax
+
 from ..base import metrics
+from ..base.dtypes import to_jax_dtype
+from ..base.session import session
+from ..graph.collectives import parse_collectives
 from ..ir import OpInfo
+from ..runtime.jit import compile_lowered, lower_jitted
+from ..runtime.mesh import common_mesh, on_mesh
 from .checks import DivisorChecked, integer_division
 from .compile import compile_op, load_stored, lower_op, op_store_key
 
@@ -47,3 +54,72 @@ def direct_call(exe):
     ``Compiled.__call__``'s Python frame on eager's per-op path (the executable itself
     when a JAX version has no such attribute)."""
     return getattr(exe, "_call", None) or exe
+
+
+# ---------------------------------------------------------------------------------------
+# Sharded inputs (xlanb.spmd): one executable per (signature, input shardings)
+
+def run_op(info: OpInfo, arrays: list, scalars) -> object:
+    """Run ``info`` on ``arrays`` (x64 on, as the caller has it): through its
+    single-device executable, or, once any tensor is sharded and one of these inputs is,
+    through the executable compiled for their shardings; a ``mark_sharding`` constraint
+    outside a graph is a ``device_put`` onto its sharding."""
+    if info.sharding is not None:
+        return jax.device_put(arrays[0], info.sharding)
+    if session.spmd:
+        mesh = common_mesh([getattr(a, "sharding", None) for a in arrays])
+        if mesh is not None:
+            arrays = [on_mesh(a, mesh) for a in arrays]
+            return sharded_executable(info, arrays, mesh)(*arrays, *scalars)
+    return op_executable(info)(*arrays, *scalars)
+
+
+def sharded_executable(info: OpInfo, arrays: list, mesh):
+    """``info`` compiled for the shardings of ``arrays`` (all on ``mesh``): XLA's
+    partitioner decides the result's sharding and the collectives. Kept on the info,
+    keyed by the input shardings; not written to the executable store."""
+    key = tuple(a.sharding for a in arrays)
+    table = info.sharded
+    if table is None:
+        table = info.sharded = {}
+    exe = table.get(key)
+    if exe is not None:
+        metrics.counter("OpCacheHit")
+        _count_collectives(exe)
+        return exe
+    n = info.n_in
+    fn = info.fn
+    specs = [jax.ShapeDtypeStruct(m.shape, to_jax_dtype(m.dtype), sharding=s)
+             for m, s in zip(info.in_metas, key)]
+    specs += [jax.ShapeDtypeStruct((), "float64", weak_type=True, sharding=mesh) if k == "f"
+              else jax.ShapeDtypeStruct((2,), "uint32", sharding=mesh) for k in info.scalar_specs]
+    t0 = time.perf_counter()
+    lowered = lower_jitted(lambda *flat: fn(flat[:n], flat[n:]), specs, lower_metric="OpLowerTime")
+    exe = compile_lowered(lowered, metric="OpCompileTime", lower_s=time.perf_counter() - t0)
+    metrics.counter("OpCompile")
+    colls = parse_collectives(exe.as_text())
+    if integer_division(info):
+        exe = DivisorChecked(exe, info)
+    exe = _Sharded(exe, colls)
+    table[key] = exe
+    _count_collectives(exe)
+    return exe
+
+
+class _Sharded:
+    """A single-op executable for sharded inputs, with the collectives it runs."""
+    __slots__ = ("exe", "collectives", "nbytes")
+
+    def __init__(self, exe, collectives):
+        self.exe = exe
+        self.collectives = collectives
+        self.nbytes = sum(c.bytes for c in collectives)
+
+    def __call__(self, *args):
+        return self.exe(*args)
+
+
+def _count_collectives(exe) -> None:
+    if exe.collectives:
+        metrics.counter("CollectiveOps", len(exe.collectives))
+        metrics.counter("CollectiveBytes", exe.nbytes)

@@ -135,7 +135,13 @@ def explain(prev: GraphSummary, new: GraphSummary, label: Label = format_loc) ->
         if not reasons and prev.inputs != new.inputs:
             for i, (a, b) in enumerate(zip(prev.inputs, new.inputs)):
                 if a != b:
-                    reasons.append(f"input %{i} changed: {a} -> {b}")
+                    ta, _, sa = a.partition(" ")
+                    tb, _, sb = b.partition(" ")
+                    if ta == tb and (sa or sb):  # SPMD: the same type, sharded otherwise
+                        reasons.append(f"sharding changed: input %{i} {tb}: "
+                                       f"{sa or 'unsharded'} -> {sb or 'unsharded'}")
+                    else:
+                        reasons.append(f"input %{i} changed: {a} -> {b}")
                     break
             else:
                 reasons.append(f"inputs changed: {len(prev.inputs)} -> {len(new.inputs)} inputs")

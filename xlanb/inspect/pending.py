@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..base.frames import user_frame
-from ..execute.graphs import compiled_graph, lower_graph
+from ..execute.graphs import compiled_graph, lower_graph, mesh_leaves
 from ..graph.render import render_dot, render_text
 from ..graph.summary import GraphSummary, summarize
 from ..ir import GraphPlan, Node, plan_graph
@@ -77,7 +77,37 @@ def hlo(*tensors, dialect: str = "stablehlo", optimized: bool = False) -> str:
     if not plan.steps:
         return ""
     device = plan.roots[0].info.device
+    arrays, mesh = mesh_leaves(plan)  # sharded leaves: the module the partitioner sees
     if optimized:
-        rec, _ = compiled_graph(plan, device, "xlanb.hlo(optimized=True)", user_frame())
+        rec, _ = compiled_graph(plan, device, "xlanb.hlo(optimized=True)", user_frame(),
+                                arrays, mesh)
         return rec.executable.as_text()
-    return lower_graph(plan, device).as_text(dialect=dialect, debug_info=dialect == "hlo")
+    return lower_graph(plan, device, arrays, mesh).as_text(dialect=dialect,
+                                                           debug_info=dialect == "hlo")
+
+
+def collectives(*tensors):
+    """The collectives XLA's partitioner put in a graph: each one's kind, result type,
+    bytes per device, replica groups, and the aten op, module scope and source line it
+    came from (a ``CollectiveList``).
+
+    Of the graph the next sync of ``tensors`` (all live tensors when none are given)
+    would compile: compiled now, through the graph cache, so that sync reuses it. With no
+    pending work, or given a ``CompiledGraph`` (from ``xlanb.graphs()``), of that graph:
+    the latest one compiled."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    from ..execute.graphs import CompiledGraph, graph_log
+    from ..graph.collectives import CollectiveList, parse_collectives
+    if len(tensors) == 1 and isinstance(tensors[0], CompiledGraph):
+        g = tensors[0]
+        return g.collectives or CollectiveList(parse_collectives(g.executable.as_text()), g.hash)
+    plan = _plan(tensors)
+    if not plan.steps:
+        if not graph_log:
+            return CollectiveList()
+        g = graph_log[-1]
+        return g.collectives or CollectiveList(parse_collectives(g.executable.as_text()), g.hash)
+    device = plan.roots[0].info.device
+    arrays, mesh = mesh_leaves(plan)
+    rec, _ = compiled_graph(plan, device, "xlanb.collectives()", user_frame(), arrays, mesh)
+    return rec.collectives or CollectiveList(parse_collectives(rec.executable.as_text()), rec.hash)

@@ -1,0 +1,300 @@
+"""``xlanb.spmd``: SPMD sharding in torch_xla's vocabulary, on ``jax.sharding``.
+
+    mesh = xlanb.spmd.Mesh(range(8), (2, 4), ("data", "model"))
+    xlanb.spmd.mark_sharding(w, mesh, (None, "model"))   # or (None, 1), or a PartitionSpec
+    xlanb.spmd.get_sharding(w)                            # readable; .to_jax() -> NamedSharding
+    xlanb.spmd.visualize_sharding(w)                      # text; HTML in a notebook
+
+A tensor that holds device data is laid out over the mesh at once (``jax.device_put``
+with a ``NamedSharding``); a pending one in a recording mode gets a
+``with_sharding_constraint`` node (``xlanb::mark_sharding``) in its graph, and XLA's
+partitioner propagates the rest. Graphs and single-op executables are compiled for their
+inputs' shardings (execute/graphs.py, execute/single_op.py).
+"""
+from __future__ import annotations
+
+import html
+from typing import NamedTuple
+
+import jax
+import torch
+from jax.sharding import NamedSharding, PartitionSpec
+
+from .base.frames import user_frame
+from .base.session import mode_state, session
+from .ir import Node, OpInfo
+from .ops.leaves import data_info
+from .realize import node_array, peek_node
+from .record import run_node, value_node, write
+from .runtime.mesh import (Mesh, ShardingError, as_mesh, is_sharded, named_sharding,
+                           sharding_text)
+from .runtime.transfer import array_to_host
+from .templates import _In
+from .tensor import XlaTensor
+
+__all__ = ["Mesh", "ShardingError", "mark_sharding", "clear_sharding", "get_sharding",
+           "visualize_sharding", "Sharding", "get_1d_mesh", "shards", "Shard"]
+
+
+def get_1d_mesh(axis_name: str = "data") -> Mesh:
+    """Every device on one axis."""
+    from .runtime.devices import device_count
+    n = device_count()
+    return Mesh(range(n), (n,), (axis_name,))
+
+
+class _SpecText:
+    """How a constraint's sharding prints among an op's arguments (summaries, diffs)."""
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _spec_short(s: NamedSharding) -> str:
+    return "{" + ", ".join(repr(e) for e in tuple(s.spec)) + "}" if any(
+        e is not None for e in tuple(s.spec)) else "replicated"
+
+
+def constraint_info(meta, device: int, sharding: NamedSharding) -> OpInfo:
+    """The op that constrains a pending value to ``sharding``: one per (layout, sharding)."""
+    sig = ("xlanb::mark_sharding", meta, device, sharding)
+    info = session.infos.get(sig)
+    if info is None:
+        def fn(args, scalars, _s=sharding):
+            return jax.lax.with_sharding_constraint(args[0], _s)
+        info = OpInfo("xlanb::mark_sharding",
+                      ("xlanb::mark_sharding", (meta.shape, meta.dtype), sharding_text(sharding)),
+                      fn, meta, n_in=1, device=device, in_metas=(meta,),
+                      template=((_In(0), _SpecText(_spec_short(sharding))), {}))
+        info.sharding = sharding
+        session.infos[sig] = info
+    return info
+
+
+def _check_tensor(t, what: str) -> None:
+    if not isinstance(t, XlaTensor):
+        raise TypeError(f"xlanb.spmd.{what} expects a tensor on the xla device, got "
+                        f"{type(t).__name__}" + (f" on {t.device}" if isinstance(t, torch.Tensor) else ""))
+    if t._view:
+        raise ShardingError(f"xlanb.spmd.{what}: the tensor is a view of another tensor; "
+                            "shard its base (the tensor it was sliced or reshaped from)")
+
+
+def _place(t: XlaTensor, sharding: NamedSharding) -> None:
+    """Lay ``t``'s value out as ``sharding``: a constraint node if it is pending in a
+    recording mode, else its device data moved onto the mesh."""
+    session.spmd = True
+    s = t._storage
+    node = s.node
+    src = user_frame()
+    if node.data is None and mode_state().recording:
+        write(t, run_node(constraint_info(s.meta, s.device, sharding), (node,), ()))
+        return
+    arr = node.data if node.data is not None else node_array(node, cause="mark_sharding")
+    with jax.enable_x64(True):
+        new = jax.device_put(arr, sharding)
+    # a leaf that remembers where it was marked: a recompile it causes names that line
+    s.node = Node(data_info(s.meta, s.device), data=new, src=src)
+    s.version += 1  # views re-derive from the sharded value
+
+
+def mark_sharding(t: torch.Tensor, mesh, partition_spec) -> torch.Tensor:
+    """Shard ``t`` over ``mesh`` (an ``xlanb.spmd.Mesh`` or a ``jax.sharding.Mesh``):
+    one ``partition_spec`` entry per dimension, each an axis name, an axis index, a
+    tuple of them, or None (or a ``jax.sharding.PartitionSpec``). Returns ``t``.
+    A bad spec raises ``ShardingError`` before anything changes."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    _check_tensor(t, "mark_sharding")
+    sharding = named_sharding(as_mesh(mesh), partition_spec, tuple(t.shape))
+    _place(t, sharding)
+    return t
+
+
+def clear_sharding(t: torch.Tensor) -> torch.Tensor:
+    """Drop ``t``'s sharding: it becomes replicated over its mesh (as in torch_xla).
+    Nothing to do for a tensor that is not sharded."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    _check_tensor(t, "clear_sharding")
+    cur = get_sharding(t)
+    if cur is not None:
+        _place(t, NamedSharding(cur.mesh, PartitionSpec()))
+    return t
+
+
+class Sharding(NamedTuple):
+    """A tensor's sharding as xlanb knows it: ``state`` is "annotated" (a pending
+    ``mark_sharding``), "placed" (its data was laid out by ``mark_sharding``) or
+    "propagated" (its data came out of a sharded graph or op: the partitioner's choice)."""
+    mesh: jax.sharding.Mesh
+    spec: PartitionSpec
+    state: str
+    shape: tuple
+
+    def to_jax(self) -> NamedSharding:
+        return NamedSharding(self.mesh, self.spec)
+
+    @property
+    def partition_spec(self) -> tuple:
+        return tuple(self.spec) + (None,) * (len(self.shape) - len(tuple(self.spec)))
+
+    def __str__(self) -> str:
+        return f"{sharding_text(self.to_jax())} ({self.state})"
+
+    def __repr__(self) -> str:
+        return f"<Sharding {self}>"
+
+
+def _as_named(s, shape):
+    if isinstance(s, NamedSharding):
+        return s.mesh, s.spec
+    # another sharding type (GSPMD): spelled over a flat mesh of its devices
+    return None, None
+
+
+def get_sharding(t: torch.Tensor) -> Sharding | None:
+    """``t``'s sharding, or None if it is on one device (or pending with no annotation:
+    the partitioner decides it when the graph compiles)."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    if not isinstance(t, XlaTensor):
+        raise TypeError(f"xlanb.spmd.get_sharding expects a tensor on the xla device, got "
+                        f"{type(t).__name__}")
+    node = t._storage.node if not t._view else value_node(t)
+    shape = tuple(t.shape)
+    if node.data is None:
+        s = node.info.sharding
+        return Sharding(s.mesh, s.spec, "annotated", shape) if s is not None else None
+    data = node.data
+    if isinstance(data, tuple) or not is_sharded(data):
+        return None
+    mesh, spec = _as_named(data.sharding, shape)
+    if mesh is None:
+        return None
+    placed = node.info.name == "device_data" and node.src is not None
+    return Sharding(mesh, spec, "placed" if placed else "propagated", shape)
+
+
+# ---------------------------------------------------------------------------------------
+# Shards of a value
+
+class Shard(NamedTuple):
+    """One device's piece of a value: the device, its index into the global tensor (one
+    slice per dimension) and its value on the CPU."""
+    device: str
+    index: tuple
+    value: torch.Tensor
+
+    def __repr__(self) -> str:
+        idx = ", ".join(f"{s.start or 0}:{s.stop if s.stop is not None else ''}" for s in self.index)
+        return f"Shard({self.device}, [{idx}], {tuple(self.value.shape)})"
+
+
+def shards(array) -> list[Shard]:
+    """The shards of a device array this process holds, in device order."""
+    out = []
+    for sh in sorted(array.addressable_shards, key=lambda s: s.device.id):
+        out.append(Shard(f"xla:{sh.device.id}", tuple(sh.index), array_to_host(sh.data)))
+    return out
+
+
+def peek_shards(t: XlaTensor) -> list[Shard]:
+    """``xlanb.peek(t, shards=True)``: computed as ``peek`` computes (nothing pending
+    changes), then split as the value lies on the devices."""
+    with torch._C._DisableTorchDispatch():
+        arr = peek_node(value_node(t))
+    return shards(arr)
+
+
+# ---------------------------------------------------------------------------------------
+# visualize_sharding
+
+_COLOURS = ("#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69",
+            "#fccde5", "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f")
+
+
+class ShardingView:
+    """Which devices hold which block of a tensor: text (``str``), HTML (``_repr_html_``)
+    and SVG (``svg()``), as ``jax.debug.visualize_sharding`` draws it."""
+
+    def __init__(self, shape: tuple, sharding: Sharding | None, device: str):
+        self.shape = shape
+        self.sharding = sharding
+        self.device = device
+        self.rows, self.cols, self.cells = self._blocks()
+
+    def _blocks(self):
+        """Row and column boundaries over the first two dimensions (a 1-D tensor is one
+        row) and, per block, the devices holding it."""
+        if self.sharding is None:
+            return [(0, self.shape[0] if self.shape else 1)], [(0, 1)], {(0, 0): [self.device]}
+        shape = self.shape if self.shape else (1,)
+        idx_map = self.sharding.to_jax().devices_indices_map(tuple(self.shape))
+        rows, cols, cells = set(), set(), {}
+        for dev, index in idx_map.items():
+            r = _span(index[0] if index else slice(None), shape[0])
+            c = _span(index[1], shape[1]) if len(shape) > 1 else (0, 1)
+            rows.add(r)
+            cols.add(c)
+            cells.setdefault((r, c), []).append(dev.id)
+        rows, cols = sorted(rows), sorted(cols)
+        return rows, cols, {(rows.index(r), cols.index(c)): sorted(d) for (r, c), d in cells.items()}
+
+    def _label(self, devs) -> str:
+        if isinstance(devs[0], str):
+            return devs[0]
+        return "xla:" + ",".join(map(str, devs))
+
+    def __str__(self) -> str:
+        head = f"{tuple(self.shape)} " + (str(self.sharding) if self.sharding else f"on {self.device} (unsharded)")
+        width = max(len(self._label(d)) for d in self.cells.values()) + 2
+        sep = "+" + "+".join("-" * width for _ in self.cols) + "+"
+        lines = [head, sep]
+        for i, r in enumerate(self.rows):
+            lines.append("|" + "|".join(self._label(self.cells.get((i, j), ["?"])).center(width)
+                                        for j in range(len(self.cols))) + "|")
+            lines.append(sep)
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _colour(self, devs) -> str:
+        return _COLOURS[hash(tuple(devs)) % len(_COLOURS)]
+
+    def _repr_html_(self) -> str:
+        head = html.escape(str(self).split("\n")[0])
+        body = "".join(
+            "<tr>" + "".join(
+                f"<td style='background:{self._colour(self.cells.get((i, j), ['?']))};"
+                f"padding:6px 12px;text-align:center;border:1px solid #555'>"
+                f"{html.escape(self._label(self.cells.get((i, j), ['?'])))}</td>"
+                for j in range(len(self.cols))) + "</tr>"
+            for i in range(len(self.rows)))
+        return (f"<div class='xlanb-sharding'><div>{head}</div>"
+                f"<table style='border-collapse:collapse'>{body}</table></div>")
+
+    def svg(self, cell: int = 60) -> str:
+        w, h = cell * 2 * len(self.cols), cell * len(self.rows)
+        parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}'>"]
+        for (i, j), devs in self.cells.items():
+            parts.append(f"<rect x='{j * 2 * cell}' y='{i * cell}' width='{2 * cell}' height='{cell}' "
+                         f"fill='{self._colour(devs)}' stroke='#555'/>"
+                         f"<text x='{j * 2 * cell + cell}' y='{i * cell + cell // 2}' "
+                         f"text-anchor='middle' font-size='11'>{html.escape(self._label(devs))}</text>")
+        parts.append("</svg>")
+        return "".join(parts)
+
+
+def _span(s: slice, n: int) -> tuple:
+    start, stop, _ = s.indices(n)
+    return (start, stop)
+
+
+def visualize_sharding(t: torch.Tensor) -> ShardingView:
+    """Which device holds which block of ``t``'s first two dimensions. Prints as text;
+    a notebook shows it as a coloured HTML grid (``.svg()`` for SVG)."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    s = get_sharding(t)
+    return ShardingView(tuple(t.shape), s, str(t.device))
