@@ -302,17 +302,6 @@ def mesh_leaves(plan: GraphPlan):
     return arrays, mesh
 
 
-def _sharded_inputs(summary, plan: GraphPlan, shardings):
-    """The summary's input texts with each leaf's sharding and where it was marked,
-    so that a changed sharding is a named recompile cause."""
-    texts = []
-    for t, n, sh in zip(summary.inputs, plan.leaves, shardings):
-        marked = n.src is not None and n.info.name == "device_data"  # by mark_sharding
-        where = f" (marked at {n.src.short})" if marked else ""
-        texts.append(f"{t} {sharding_text(sh)}{where}")
-    return summary._replace(inputs=tuple(texts))
-
-
 def lower_graph(plan: GraphPlan, device: int, arrays=None, mesh=None):
     """``plan`` lowered by JAX (a ``jax.stages.Lowered``), without compiling it (on
     ``mesh`` with the shardings of ``arrays``, as ``mesh_leaves`` gives them)."""
@@ -369,8 +358,6 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
                 store.store(key_in_store, exe)
         metrics.counter("UncachedCompile")
         summary = summarize(plan)
-        if shardings is not None:
-            summary = _sharded_inputs(summary, plan, shardings)
         prev = next((g for g in reversed(graph_log) if g.src == src and g.device == device), None)
         rec = CompiledGraph(graph_hash[:16], device, len(plan.steps), len(plan.leaves),
                             len(plan.roots), cause, src, time.perf_counter() - t0, exe,
@@ -384,6 +371,12 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
                 rec.out_shardings = tuple(exe.output_shardings)
             except Exception:  # an executable that does not say (loaded, another JAX)
                 rec.out_shardings = None
+            if rec.out_shardings:  # the partitioner's choice for each output
+                known = dict(summary.shardings)
+                extra = tuple((p, "propagated " + sharding_text(sh))
+                              for p, sh in zip(plan.root_pos, rec.out_shardings)
+                              if p not in known and len(sh.device_set) > 1)
+                rec.summary = summary._replace(shardings=summary.shardings + extra)
             rec.collectives = CollectiveList(parse_collectives(exe.as_text()), rec.hash)
         _graph_cache[key] = rec
         graph_log.append(rec)

@@ -121,6 +121,11 @@ def diff_summaries(a: GraphSummary, b: GraphSummary, label: Label = format_loc) 
     return SummaryDiff(sa, sb, lines, pairs, op_blocks)
 
 
+def _core(text):
+    """A sharding's text without where it was marked (that alone compiles nothing)."""
+    return text.split(" (marked at")[0] if text else text
+
+
 def explain(prev: GraphSummary, new: GraphSummary, label: Label = format_loc) -> str:
     """One line (or a few) saying how ``new`` differs from ``prev``: the first thing
     that differs (an op's result shape, an input, static arguments, an op added or
@@ -135,16 +140,18 @@ def explain(prev: GraphSummary, new: GraphSummary, label: Label = format_loc) ->
         if not reasons and prev.inputs != new.inputs:
             for i, (a, b) in enumerate(zip(prev.inputs, new.inputs)):
                 if a != b:
-                    ta, _, sa = a.partition(" ")
-                    tb, _, sb = b.partition(" ")
-                    if ta == tb and (sa or sb):  # SPMD: the same type, sharded otherwise
-                        reasons.append(f"sharding changed: input %{i} {tb}: "
-                                       f"{sa or 'unsharded'} -> {sb or 'unsharded'}")
-                    else:
-                        reasons.append(f"input %{i} changed: {a} -> {b}")
+                    reasons.append(f"input %{i} changed: {a} -> {b}")
                     break
             else:
                 reasons.append(f"inputs changed: {len(prev.inputs)} -> {len(new.inputs)} inputs")
+        if not reasons:  # SPMD: the same graph over inputs sharded otherwise
+            sa = {p: t for p, t in prev.shardings if p < len(prev.inputs)}
+            sb = {p: t for p, t in new.shardings if p < len(new.inputs)}
+            for i in range(len(new.inputs)):
+                if _core(sa.get(i)) != _core(sb.get(i)):
+                    reasons.append(f"sharding changed: input %{i} {new.inputs[i]}: "
+                                   f"{sa.get(i) or 'unsharded'} -> {sb.get(i) or 'unsharded'}")
+                    break
         if not reasons:
             for a, b in zip(prev.ops, new.ops):
                 if a.static != b.static:

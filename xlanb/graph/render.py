@@ -8,7 +8,7 @@ import subprocess
 from typing import Callable, Iterable
 
 from ..base.frames import SourceLoc, format_loc
-from .summary import GraphSummary
+from .summary import GraphSummary, sharding_colour
 
 # Names a source location in text, tooltips and explanations. Front ends pass their own
 # (a notebook's ``In[5] line 3``); the default is ``SourceLoc.short``.
@@ -41,15 +41,19 @@ def render_text(g: GraphSummary, depth: int | None = None, *, label: Label = for
         hidden = len(g.ops) - sum(1 for p in shown if p >= n_in)
         if hidden:
             lines.append(f"# {hidden} earlier ops not shown (depth={depth})")
+    sharded = dict(g.shardings)
     for i, aval in enumerate(g.inputs):
         if shown is None or i in shown:
-            lines.append(f"%{i} = {aval} device_data")
+            lines.append(f"%{i} = {aval} device_data"
+                         + (f"  sharding={sharded[i]}" if i in sharded else ""))
     for j, op in enumerate(g.ops):
         if shown is not None and n_in + j not in shown:
             continue
         line = f"%{n_in + j} = {op.aval} {op.name}({op.call})"
         if op.src or op.scope:
             line += "  #" + (f" {label(op.src)}" if op.src else "") + (f"  [{op.scope}]" if op.scope else "")
+        if n_in + j in sharded:
+            line += f"  sharding={sharded[n_in + j]}"
         lines.append(line)
     lines.append("outputs: " + ", ".join(f"%{p}" for p in g.outputs))
     return "\n".join(lines)
@@ -117,6 +121,9 @@ def render_dot(g: GraphSummary, scope_depth: int | None = None,
                              "with marks or only (positions of the whole graph)")
         g = _cut(g, depth)
     marks = dict(marks or {})
+    sharded = dict(g.shardings)
+    for p, text in sharded.items():  # SPMD: nodes coloured by sharding
+        marks.setdefault(p, sharding_colour(text))
     if highlight:
         pattern = re.compile(highlight)
         for j, op in enumerate(g.ops):
@@ -161,7 +168,8 @@ def render_dot(g: GraphSummary, scope_depth: int | None = None,
         if i not in folded and i in keep:
             kind = "" if aval.startswith("…") else " data"  # cut ops show as stubs
             fill = "" if i in marks else ', fillcolor="#f3f3f3"'
-            out.append(f'  n{i} [label="%{i}{kind}\\n{_dot_str(aval)}", shape=ellipse'
+            shard = f"\\n{_dot_str(sharded[i])}" if i in sharded else ""
+            out.append(f'  n{i} [label="%{i}{kind}\\n{_dot_str(aval)}{shard}", shape=ellipse'
                        f'{fill}{attrs(i, "device data")}];')
     # Which drawn node stands for each position: itself, or its collapsed scope.
     rep: dict[int, str] = {i: f"n{i}" for i in range(n_in) if i not in folded and i in keep}
@@ -179,8 +187,9 @@ def render_dot(g: GraphSummary, scope_depth: int | None = None,
             continue
         rep[p] = f"n{p}"
         root = ', penwidth=2, color="#c0392b"' if p in g.outputs else ""
+        shard = f"\\n{_dot_str(sharded[p])}" if p in sharded else ""
         by_cluster.setdefault(clipped, []).append(
-            f'n{p} [label="%{p} {_dot_str(op.name)}\\n{_dot_str(op.aval)}"{root}'
+            f'n{p} [label="%{p} {_dot_str(op.name)}\\n{_dot_str(op.aval)}{shard}"{root}'
             f'{attrs(p, label(op.src) if op.src else "")}];')
     box_tip = box_tooltip or _default_box_tooltip(label)
     for key, ps in collapsed.items():

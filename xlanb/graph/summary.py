@@ -9,6 +9,7 @@ import torch
 
 from ..base.frames import SourceLoc
 from ..ir import leaf_meta
+from ..runtime.mesh import is_sharded, sharding_text
 from ..templates import format_call
 
 _DTYPE_SHORT = {
@@ -39,6 +40,9 @@ class GraphSummary(NamedTuple):
     inputs: tuple   # aval text per leaf (positions 0..len-1)
     ops: tuple      # OpRecord per op (positions len(inputs)..)
     outputs: tuple  # positions of the graph's outputs
+    # SPMD: (position, sharding text) of each sharded input, annotated op
+    # (``xlanb::mark_sharding``) and, once compiled, output (the partitioner's choice)
+    shardings: tuple = ()
 
 
 class _Lifted(float):
@@ -63,4 +67,31 @@ def summarize(plan) -> GraphSummary:
         ops.append(OpRecord(info.name, aval_text(info.out), call, node.src,
                             node.scope, ins, static))
     return GraphSummary(tuple(aval_text(leaf_meta(n)) for n in plan.leaves), tuple(ops),
-                        tuple(plan.root_pos))
+                        tuple(plan.root_pos), _shardings(plan))
+
+
+def _shardings(plan) -> tuple:
+    out = []
+    for i, n in enumerate(plan.leaves):
+        data = n.data
+        if data is not None and not isinstance(data, tuple) and is_sharded(data):
+            # a leaf mark_sharding made remembers where: a recompile it causes names it
+            marked = n.src is not None and n.info.name == "device_data"
+            out.append((i, sharding_text(data.sharding)
+                        + (f" (marked at {n.src.short})" if marked else "")))
+    n_in = len(plan.leaves)
+    for j, (info, _) in enumerate(plan.steps):
+        if info.sharding is not None:
+            out.append((n_in + j, "annotated " + sharding_text(info.sharding)))
+    return tuple(out)
+
+
+def sharding_colour(text: str) -> str:
+    """A fill colour per sharding (the same text, the same colour in every drawing)."""
+    import zlib
+    core = text.split(" (marked")[0].replace("annotated ", "").replace("propagated ", "")
+    return _COLOURS[zlib.crc32(core.encode()) % len(_COLOURS)]
+
+
+_COLOURS = ("#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69",
+            "#fccde5", "#bc80bd", "#ccebc5", "#ffed6f")
