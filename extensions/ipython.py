@@ -14,6 +14,8 @@ Line magics (``%xla_mode?`` and friends give help)::
                                          compiled graphs with causes and recompile reasons
     %xla_status [on|off]                 a status line after each cell
     %xla_compat [on|off] [--shadow]      import torch_xla gives xlanb's modules
+    %xla_sharding expr                   which device holds which block of a tensor
+    %xla_collectives [names] [--graph I] the collectives of a graph, with their source
     %xla_nans [on|off]                   name the first op that makes a NaN/Inf
 
 Objects shown carry ``_repr_mimebundle_``: text/plain always, HTML or SVG for notebooks.
@@ -267,6 +269,46 @@ class XlaMagics(Magics):
                 isinstance(v, torch.Tensor) for v in value):
             return type(value)(self._peek(v, expr) for v in value)
         raise UsageError(f"{expr} is a {type(value).__name__}, not a tensor")
+
+    # ------------------------------------------------------------------ %xla_sharding
+
+    @line_magic
+    def xla_sharding(self, line: str = ""):
+        """%xla_sharding expr -- which device holds which block of an xla tensor
+        (``xlanb.spmd.visualize_sharding``): a coloured grid in a notebook, text in a
+        terminal. Shows the annotation of a pending tensor, the propagated sharding
+        of a computed one."""
+        expr = line.strip()
+        if not expr:
+            raise UsageError("%xla_sharding needs a tensor expression, e.g. %xla_sharding model.fc.weight")
+        try:
+            value = self.shell.ev(expr)
+        except Exception as e:
+            raise UsageError(f"{expr}: {type(e).__name__}: {e}") from None
+        if not isinstance(value, torch.Tensor) or value.device.type != "xla":
+            raise UsageError(f"{expr} is not a tensor on the xla device")
+        return xlanb.spmd.visualize_sharding(value)
+
+    # ------------------------------------------------------------------ %xla_collectives
+
+    @magic_arguments()
+    @argument("names", nargs="*", help="tensors in the notebook's namespace; default: the "
+              "pending graph of every live tensor, or the last compiled graph")
+    @argument("--graph", type=int, default=None, metavar="I",
+              help="the I-th graph of %%xla_graphs (negative counts from the end)")
+    @line_magic
+    def xla_collectives(self, line: str = ""):
+        """The collectives XLA's partitioner put in a graph (all-reduce, all-gather,
+        reduce-scatter, all-to-all, collective-permute): bytes per device, replica
+        groups, and the aten op, module scope and source line each came from."""
+        args = parse_argstring(self.xla_collectives, line)
+        if args.graph is not None:
+            gs = xlanb.graphs()
+            try:
+                return xlanb.collectives(gs[args.graph])
+            except IndexError:
+                raise UsageError(f"no graph {args.graph}: {len(gs)} compiled") from None
+        return xlanb.collectives(*self._lookup(args.names))
 
     # ------------------------------------------------------------------ %xla_metrics
 

@@ -247,5 +247,33 @@ def jax_objects():
     return {"jax": a, "tuple": b, "cleared": c, "value_ok": abs(v - (x.cpu().sum() + z.cpu().sum()).item()) < 1e-3}
 
 
+@check
+def magics():
+    """%xla_sharding and %xla_collectives in IPython; torch_xla's xs names."""
+    from IPython.testing.globalipapp import start_ipython
+    xlanb.reset()
+    ip = start_ipython()
+    ip.run_line_magic("load_ext", "xlanb")
+    ip.run_cell("import torch, xlanb, xlanb.spmd as xs\n"
+                "mesh = xs.Mesh(range(8), (2, 4), ('data', 'model'))\n"
+                "w = torch.randn(16, 32).to('xla'); xs.mark_sharding(w, mesh, (None, 'model'))\n"
+                "x = torch.randn(8, 16).to('xla'); xs.mark_sharding(x, mesh, ('data', None))\n"
+                "y = (x @ w).sum(1)\n")
+    vis = ip.run_line_magic("xla_sharding", "w")
+    pending = ip.run_line_magic("xla_collectives", "y")
+    ip.run_cell("xlanb.sync()")
+    last = ip.run_line_magic("xla_collectives", "--graph -1")
+    from xlanb import compat as xlanb_compat
+    xlanb_compat.install()
+    try:
+        import torch_xla.distributed.spmd as tx_xs
+        t = torch.randn(8, 4).to("xla")
+        tx_xs.mark_sharding(t, tx_xs.Mesh(list(range(8)), (8,), ("x",)), ("x", None))
+        compat_ok = str(xs.get_sharding(t)).startswith("{'x'}")
+    finally:
+        xlanb_compat.uninstall()
+    return {"vis": str(vis), "pending": str(pending), "last": str(last), "compat_ok": compat_ok}
+
+
 print("SPMD-RESULTS " + json.dumps(RESULTS, default=str))
 sys.stdout.flush()

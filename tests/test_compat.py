@@ -555,17 +555,20 @@ def test_outside_the_surface_is_not_implemented(tx, module, attr, hint):
     assert not hasattr(mod, attr) and getattr(mod, attr, "dflt") == "dflt"
 
 
-def test_spmd_and_unknown_modules_raise_at_import(tx):
-    with pytest.raises(NotImplementedError, match=r"spmd .*sharding.*issue 17") as e:
-        import torch_xla.distributed.spmd  # noqa: F401
-    assert isinstance(e.value, ImportError) and isinstance(e.value, CompatImportError)
+def test_spmd_is_xlanb_spmd_and_unknown_modules_raise_at_import(tx):
+    import torch_xla.distributed.spmd as xs
+    import xlanb.spmd
+    assert xs.Mesh is xlanb.spmd.Mesh and xs.mark_sharding is xlanb.spmd.mark_sharding
+    from torch_xla.distributed.spmd.debugging import visualize_tensor_sharding  # noqa: F401
+    with pytest.raises(NotImplementedError, match="XLAShardedTensor is not provided"):
+        xs.XLAShardedTensor
     with pytest.raises(NotImplementedError, match="torch_xla.utils is not provided"):
         import torch_xla.utils.utils  # noqa: F401
     with pytest.raises(ImportError):  # ``try: import ... except ImportError`` guards work
         from torch_xla.distributed import xla_backend  # noqa: F401
-    with pytest.raises(NotImplementedError, match="use_spmd.*sharding"):
-        tx.runtime.use_spmd()
-    assert tx.runtime.is_spmd() is False
+    with pytest.raises(NotImplementedError, match="use_spmd.auto=True"):
+        tx.runtime.use_spmd(auto=True)
+    assert tx.runtime.is_spmd() is xlanb.spmd.is_spmd()
     assert issubclass(CompatNotImplementedError, NotImplementedError)
 
 

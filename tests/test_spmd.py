@@ -125,6 +125,14 @@ def test_jax_mesh_and_partition_spec_accepted(results):
     assert r["value_ok"]
 
 
+def test_magics_and_torch_xla_names(results):
+    r = _get(results, "magics")
+    assert "| xla:0,4 | xla:1,5 | xla:2,6 | xla:3,7 |" in r["vis"]
+    assert "all-reduce" in r["pending"] and "aten::sum" in r["pending"]
+    assert r["last"] == r["pending"]  # the same graph: compiled once, by the first call
+    assert r["compat_ok"]
+
+
 def test_single_device_api_in_this_process():
     """On one device: a 1-device mesh works, and mixing xla:N stays an error."""
     import torch

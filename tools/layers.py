@@ -75,7 +75,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
      ("xlanb.compat.missing", "xlanb.compat.metrics", "xlanb.compat.xlac",
       "xlanb.compat.runtime", "xlanb.compat.experimental", "xlanb.compat.xla_model",
       "xlanb.compat.parallel_loader", "xlanb.compat.xla_multiprocessing",
-      "xlanb.compat.toplevel", "xlanb.compat")),
+      "xlanb.compat.spmd", "xlanb.compat.toplevel", "xlanb.compat")),
     ("commands", "python -m xlanb.cache: the executable store; python -m xlanb.run: a "
      "torch_xla script on xlanb",
      ("xlanb.cache", "xlanb.run")),

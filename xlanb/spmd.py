@@ -33,7 +33,19 @@ from .templates import _In
 from .tensor import XlaTensor
 
 __all__ = ["Mesh", "ShardingError", "mark_sharding", "clear_sharding", "get_sharding",
-           "visualize_sharding", "Sharding", "get_1d_mesh", "shards", "Shard"]
+           "visualize_sharding", "Sharding", "get_1d_mesh", "shards", "Shard", "is_spmd",
+           "use_spmd"]
+
+
+def is_spmd() -> bool:
+    """Whether any tensor was sharded in this session."""
+    return session.spmd
+
+
+def use_spmd() -> None:
+    """torch_xla's switch, kept for its programs: xlanb shards a tensor when it is
+    marked, so this only makes eager ops look at their inputs' shardings from now on."""
+    session.spmd = True
 
 
 def get_1d_mesh(axis_name: str = "data") -> Mesh:

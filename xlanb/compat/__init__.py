@@ -16,7 +16,7 @@ Each torch_xla module is one module of this package (``torch_xla.core.xla_model`
 ``xlanb.compat.xla_model``, the same object), written on xlanb's public API. A name a
 module does not provide raises ``NotImplementedError`` naming it and what to use instead,
 never a bare ``AttributeError`` (the error is also an ``AttributeError``, so ``hasattr``
-probes answer False). ``torch_xla.distributed.spmd`` waits on sharding (issue 17).
+probes answer False). ``torch_xla.distributed.spmd`` is ``xlanb.spmd``.
 
 If the real torch_xla is installed, ``install()`` says so and leaves it in place unless
 ``shadow=True`` (``python -m xlanb.run --shadow``).
@@ -47,15 +47,16 @@ MODULES = {
     "torch_xla.distributed.parallel_loader": "xlanb.compat.parallel_loader",
     "torch_xla.distributed.xla_multiprocessing": "xlanb.compat.xla_multiprocessing",
     "torch_xla._XLAC": "xlanb.compat.xlac",
+    "torch_xla.distributed.spmd": "xlanb.compat.spmd",
+    "torch_xla.distributed.spmd.debugging": "xlanb.compat.spmd",
+    "torch_xla.experimental.xla_sharding": "xlanb.compat.spmd",
 }
 # Folders of torch_xla with nothing of their own that programs use: empty modules whose
 # attributes are their submodules.
 NAMESPACES = ("torch_xla.core", "torch_xla.debug", "torch_xla.distributed")
-PACKAGES = {"torch_xla", "torch_xla.experimental", *NAMESPACES}
+PACKAGES = {"torch_xla", "torch_xla.experimental", "torch_xla.distributed.spmd", *NAMESPACES}
 # Modules refused with a reason of their own (and everything under them).
 REFUSED = {
-    "torch_xla.distributed.spmd": SHARDING,
-    "torch_xla.experimental.xla_sharding": SHARDING,
     "torch_xla.distributed.xla_backend": "xlanb runs one process: no torch.distributed "
                                          "backend; drop dist.init_process_group('xla')",
 }

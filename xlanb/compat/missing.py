@@ -9,9 +9,8 @@ ImportError:`` takes the except branch (``ModuleNotFoundError``).
 """
 from __future__ import annotations
 
-SHARDING = ("xlanb has no SPMD sharding yet (issue 17: many devices and SPMD sharding "
-            "through jax.sharding); run the program on one device without sharding "
-            "annotations")
+SHARDING = ("shard tensors with torch_xla.distributed.spmd.mark_sharding (xlanb.spmd) "
+            "after moving them to the device")
 ONE_PROCESS = ("xlanb runs one process on one device: no collectives or replication; "
                "guard the call with `if xr.world_size() > 1:`")
 SEE = "see the 'Coming from torch_xla' table in xlanb's README, or the xlanb API (import xlanb)"

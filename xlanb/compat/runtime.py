@@ -4,7 +4,7 @@ from __future__ import annotations
 import xlanb
 from xlanb.runtime.devices import platform_name
 
-from .missing import ONE_PROCESS, SHARDING, module_getattr
+from .missing import ONE_PROCESS, module_getattr
 
 NAME = "torch_xla.runtime"
 
@@ -81,9 +81,15 @@ def is_bf16_supported() -> bool:
 
 
 def is_spmd() -> bool:
-    """False: xlanb has no SPMD mode yet."""
-    return False
+    """Whether any tensor was sharded (xlanb needs no SPMD switch: ``mark_sharding``
+    is enough)."""
+    return xlanb.spmd.is_spmd()
 
 
 def use_spmd(auto: bool | None = False):
-    raise NotImplementedError(f"{NAME}.use_spmd: {SHARDING}")
+    """Nothing to switch on: in xlanb a tensor is sharded by ``mark_sharding`` alone, and
+    unsharded tensors join a mesh replicated when they meet a sharded one."""
+    if auto:
+        raise NotImplementedError(f"{NAME}.use_spmd(auto=True): xlanb has no automatic "
+                                  "sharding; mark tensors with xs.mark_sharding")
+    xlanb.spmd.use_spmd()

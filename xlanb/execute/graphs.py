@@ -377,7 +377,8 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
                               for p, sh in zip(plan.root_pos, rec.out_shardings)
                               if p not in known and len(sh.device_set) > 1)
                 rec.summary = summary._replace(shardings=summary.shardings + extra)
-            rec.collectives = CollectiveList(parse_collectives(exe.as_text()), rec.hash)
+            rec.collectives = CollectiveList(
+                parse_collectives(exe.as_text(), dict(mesh.mesh.shape)), rec.hash)
         _graph_cache[key] = rec
         graph_log.append(rec)
         return rec, True

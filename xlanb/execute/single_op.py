@@ -97,7 +97,7 @@ def sharded_executable(info: OpInfo, arrays: list, mesh):
     lowered = lower_jitted(lambda *flat: fn(flat[:n], flat[n:]), specs, lower_metric="OpLowerTime")
     exe = compile_lowered(lowered, metric="OpCompileTime", lower_s=time.perf_counter() - t0)
     metrics.counter("OpCompile")
-    colls = parse_collectives(exe.as_text())
+    colls = parse_collectives(exe.as_text(), dict(mesh.mesh.shape))
     if integer_division(info):
         exe = DivisorChecked(exe, info)
     exe = _Sharded(exe, colls)

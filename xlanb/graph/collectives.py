@@ -97,9 +97,26 @@ def _scope(op_name: str, op_type: str) -> str:
     return "/".join(parts)
 
 
-def parse_collectives(text: str) -> list[Collective]:
+_MESH_GROUPS = re.compile(r"^mesh\[([^\]]*)\]")
+
+
+def _named_axes(groups: str, axes) -> str:
+    """XLA prints mesh replica groups over axes it calls ``axis_0``...; when they are
+    the graph's mesh axes (same sizes, same order), use the user's names."""
+    m = _MESH_GROUPS.match(groups)
+    if not m or not axes:
+        return groups
+    found = re.findall(r"'(axis_\d+)'=(\d+)", m.group(1))
+    if [int(n) for _, n in found] != [int(n) for n in axes.values()]:
+        return groups
+    for (xla_name, _), name in zip(found, axes):
+        groups = groups.replace(f"'{xla_name}'", repr(name))
+    return groups
+
+
+def parse_collectives(text: str, axes: dict | None = None) -> list[Collective]:
     """Every collective instruction of an HLO module's text (async pairs once, at their
-    ``-start``)."""
+    ``-start``). ``axes`` (the mesh's axis name -> size) names mesh replica groups."""
     tables = _tables(text)
     out = []
     for line in text.splitlines():
@@ -113,7 +130,8 @@ def parse_collectives(text: str) -> list[Collective]:
         else:
             nbytes = sum(s for s, _ in sizes)
             shape = ", ".join(t for _, t in sizes)
-        groups = _attr(line, "replica_groups") or _attr(line, "source_target_pairs")
+        groups = _named_axes(_attr(line, "replica_groups") or _attr(line, "source_target_pairs"),
+                             axes)
         meta = _attr(line, "metadata")
         op_type = re.search(r'op_type="([^"]*)"', meta)
         op_name = re.search(r'op_name="([^"]*)"', meta)
