@@ -147,3 +147,41 @@ def test_single_device_api_in_this_process():
     with pytest.raises(xs.ShardingError, match="do not exist"):
         xs.Mesh([0, 1, 2, 3, 4, 5, 6, 7, 8], (9,), ("data",))
     assert xlanb.spmd.get_1d_mesh().size() == xlanb.device_count()
+
+
+def _dist_results(cmd: list, **env) -> dict:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(**env), cwd=ROOT,
+                          timeout=600)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("DIST-RESULTS ")), None)
+    assert proc.returncode == 0 and line is not None, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(line[len("DIST-RESULTS "):]), proc.stdout
+
+
+def test_two_processes_match_one_process():
+    """python -m xlanb.launch --nproc 2 (2 devices each) gives what 1 process with 4
+    devices gives: the same losses and weights, a batch built from process-local rows."""
+    script = os.path.join(ROOT, "tests", "spmd_dist_script.py")
+    one, _ = _dist_results([sys.executable, script],
+                           XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    two, out = _dist_results([sys.executable, "-m", "xlanb.launch", "--nproc", "2",
+                              "--devices-per-proc", "2", script], XLA_FLAGS="")
+    assert one["nproc"] == 1 and two["nproc"] == 2
+    assert two["losses"] == pytest.approx(one["losses"], rel=1e-6)
+    import torch
+    for a, b in zip(two["weights"], one["weights"]):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-6)
+    assert one["peek_ok"] and two["peek_ok"]
+    assert one["graphs"] == two["graphs"] == 1
+    assert two["xx_shape"] == [8, 8]  # global batch from two 4-row pieces
+    # each process holds (and lists) only its own shards
+    assert one["local_shards"] == ["xla:0", "xla:1", "xla:2", "xla:3"]
+    assert two["local_shards"] == ["xla:0", "xla:1"]
+    assert "rank 1 shards ['xla:2', 'xla:3']" in out
+
+
+def test_launch_reports_a_failing_process(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os, sys\nsys.exit(3 if os.environ['XLANB_PROCESS_ID'] == '1' else 0)\n")
+    proc = subprocess.run([sys.executable, "-m", "xlanb.launch", "--nproc", "2", str(bad)],
+                          env=_env(), cwd=ROOT, timeout=120)
+    assert proc.returncode == 3

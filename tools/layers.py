@@ -67,8 +67,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
      ("xlanb.capture.function", "xlanb.capture.dynamo")),
     ("inspect", "tensor repr, pending IR and HLO, collectives",
      ("xlanb.inspect.repr", "xlanb.inspect.pending")),
-    ("spmd", "xlanb.spmd: meshes, mark_sharding, shardings and shards",
-     ("xlanb.spmd",)),
+    ("spmd", "xlanb.spmd: meshes, mark_sharding, shardings and shards; xlanb.distributed",
+     ("xlanb.spmd", "xlanb.distributed")),
     ("api", "the public API",
      ("xlanb",)),
     ("compat", "torch_xla's modules on the public API: import torch_xla runs on xlanb",
@@ -77,8 +77,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
       "xlanb.compat.parallel_loader", "xlanb.compat.xla_multiprocessing",
       "xlanb.compat.spmd", "xlanb.compat.toplevel", "xlanb.compat")),
     ("commands", "python -m xlanb.cache: the executable store; python -m xlanb.run: a "
-     "torch_xla script on xlanb",
-     ("xlanb.cache", "xlanb.run")),
+     "torch_xla script on xlanb; python -m xlanb.launch: N local processes",
+     ("xlanb.cache", "xlanb.run", "xlanb.launch")),
     ("front ends", "extensions/ (IPython, pdb, widgets), kernel/, and the xlanb.widgets shim",
      ("xlanb.extensions.*", "xlanb.kernel.*", "xlanb.widgets")),
 ]

@@ -39,6 +39,7 @@ from .realize import sync
 from .runtime.devices import device_count, jax_device as _jax_device
 from .tensor import XlaTensor
 from . import spmd
+from . import distributed
 
 _register()
 _install_scope_hooks()
@@ -53,7 +54,7 @@ __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "c
            "RecompileWarning", "metrics", "config", "XlaTensor", "CompiledGraph",
            "manual_seed", "set_trace", "compile", "CompiledFunction", "debugger_active",
            "format_table", "debug_nans", "NonFiniteError", "where_made",
-           "compare_cpu", "CompareReport", "CompareRow", "spmd", "collectives",
+           "compare_cpu", "CompareReport", "CompareRow", "spmd", "distributed", "collectives",
            "load_ipython_extension", "unload_ipython_extension"]
 
 __version__ = "0.1.0"

@@ -26,8 +26,8 @@ from .ir import Node, OpInfo
 from .ops.leaves import data_info
 from .realize import node_array, peek_node
 from .record import run_node, value_node, write
-from .runtime.mesh import (Mesh, ShardingError, as_mesh, is_sharded, named_sharding,
-                           sharding_text)
+from .runtime.mesh import (Mesh, ShardingError, as_mesh, global_index, is_sharded,
+                           named_sharding, place, sharding_text)
 from .runtime.transfer import array_to_host
 from .templates import _In
 from .tensor import XlaTensor
@@ -107,8 +107,7 @@ def _place(t: XlaTensor, sharding: NamedSharding) -> None:
         write(t, run_node(constraint_info(s.meta, s.device, sharding), (node,), ()))
         return
     arr = node.data if node.data is not None else node_array(node, cause="mark_sharding")
-    with jax.enable_x64(True):
-        new = jax.device_put(arr, sharding)
+    new = place(arr, sharding)
     # a leaf that remembers where it was marked: a recompile it causes names that line
     s.node = Node(data_info(s.meta, s.device), data=new, src=src)
     s.version += 1  # views re-derive from the sharded value
@@ -207,8 +206,8 @@ class Shard(NamedTuple):
 def shards(array) -> list[Shard]:
     """The shards of a device array this process holds, in device order."""
     out = []
-    for sh in sorted(array.addressable_shards, key=lambda s: s.device.id):
-        out.append(Shard(f"xla:{sh.device.id}", tuple(sh.index), array_to_host(sh.data)))
+    for sh in sorted(array.addressable_shards, key=lambda s: global_index(s.device)):
+        out.append(Shard(f"xla:{global_index(sh.device)}", tuple(sh.index), array_to_host(sh.data)))
     return out
 
 
@@ -250,7 +249,7 @@ class ShardingView:
             c = _span(index[1], shape[1]) if len(shape) > 1 else (0, 1)
             rows.add(r)
             cols.add(c)
-            cells.setdefault((r, c), []).append(dev.id)
+            cells.setdefault((r, c), []).append(global_index(dev))
         rows, cols = sorted(rows), sorted(cols)
         return rows, cols, {(rows.index(r), cols.index(c)): sorted(d) for (r, c), d in cells.items()}
 

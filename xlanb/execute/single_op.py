@@ -11,7 +11,7 @@ from ..base.session import session
 from ..graph.collectives import parse_collectives
 from ..ir import OpInfo
 from ..runtime.jit import compile_lowered, lower_jitted
-from ..runtime.mesh import common_mesh, on_mesh
+from ..runtime.mesh import common_mesh, on_mesh, place
 from .checks import DivisorChecked, integer_division
 from .compile import compile_op, load_stored, lower_op, op_store_key
 
@@ -65,7 +65,7 @@ def run_op(info: OpInfo, arrays: list, scalars) -> object:
     through the executable compiled for their shardings; a ``mark_sharding`` constraint
     outside a graph is a ``device_put`` onto its sharding."""
     if info.sharding is not None:
-        return jax.device_put(arrays[0], info.sharding)
+        return place(arrays[0], info.sharding)
     if session.spmd:
         mesh = common_mesh([getattr(a, "sharding", None) for a in arrays])
         if mesh is not None:

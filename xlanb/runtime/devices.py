@@ -1,4 +1,6 @@
-"""The device map: ``xla:N`` is the N-th JAX device of the chosen platform."""
+"""The device map: ``xla:N`` is the N-th JAX device of the chosen platform that this
+process drives (all of them in one process; with ``xlanb.distributed``, the process's
+own). A mesh (``runtime/mesh.py``) indexes the global list, ``global_devices()``."""
 from __future__ import annotations
 
 import functools
@@ -11,12 +13,20 @@ from ..base.config import config
 
 @functools.cache
 def jax_devices() -> tuple:
+    """This process's devices (``xla:0..N-1``)."""
     platform = config.platform
     try:
-        return tuple(jax.devices(platform) if platform else jax.devices())
+        return tuple(jax.local_devices(backend=platform) if platform else jax.local_devices())
     except RuntimeError as e:
         raise RuntimeError(f"xlanb: no JAX devices for platform {platform!r} "
                            f"(set by XLANB_PLATFORM): {e}") from None
+
+
+@functools.cache
+def global_devices() -> tuple:
+    """Every process's devices, in JAX's global order: what mesh device ids index."""
+    platform = config.platform
+    return tuple(jax.devices(platform) if platform else jax.devices())
 
 
 def jax_device(index: int | None):

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .devices import jax_devices
+from .devices import global_devices
 
 
 class ShardingError(ValueError):
@@ -30,7 +30,7 @@ class Mesh:
     (``xla:N`` is device N), in row-major order over ``mesh_shape``."""
 
     def __init__(self, device_ids, mesh_shape: Sequence[int], axis_names: Sequence[str] | None = None):
-        devs = jax_devices()
+        devs = global_devices()
         ids = [int(i) for i in np.asarray(device_ids).reshape(-1)]
         shape = tuple(int(n) for n in mesh_shape)
         if math.prod(shape) != len(ids):
@@ -56,7 +56,7 @@ class Mesh:
 
     @classmethod
     def from_jax(cls, mesh: jax.sharding.Mesh) -> "Mesh":
-        index = {d: i for i, d in enumerate(jax_devices())}
+        index = {d: i for i, d in enumerate(global_devices())}
         try:
             ids = [index[d] for d in mesh.devices.flat]
         except KeyError as e:
@@ -191,16 +191,33 @@ def common_mesh(shardings) -> NamedSharding | None:
     return NamedSharding(mesh, PartitionSpec())
 
 
+def global_index(device) -> int:
+    """A JAX device's position in the global device list: its ``xla:`` number in a mesh
+    (JAX's ids are not positions once several processes run)."""
+    return {d: i for i, d in enumerate(global_devices())}[device]
+
+
 def _devices_text(s) -> str:
-    return "{" + ", ".join(str(d.id) for d in sorted(s.device_set, key=lambda d: d.id)) + "}"
+    return "{" + ", ".join(str(global_index(d)) for d in
+                           sorted(s.device_set, key=global_index)) + "}"
 
 
 def on_mesh(arr, mesh: NamedSharding):
     """``arr`` on ``mesh``: as it is if it is already there, else replicated onto it."""
     if arr.sharding.device_set == mesh.device_set:
         return arr
+    return place(arr, mesh)
+
+
+def place(arr, sharding):
+    """``arr`` laid out as ``sharding``. A mesh that spans processes is filled from this
+    process's value (SPMD: every process holds the same program and the same host
+    values), each process writing only the shards its devices hold."""
     with jax.enable_x64(True):
-        return jax.device_put(arr, mesh)
+        if sharding.is_fully_addressable or not arr.is_fully_addressable:
+            return jax.device_put(arr, sharding)
+        host = np.asarray(arr)
+        return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
 
 
 def sharding_text(s) -> str:

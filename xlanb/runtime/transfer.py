@@ -28,8 +28,17 @@ def host_to_device(cpu: torch.Tensor, device: int):
 
 
 def array_to_host(arr) -> torch.Tensor:
-    """A CPU tensor holding a copy of the device array ``arr``."""
+    """A CPU tensor holding a copy of the device array ``arr``. An array spread over
+    several processes (``xlanb.distributed``) is read from this process's replica if it
+    is replicated, else gathered from every process (a collective: each process must
+    read it, as SPMD programs do)."""
     t0 = time.perf_counter()
+    if not getattr(arr, "is_fully_addressable", True):
+        if arr.is_fully_replicated:
+            arr = arr.addressable_data(0)
+        else:
+            from jax.experimental import multihost_utils
+            arr = multihost_utils.process_allgather(arr, tiled=True)
     host = numpy_to_tensor(np.asarray(arr))
     metrics.record("TransferFromDeviceTime", time.perf_counter() - t0)
     return host
