@@ -44,7 +44,7 @@ peek = xlanb.peek(m[0].weight)
 shards = xlanb.peek(m[0].weight, shards=True)
 out = {"losses": losses, "weights": weights, "peek_ok": torch.equal(peek, torch.tensor(weights[0])),
        "local_shards": [s.device for s in shards], "nproc": nproc,
-       "graphs": len(xlanb.graphs()), "xx_shape": list(xx.shape)}
+       "graphs": len(xlanb.graphs()), "xx_shape": list(xx.shape), "repr": repr(m[0].weight)}
 if rank == 0:
     print("DIST-RESULTS " + json.dumps(out))
 else:

@@ -125,6 +125,11 @@ def test_jax_mesh_and_partition_spec_accepted(results):
     assert r["value_ok"]
 
 
+def test_xlanb_compile_with_sharded_tensors_runs_lazily(results):
+    r = _get(results, "compiled_function")
+    assert r["ok"] and "xlanb.compile does not replay SPMD graphs yet" in r["status"]
+
+
 def test_magics_and_torch_xla_names(results):
     r = _get(results, "magics")
     assert "| xla:0,4 | xla:1,5 | xla:2,6 | xla:3,7 |" in r["vis"]
@@ -177,6 +182,10 @@ def test_two_processes_match_one_process():
     assert one["local_shards"] == ["xla:0", "xla:1", "xla:2", "xla:3"]
     assert two["local_shards"] == ["xla:0", "xla:1"]
     assert "rank 1 shards ['xla:2', 'xla:3']" in out
+    # a print shows what this process holds, without a collective
+    assert two["repr"].startswith("tensor(<sharded over 2 processes; shape=(16, 8)")
+    assert "xla:0 [0:8, 0:]" in two["repr"] and "xla:2" not in two["repr"]
+    assert one["repr"].startswith("tensor([[")
 
 
 def test_launch_reports_a_failing_process(tmp_path):

@@ -213,6 +213,10 @@ class CompiledFunction:
                 out = self.fn(*args, **kwargs)
             finally:
                 session.recorder = None
+            if not rec.broken and session.spmd:  # replays would need input shardings
+                rec.broken = ("tensors are sharded (xlanb.spmd): xlanb.compile does not "
+                              "replay SPMD graphs yet; calls run lazily, compiled once per "
+                              "sharding")
             if rec.broken:
                 sync(cause=cause)
                 entry.lazy_reason = rec.broken

@@ -6,7 +6,10 @@ import torch
 from ..base.config import config
 from ..ir import plan_graph
 from ..reads import peek_host, to_host
+from ..realize import peek_node
 from ..record import value_node
+from ..runtime.mesh import global_index
+from ..runtime.transfer import array_to_host
 from ..tensor import set_handler
 
 
@@ -36,9 +39,28 @@ def tensor_repr(t) -> str:
         if how == "sync":
             host = to_host(t, cause="repr (config.inspect='sync')")
         else:
-            host = peek_host(t)
+            arr = peek_node(node)
+            if not getattr(arr, "is_fully_addressable", True) and not arr.is_fully_replicated:
+                return _local_repr(t, arr, suffix)
+            host = array_to_host(arr)
+            if host.dtype != t.dtype:
+                host = host.to(t.dtype)
     body = repr(host)
     return body[:-1] + ", " + ", ".join(suffix) + ")"
+
+
+def _local_repr(t, arr, suffix) -> str:
+    """A tensor sharded over several processes prints the shards this process holds:
+    reading the rest would be a collective that every process must join, and a print
+    is often made by one process alone."""
+    import jax
+    lines = [f"tensor(<sharded over {jax.process_count()} processes; shape={tuple(t.shape)}, "
+             f"dtype={t.dtype}; process {jax.process_index()} holds:>"]
+    for sh in sorted(arr.addressable_shards, key=lambda s: global_index(s.device)):
+        idx = ", ".join(f"{s.start or 0}:{s.stop if s.stop is not None else ''}" for s in sh.index)
+        lines.append(f"  xla:{global_index(sh.device)} [{idx}] "
+                     + repr(array_to_host(sh.data)).replace("\n", "\n  "))
+    return "\n".join(lines) + "\n, " + ", ".join(suffix) + ")"
 
 
 set_handler("repr", tensor_repr)
