@@ -99,3 +99,10 @@ def test_notebook_runs(path, kernel_dirs):
         assert "compiles with inspect='peek': 0" in all_text
     if path.stem == "05_reading_hlo":
         assert "same module for 0.1 and 0.2: True" in all_text
+    if path.stem == "sharding":
+        assert "all-gather  f32[256]" in all_text and "aten::add_" in all_text
+        assert "collective bytes per device per step: 38404 -> 37380" in all_text
+        assert "unknown mesh axis 'batch'" in "".join(
+            o.get("evalue", "") + o.get("text", "") for c in code for o in _outputs(c))
+        assert "Shard(xla:0, [0:64], (64,))" in all_text
+        assert "sharding={'data'} on mesh (data=2, model=4) (marked at" in all_text

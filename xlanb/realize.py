@@ -54,6 +54,12 @@ def materialize(roots: list[Node], cause: str) -> None:
     clear_peeks()
 
 
+def placed(roots) -> tuple | None:
+    """SPMD: per root, where the value it replaces in its storage lay (None when
+    nothing is sharded): what a sync passes to ``run_graph``."""
+    return _placed(roots) if session.spmd else None
+
+
 def _placed(roots) -> tuple:
     """SPMD: per root, where the value it replaces in its storage lay (or None)."""
     by_node = {id(s.node): s.placed for s in live_storages()}

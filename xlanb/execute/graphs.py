@@ -336,7 +336,8 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
         graph_hash = stable_hash(plan, device)
         if shardings is not None:
             graph_hash = hashlib.blake2b(
-                (graph_hash + repr([sharding_text(s) for s in shardings])).encode(),
+                (graph_hash + repr([sharding_text(s) for s in shardings])
+                 + repr([s and sharding_text(s) for s in keep or ()])).encode(),
                 digest_size=16).hexdigest()
         key_in_store = store_key(graph_hash.encode(), device, None) if shardings is None else None
         t0 = time.perf_counter()
@@ -437,12 +438,19 @@ def _kept(placed, mesh):
     return tuple(out) if any(s is not None for s in out) else None
 
 
+def find_graph(plan: GraphPlan, device: int, cause: str, src, placed=None):
+    """``(CompiledGraph, fresh, leaf arrays)`` for ``plan``, as a sync would run it:
+    on a mesh if it touches sharded tensors (``placed``: see ``_kept``)."""
+    arrays, mesh = mesh_leaves(plan)
+    rec, fresh = compiled_graph(plan, device, cause, src, arrays, mesh, _kept(placed, mesh))
+    return rec, fresh, arrays
+
+
 def run_graph(plan: GraphPlan, device: int, cause: str, src, placed=None) -> list:
     """Compile (or find) the graph of ``plan`` and run it; returns the roots' arrays.
     ``placed`` (SPMD): per root, the sharding of the value it replaces (see ``_kept``)."""
     _syncs_at[src] = _syncs_at.get(src, 0) + 1
-    arrays, mesh = mesh_leaves(plan)
-    rec, fresh = compiled_graph(plan, device, cause, src, arrays, mesh, _kept(placed, mesh))
+    rec, fresh, arrays = find_graph(plan, device, cause, src, placed)
     if fresh:
         _report_compile(rec, src)
     else:

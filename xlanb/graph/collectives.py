@@ -146,11 +146,26 @@ def parse_collectives(text: str, axes: dict | None = None) -> list[Collective]:
             source = f"{src_file.group(1)}:{src_line.group(1)}"
         else:
             source = ""
+        combined = re.sub(r"^jit\([^)]*\)/", "", op_name)
+        if combined.startswith("(") and ":" in combined:
+            # collectives XLA combined into one: "(a/aten::x/y:b/aten::z/w)"; name each op
+            names = [_aten_of(n if n.startswith("aten::") else "aten::" + n)
+                     for n in combined.strip("()").split(":aten::")]
+            op_type = op_type or "+".join(dict.fromkeys(n for n in names if n))
+            op_name = ""
         if not op_type:  # an op XLA's passes renamed: its aten op is still in op_name
-            op_type = next((p for p in reversed(op_name.split("/")) if p.startswith("aten::")), "")
+            op_type = _aten_of(op_name)
         out.append(Collective(m.group("op"), m.group("name"), shape, nbytes, groups, op_type,
                               _scope(op_name, op_type), source))
     return out
+
+
+def _aten_of(op_name: str) -> str:
+    parts = op_name.split("/")
+    found = next((p for p in reversed(parts) if p.startswith("aten::")), "")
+    if not found and parts and parts[0] and not parts[0].startswith(("jit(", "(")):
+        found = "aten::" + parts[0]  # the tail of a combined name lost its "aten::"
+    return found
 
 
 def _prod(dims: str) -> int:
@@ -191,6 +206,8 @@ class CollectiveList(list):
         counts = ", ".join(f"{n} {k}" for k, n in self.counts().items())
         return (f"{head}{len(self)} collectives ({counts}), {self.total_bytes} bytes per device\n"
                 + format_table(self._COLUMNS, self.rows(_short)))
+
+    __repr__ = __str__  # a table in a terminal and as a notebook's text
 
     def _repr_html_(self) -> str:
         import html

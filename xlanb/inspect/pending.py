@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..base.frames import user_frame
-from ..execute.graphs import compiled_graph, lower_graph, mesh_leaves
+from ..execute.graphs import find_graph, lower_graph, mesh_leaves
+from ..realize import placed
 from ..graph.render import render_dot, render_text
 from ..graph.summary import GraphSummary, summarize
 from ..ir import GraphPlan, Node, plan_graph
@@ -77,11 +78,11 @@ def hlo(*tensors, dialect: str = "stablehlo", optimized: bool = False) -> str:
     if not plan.steps:
         return ""
     device = plan.roots[0].info.device
-    arrays, mesh = mesh_leaves(plan)  # sharded leaves: the module the partitioner sees
-    if optimized:
-        rec, _ = compiled_graph(plan, device, "xlanb.hlo(optimized=True)", user_frame(),
-                                arrays, mesh)
+    if optimized:  # the graph the next sync runs (on a mesh: the same shardings)
+        rec, _, _ = find_graph(plan, device, "xlanb.hlo(optimized=True)", user_frame(),
+                               placed(plan.roots))
         return rec.executable.as_text()
+    arrays, mesh = mesh_leaves(plan)  # sharded leaves: the module the partitioner sees
     return lower_graph(plan, device, arrays, mesh).as_text(dialect=dialect,
                                                            debug_info=dialect == "hlo")
 
@@ -108,6 +109,5 @@ def collectives(*tensors):
         g = graph_log[-1]
         return g.collectives or CollectiveList(parse_collectives(g.executable.as_text()), g.hash)
     device = plan.roots[0].info.device
-    arrays, mesh = mesh_leaves(plan)
-    rec, _ = compiled_graph(plan, device, "xlanb.collectives()", user_frame(), arrays, mesh)
+    rec, _, _ = find_graph(plan, device, "xlanb.collectives()", user_frame(), placed(plan.roots))
     return rec.collectives or CollectiveList(parse_collectives(rec.executable.as_text()), rec.hash)
