@@ -8,6 +8,7 @@ import numpy as np
 from ..base.dtypes import to_jax_dtype
 from ..ir import Node
 from ..runtime.devices import jax_device
+from ..runtime.mesh import is_sharded, place
 
 # Fills: nodes whose value does not depend on their inputs' values. Zeros, ones and
 # fill_/zero_ (what torch.zeros(..., device="xla") records: empty, then zero_) are made
@@ -52,6 +53,12 @@ def settle_fill(node: Node, value=0) -> None:
             arr = jax.device_put(np.full(meta.shape, value, dtype), device)
         else:  # made on the device: no host copy, no transfer (one fill per shape)
             arr = jax.numpy.full(meta.shape, value, dtype, device=device)
+    src = node.inputs[0].data if node.inputs else None
+    if src is not None and not isinstance(src, tuple) and is_sharded(src) \
+            and tuple(src.shape) == tuple(meta.shape):
+        # SPMD: a _like of a sharded tensor (an optimizer's moments) lies as it does, so
+        # that updating it needs no gather of the sharded gradient
+        arr = place(arr, src.sharding)
     node.materialize(arr)
 
 
