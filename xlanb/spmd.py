@@ -43,9 +43,8 @@ def is_spmd() -> bool:
 
 
 def use_spmd() -> None:
-    """torch_xla's switch, kept for its programs: xlanb shards a tensor when it is
-    marked, so this only makes eager ops look at their inputs' shardings from now on."""
-    session.spmd = True
+    """torch_xla's switch, kept for its programs: nothing to do, xlanb shards a tensor
+    when it is marked."""
 
 
 def get_1d_mesh(axis_name: str = "data") -> Mesh:
@@ -99,7 +98,8 @@ def _check_tensor(t, what: str) -> None:
 def _place(t: XlaTensor, sharding: NamedSharding) -> None:
     """Lay ``t``'s value out as ``sharding``: a constraint node if it is pending in a
     recording mode, else its device data moved onto the mesh."""
-    session.spmd = True
+    if len(sharding.device_set) > 1:  # a mesh of one device shards nothing
+        session.spmd = True
     s = t._storage
     node = s.node
     src = user_frame()

@@ -142,7 +142,7 @@ class Session:
         self.default.deferred = False
         self.direct = 0
         self.recorder = None
-        self.spmd = False
+        # spmd stays: tensors sharded before a reset still are
 
 
 def starting_mode() -> str:
