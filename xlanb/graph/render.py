@@ -228,7 +228,8 @@ def _cut(g: GraphSummary, depth: int) -> GraphSummary:
     new_pos.update({n_in + j: len(needed) + k for k, j in enumerate(kept)})
     inputs = tuple(g.inputs[q] if q < n_in else f"… {g.ops[q - n_in].aval} (cut)" for q in needed)
     ops = tuple(g.ops[j]._replace(ins=tuple(new_pos[q] for q in g.ops[j].ins)) for j in kept)
-    return GraphSummary(inputs, ops, tuple(new_pos[p] for p in g.outputs))
+    return GraphSummary(inputs, ops, tuple(new_pos[p] for p in g.outputs),
+                        tuple((new_pos[p], t) for p, t in g.shardings if p in new_pos))
 
 
 def _nested_clusters(by_cluster: dict[str, list[str]]) -> list[str]:
