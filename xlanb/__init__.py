@@ -19,7 +19,7 @@ from .base import metrics
 from .base import rng as _rng
 from .base.config import MODES, check_mode, config
 from .base.tables import format_table
-from .base.frames import SourceLoc, debugger_active
+from .base.frames import SourceLoc, debugger_active, set_location_labeler
 from .base.scopes import install_scope_hooks as _install_scope_hooks
 from .base.session import session as _session, starting_mode as _starting_mode
 from .capture.function import CompiledFunction, compile
@@ -51,7 +51,7 @@ __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "c
            "SummaryDiff",
            "RecompileWarning", "metrics", "config", "XlaTensor", "CompiledGraph",
            "manual_seed", "set_trace", "compile", "CompiledFunction", "debugger_active",
-           "format_table", "debug_nans", "NonFiniteError", "where_made",
+           "format_table", "set_location_labeler", "debug_nans", "NonFiniteError", "where_made",
            "compare_cpu", "CompareReport", "CompareRow",
            "load_ipython_extension", "unload_ipython_extension"]
 

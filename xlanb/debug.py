@@ -62,6 +62,10 @@ class _NanMode(TorchDispatchMode):
         else:
             origin = _origin(anode)
         eager = mode_state().mode == "eager"
+        # nodes the op's inputs already hold: a result that shares one (detach, alias of a
+        # saved forward value) was not made by this op and keeps its own origin
+        before = {id(value_node(a)) for a in tree_leaves((args, kwargs))
+                  if type(a) is XlaTensor} if origin is not None else ()
         out = func(*args, **kwargs)
         if origin is None and not eager:
             return out
@@ -70,7 +74,7 @@ class _NanMode(TorchDispatchMode):
             if type(t) is not XlaTensor:
                 continue
             node = value_node(t) if t._view else t._storage.node
-            if origin is not None and node.data is None:
+            if origin is not None and node.data is None and id(node) not in before:
                 origins[node] = origin
             if eager and node.data is not None:
                 results.append((t, node.data))
