@@ -24,6 +24,9 @@ Cell magic::
 
     %%xla_explain                        run the cell, then report what it compiled and
                                          executed, and why, with source lines
+    %%xla_profile [--export PATH] [--device] [--replay]
+                                         where the cell's time went: phases, by scope
+                                         (icicle chart), by line, by op; a Perfetto trace
     %%xla_compare [inputs] [--rtol R] [--atol A] [--dtype bfloat16]
                                          run the cell on CPU and on xla op by op; the
                                          first op that diverges, with its line
@@ -375,6 +378,27 @@ class XlaMagics(Magics):
         if last is not None:
             return eval(shell.compile(last, name, "eval"), shell.user_global_ns, ns)
         return None
+
+    # ------------------------------------------------------------------ %%xla_profile
+
+    @magic_arguments()
+    @argument("--export", metavar="PATH", default=None,
+              help="also write a Chrome/Perfetto trace (.json or .json.gz)")
+    @argument("--device", action="store_true", help="merge jax.profiler's events")
+    @argument("--replay", action="store_true",
+              help="estimate per-op device time of lazy graphs by an op-by-op replay")
+    @cell_magic
+    def xla_profile(self, line: str, cell: str):
+        """Run the cell under ``xlanb.profile()`` and show where its time went: phases
+        per step, time by module scope (an icicle chart in a notebook), by line and by
+        aten op. Returns the Profile."""
+        args = parse_argstring(self.xla_profile, line)
+        with xlanb.profile(device=args.device, replay=args.replay) as p:
+            self._run_cell_body(cell)
+        if args.export:
+            p.export(args.export)
+            print(f"xla profile: trace written to {args.export}")
+        return p
 
     # ------------------------------------------------------------------ %%xla_compare
 

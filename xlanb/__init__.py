@@ -25,6 +25,7 @@ from .base.session import session as _session, starting_mode as _starting_mode
 from .capture.function import CompiledFunction, compile
 from .compare import CompareReport, CompareRow, compare_cpu
 from .debug import debug_nans, where_made
+from .profile import Profile, ProfileTable, profile
 from .execute.background import compiles_in_flight as _compiles_in_flight
 from .execute.nans import NonFiniteError
 from .execute.graphs import CompiledGraph, GraphList, RecompileWarning, graphs
@@ -52,7 +53,7 @@ __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "c
            "RecompileWarning", "metrics", "config", "XlaTensor", "CompiledGraph",
            "manual_seed", "set_trace", "compile", "CompiledFunction", "debugger_active",
            "format_table", "set_location_labeler", "debug_nans", "NonFiniteError", "where_made",
-           "compare_cpu", "CompareReport", "CompareRow",
+           "compare_cpu", "CompareReport", "CompareRow", "profile", "Profile", "ProfileTable",
            "load_ipython_extension", "unload_ipython_extension"]
 
 __version__ = "0.1.0"
