@@ -105,5 +105,10 @@ def test_notebook_runs(path, kernel_dirs):
         assert re.search(r"aten::sqrt\(f32\[\]\) at In\[\d+\]:8 forward \[Net\]", errors), errors
         assert "step 13: loss is nan" in all_text and "gain this step would write: nan" in all_text
         assert "40 steps, loss" in all_text  # the fixed model trains with the check on
+    if path.stem == "profile":
+        assert "phases (s)" in all_text and "device, replayed (s)" in all_text
+        assert "BertForMaskedLM.bert.encoder.layer.0" in all_text
+        assert re.search(r"modeling_bert\.py:\d+ \w+", all_text)
+        assert "trace written to" in all_text
     if path.stem == "05_reading_hlo":
         assert "same module for 0.1 and 0.2: True" in all_text

@@ -277,7 +277,7 @@ class Profile:
             row = (label(k), str(calls), f"{self_s:.4f}", f"{total:.4f}",
                    f"{100 * (total + rep) / wall:.1f}%")
             rows.append(row + ((f"{rep:.4f}",) if replayed else ()))
-        note = "" if replayed or not self.graphs else (
+        note = "" if self.replayed or not self.graphs else (
             "lazy graphs ran fused: their execute time is one row at the line that synced "
             "(XLA:CPU reports no per-instruction time; p.replay() estimates it per op)")
         return ProfileTable(title, head, rows, note, [k for k, _ in items])
