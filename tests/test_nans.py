@@ -323,11 +323,12 @@ def test_compare_magic_runs_the_cell_on_both_sides():
     ip = pytest.importorskip("IPython").core.interactiveshell.InteractiveShell.instance()
     ip.run_line_magic("load_ext", "xlanb")
     torch.manual_seed(0)
-    ip.user_ns.update(model=_Mlp(), x=torch.randn(3, 6))
-    r = ip.run_cell_magic("xla_compare", "model x --rtol 1e-4 --atol 1e-5", "y = model(x)\ny.sum()")
+    ip.user_ns.update(model=_Mlp(), x=torch.randn(3, 6), cmp_y="before")
+    r = ip.run_cell_magic("xla_compare", "model x --rtol 1e-4 --atol 1e-5",
+                          "cmp_y = model(x)\ncmp_y.sum()")
     assert isinstance(r, xlanb.CompareReport) and r.first_divergence is None
     assert any(row.op == "aten::addmm" and row.scope == "_Mlp.fc1" for row in r.rows)
-    assert "y" not in ip.user_ns  # the cell ran as a function of its inputs
+    assert ip.user_ns["cmp_y"] == "before"  # the cell ran as a function of its inputs
     loose = ip.run_cell_magic("xla_compare", "model x --dtype bfloat16", "model(x)")
     assert loose.first_divergence is not None  # bf16 against float32 at default tolerance
     from IPython.core.error import UsageError
