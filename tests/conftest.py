@@ -109,6 +109,18 @@ def same():
     return assert_same
 
 
+def tiny_bert_config(**overrides):
+    """A 2-layer transformers BERT small enough for a test (random weights, no downloads);
+    ``overrides`` replace fields."""
+    import transformers
+    fields = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=37, max_position_embeddings=64, type_vocab_size=2,
+                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                  attn_implementation="eager")
+    fields.update(overrides)
+    return transformers.BertConfig(**fields)
+
+
 def _child_env(extra: dict | None) -> dict:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("XLANB_") and not k.startswith("JAX_COMPILATION_CACHE")}

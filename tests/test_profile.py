@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import xlanb
+from conftest import tiny_bert_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -21,10 +22,7 @@ _BERT = None
 def _model():
     global _BERT
     if _BERT is None:
-        cfg = transformers.BertConfig(
-            vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-            intermediate_size=37, max_position_embeddings=64, hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0, attn_implementation="eager")
+        cfg = tiny_bert_config()
         torch.manual_seed(0)
         _BERT = transformers.BertForMaskedLM(cfg)
     return copy.deepcopy(_BERT).to("xla")
