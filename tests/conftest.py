@@ -121,6 +121,20 @@ def tiny_bert_config(**overrides):
     return transformers.BertConfig(**fields)
 
 
+_TINY_MLM: list = []
+
+
+def tiny_bert_mlm():
+    """A fresh copy, on the xla device, of one BertForMaskedLM of ``tiny_bert_config()``
+    (seed 0): every caller starts from the same weights."""
+    import copy
+    import transformers
+    if not _TINY_MLM:
+        torch.manual_seed(0)
+        _TINY_MLM.append(transformers.BertForMaskedLM(tiny_bert_config()))
+    return copy.deepcopy(_TINY_MLM[0]).to("xla")
+
+
 def _child_env(extra: dict | None) -> dict:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("XLANB_") and not k.startswith("JAX_COMPILATION_CACHE")}

@@ -3,14 +3,13 @@ scope and source line, in lazy, eager and opbyop modes, forward and backward; an
 source-mapped HLO (every instruction's metadata names the user's file and line)."""
 from __future__ import annotations
 
-import copy
 import re
 
 import pytest
 import torch
 
 import xlanb
-from conftest import tiny_bert_config
+from conftest import tiny_bert_mlm
 
 transformers = pytest.importorskip("transformers")
 
@@ -24,16 +23,7 @@ def _line(marker: str) -> int:
     raise AssertionError(marker)
 
 
-_BERT = None
-
-
-def _bert():
-    global _BERT
-    if _BERT is None:
-        cfg = tiny_bert_config()
-        torch.manual_seed(0)
-        _BERT = transformers.BertForMaskedLM(cfg)
-    return copy.deepcopy(_BERT).to("xla")
+_bert = tiny_bert_mlm
 
 
 def _batch():

@@ -3,7 +3,6 @@ module scope, source line and aten op; phases that account for the wall time; a
 Chrome/Perfetto trace; ``%%xla_profile``."""
 from __future__ import annotations
 
-import copy
 import gzip
 import json
 import os
@@ -12,20 +11,11 @@ import pytest
 import torch
 
 import xlanb
-from conftest import tiny_bert_config
+from conftest import tiny_bert_mlm
 
 transformers = pytest.importorskip("transformers")
 
-_BERT = None
-
-
-def _model():
-    global _BERT
-    if _BERT is None:
-        cfg = tiny_bert_config()
-        torch.manual_seed(0)
-        _BERT = transformers.BertForMaskedLM(cfg)
-    return copy.deepcopy(_BERT).to("xla")
+_model = tiny_bert_mlm
 
 
 def _trainer():
