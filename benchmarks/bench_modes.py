@@ -33,17 +33,18 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-GROUPS = ("ops", "bert", "inspect", "coldwarm")
+GROUPS = ("ops", "bert", "inspect", "coldwarm", "depth")
+DEPTHS = (2, 8, 24)  # BERT layers of the depth-scaling scenario
 
 
 def run_backend(python: str, backend: str, steps: int, modes: str, only: str = "ops,bert",
-                cache_dir: str | None = None) -> dict:
+                cache_dir: str | None = None, layers: int = 2) -> dict:
     """Run ``scenarios.py`` once in a fresh process; ``cache_dir`` (default: a new empty
     one) is both xlanb's XLANB_CACHE_DIR and torch_xla's persistent cache."""
     cache_dir = cache_dir or tempfile.mkdtemp(prefix="xlanb-bench-")
     env = dict(os.environ, PJRT_DEVICE="CPU", XLANB_CACHE_DIR=cache_dir)
     cmd = [python, os.path.join(HERE, "scenarios.py"), backend, "--steps", str(steps),
-           "--modes", modes, "--only", only]
+           "--modes", modes, "--only", only, "--layers", str(layers)]
     if backend == "torch_xla" and only == "first_step":
         cmd += ["--cache-dir", cache_dir]  # torch_xla's cache is off unless asked for
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
@@ -69,6 +70,14 @@ def measure(python: str, backend: str, steps: int, modes: list[str], groups: lis
         # a user's first debugging session: nothing compiled yet, in memory or on disk
         res.update(run_backend(python, backend, steps, "lazy", "inspect"))
         res["inspect_ref"] = run_backend(python, backend, steps, "lazy", "inspect_ref")["inspect_ref"]
+    if "depth" in groups:
+        # BERT (hidden 256) at several depths, one fresh process per depth and mode, an
+        # empty cache each: the first step's compiles and the steady step
+        res["depth"] = {}
+        for layers in DEPTHS:
+            for mode in ("lazy", "eager"):
+                r = run_backend(python, backend, 3, mode, "depth", layers=layers)
+                res["depth"].setdefault(str(layers), {}).update(r["depth"])
     if "coldwarm" in groups:
         res["coldwarm"] = {}
         for mode in ("lazy", "eager"):  # opbyop compiles nothing worth caching
@@ -113,6 +122,9 @@ def targets(results: dict) -> str:
         lazy_why = (f"{x['lazy_trace_us']:.1f} µs/op: torch dispatching to a Python subclass "
                     f"{sub:.1f} µs, xlanb's recording {x['lazy_trace_us'] - sub:.1f} µs")
     check("eager per-op overhead", ratio(x.get("eager_op_us"), t.get("eager_op_us")), 0.8, eager_why)
+    check("eager per-op, dependent chain", ratio(x.get("eager_chain_us"), t.get("eager_chain_us")), 0.8)
+    check("eager per-op, dependent chain with a Python scalar",
+          ratio(x.get("eager_scalar_us"), t.get("eager_scalar_us")), 0.8)
     check("lazy tracing cost", ratio(x.get("lazy_trace_us"), t.get("lazy_trace_us")), 1.5, lazy_why)
     xb, tb = x.get("bert", {}), t.get("bert", {})
     for mode in ("lazy", "eager"):
@@ -136,6 +148,8 @@ def targets(results: dict) -> str:
     xi, ti = x.get("inspect"), t.get("inspect")
     if xi and ti:
         check("pdb inspection, breakpoint to value (median)", ratio(xi["look_median_s"], ti["look_median_s"]), 0.3,
+              f"the first look compiles {xi['OpCompile']} single ops")
+        check("pdb inspection, first look vs torch_xla's first", ratio(xi["look_s"][0], ti["look_s"][0]), 0.5,
               f"the first look compiles {xi['OpCompile']} single ops")
         ref = x.get("inspect_ref", {}).get("graph_compiles")
         out.append(f"| pdb inspection: 1 graph compile over 3 steps (torch_xla: 3) | xlanb "
@@ -184,6 +198,8 @@ def table(results: dict) -> tuple[str, list[str]]:
         lines.append(f"| {label} | {xv} | {tv} | {cv} |")
 
     for key, label in (("eager_op_us", "eager per-op overhead, cached add 16x16 (µs/op, median of 5 rounds)"),
+                       ("eager_chain_us", "eager per-op, dependent chain z = z + y, f32 16x16 (µs/op)"),
+                       ("eager_scalar_us", "eager per-op, dependent chain z.add(y, alpha=0.5) (µs/op)"),
                        ("lazy_trace_us", "lazy tracing cost, mul+add 16x16 (µs/op, median of 5 rounds)")):
         if key in x:
             row(label, fmt(x.get(key), digits=1), fmt(t.get(key), digits=1))
@@ -238,6 +254,24 @@ def table(results: dict) -> tuple[str, list[str]]:
                      "xlanb's graph compiles are UncachedCompile, torch_xla's are CompileTime samples.")
         for why in xi.get("recompile_why", []):
             notes.append(f"xlanb's reason for a graph compile after the first in the inspection run: {why}")
+
+    dx, dt = x.get("depth", {}), t.get("depth", {})
+    for layers in sorted(dx, key=int):
+        for mode in ("lazy", "eager"):
+            xm, tm = dx[layers].get(mode), dt.get(layers, {}).get(mode)
+            if xm is None:
+                continue
+            row(f"depth {layers} layers, {mode}: first step / steady (s)",
+                f"{fmt(xm['first_step_s'])} / {fmt(xm['steady_step_s'], digits=3)}",
+                f"{fmt(tm['first_step_s'])} / {fmt(tm['steady_step_s'], digits=3)}" if tm else "–")
+            row(f"depth {layers} layers, {mode}: compiles (compile s)",
+                f"{xm['compiles']} ({fmt(xm['compile_s'])})",
+                f"{tm['compiles']} ({fmt(tm['compile_s'])})" if tm else "–")
+    if dx:
+        notes.append("depth: BertForSequenceClassification, hidden 256, 4 heads, intermediate "
+                     "1024, sequence 128, batch 8, AdamW, at each depth; one fresh process per "
+                     "depth and mode with an empty persistent cache; 3 steps, steady = median of "
+                     "steps 2 and 3.")
 
     cw_x, cw_t = x.get("coldwarm", {}), t.get("coldwarm", {})
     for mode in ("lazy", "eager"):
@@ -300,6 +334,10 @@ def main() -> None:
     write(args, groups, results)
 
 
+# The heading under which other scripts' results sit in docs/benchmarks.md.
+OTHERS = "## Measured by other scripts"
+
+
 def write(args, groups, results) -> None:
     import jax
     import torch
@@ -318,11 +356,18 @@ def write(args, groups, results) -> None:
         text += "\n\n" + goals
     print(text)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    # what other benchmark scripts recorded, from OTHERS on, is kept as it is
+    kept = ""
+    if os.path.exists(args.out):
+        with open(args.out) as f:
+            old = f.read()
+        if OTHERS in old:
+            kept = "\n" + old[old.index(OTHERS):]
     with open(args.out, "w") as f:
         f.write("# Benchmarks\n\nGenerated by `python benchmarks/bench_modes.py"
                 + (" --torch-xla PYTHON" if args.torch_xla else "")
                 + (f" --only {args.only}" if set(groups) != set(GROUPS) else "") + "`.\n\n"
-                + text + "\n")
+                + text + "\n" + kept)
 
 
 if __name__ == "__main__":

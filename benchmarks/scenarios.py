@@ -159,6 +159,7 @@ def _median_us(fn, n: int = 2000, finish=lambda r: None) -> float:
 
 
 def eager_op_us(b: Backend) -> float:
+    """Independent cached adds: ``x + y`` again and again (nothing waits on the last)."""
     b.set_mode("eager")
     x = torch.randn(16, 16, device=b.device)
     y = torch.randn(16, 16, device=b.device)
@@ -166,6 +167,26 @@ def eager_op_us(b: Backend) -> float:
         z = x + y
     b.wait(z)
     us = _median_us(lambda: x + y, finish=b.wait)
+    b.set_mode("lazy")
+    return us
+
+
+def eager_chain_us(b: Backend, scalar: bool) -> float:
+    """A dependent chain: each op reads the last one's result (``z = z + y``), or with a
+    Python scalar argument (``z = z.add(y, alpha=0.5)``), float32 16x16."""
+    b.set_mode("eager")
+    x = torch.randn(16, 16, device=b.device)
+    y = torch.randn(16, 16, device=b.device) * 1e-3
+    state = [x]
+    op = (lambda z: z.add(y, alpha=0.5)) if scalar else (lambda z: z + y)
+
+    def one():
+        state[0] = op(state[0])
+        return state[0]
+    for _ in range(200):
+        one()
+    b.wait(state[0])
+    us = _median_us(one, finish=b.wait)
     b.set_mode("lazy")
     return us
 
@@ -238,12 +259,12 @@ def train_step(b: Backend, model, opt, ids, labels) -> torch.Tensor:
     return loss
 
 
-def bert_step(b: Backend, mode: str, steps: int) -> dict:
+def bert_step(b: Backend, mode: str, steps: int, layers: int = 2) -> dict:
     """Mode "compile" (xlanb only) is ``xlanb.compile`` over the same step, with AdamW's
     state on the device (capturable=True), so that no Python number changes between
     steps; it traces until two steps agree, then replays the executable."""
     b.set_mode("lazy" if mode == "compile" else mode)
-    model, opt, ids, labels = make_bert(b, layers=2)
+    model, opt, ids, labels = make_bert(b, layers=layers)
     step = functools.partial(train_step, b, model, opt)
     if mode == "compile":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=True)
@@ -340,10 +361,11 @@ def first_step(b: Backend, mode: str) -> dict:
             "profile": r["first_step_profile"], **{k: b.counter(k) for k in names}}
 
 
-SCENARIOS = ("ops", "bert", "inspect", "inspect_ref", "first_step")
+SCENARIOS = ("ops", "bert", "inspect", "inspect_ref", "first_step", "depth")
 
 
-def run(backend: str, steps: int, modes, only=SCENARIOS, cache_dir: str | None = None) -> dict:
+def run(backend: str, steps: int, modes, only=SCENARIOS, cache_dir: str | None = None,
+        layers: int = 2) -> dict:
     b = Backend(backend, cache_dir=cache_dir)
     res = {"backend": backend, "torch": torch.__version__}
     if backend == "cpu":
@@ -352,6 +374,8 @@ def run(backend: str, steps: int, modes, only=SCENARIOS, cache_dir: str | None =
         return res
     if "ops" in only:
         res["eager_op_us"] = eager_op_us(b)
+        res["eager_chain_us"] = eager_chain_us(b, scalar=False)
+        res["eager_scalar_us"] = eager_chain_us(b, scalar=True)
         res["lazy_trace_us"] = lazy_trace_us(b)
         if backend == "xlanb":
             res["per_op_floors"] = per_op_floors()
@@ -363,6 +387,8 @@ def run(backend: str, steps: int, modes, only=SCENARIOS, cache_dir: str | None =
         res["inspect_ref"] = inspect_at_breakpoints(b, look=False)
     if "first_step" in only:
         res["first_step"] = {mode: first_step(b, mode) for mode in modes}
+    if "depth" in only:  # one (layers, mode) per process: --layers N --modes M
+        res["depth"] = {mode: bert_step(b, mode, steps, layers=layers) for mode in modes}
     return res
 
 
@@ -370,6 +396,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("backend", choices=["xlanb", "torch_xla", "cpu"])
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--layers", type=int, default=2, help="BERT depth of the depth scenario")
     ap.add_argument("--modes", default="lazy,eager")
     ap.add_argument("--only", default="ops,bert", help=f"comma list of {', '.join(SCENARIOS)}")
     ap.add_argument("--cache-dir", help="torch_xla: persistent compilation cache directory")
@@ -377,4 +404,5 @@ if __name__ == "__main__":
     only = a.only.split(",")
     if unknown := set(only) - set(SCENARIOS):
         ap.error(f"unknown scenarios: {', '.join(sorted(unknown))}")
-    sys.stdout.write(json.dumps(run(a.backend, a.steps, a.modes.split(","), only, a.cache_dir)) + "\n")
+    sys.stdout.write(json.dumps(run(a.backend, a.steps, a.modes.split(","), only, a.cache_dir,
+                                    a.layers)) + "\n")

@@ -26,6 +26,12 @@ Cell magic::
 
     %%xla_explain                        run the cell, then report what it compiled and
                                          executed, and why, with source lines
+    %%xla_profile [--export PATH] [--device] [--replay]
+                                         where the cell's time went: phases, by scope
+                                         (icicle chart), by line, by op; a Perfetto trace
+    %%xla_compare [inputs] [--rtol R] [--atol A] [--dtype bfloat16]
+                                         run the cell on CPU and on xla op by op; the
+                                         first op that diverges, with its line
 
 Built like IPython's own extensions: a ``Magics`` class, ``magic_arguments`` for parsing
 and help, ``UsageError`` for bad input. Bad input never touches the pending graph.
@@ -48,9 +54,6 @@ import xlanb
 from . import display as xd
 
 _NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-_MAGIC_NAMES = {"line": ("xla_mode", "xla_pending", "xla_sync", "xla_hlo", "xla_peek",
-                         "xla_metrics", "xla_graphs", "xla_status", "xla_compat"),
-                "cell": ("xla_explain",)}
 
 
 def _flatten_tensors(value, name: str) -> list:
@@ -84,6 +87,11 @@ class XlaMagics(Magics):
         (read, never changed)."""
         comp = getattr(self.shell, "compile", None)
         return getattr(comp, "_filename_map", None) or {}
+
+    def cell_label(self, loc) -> str | None:
+        """``In[5]:3 forward`` for a line of a cell; None for a file."""
+        number = self._cell_names().get(loc.file)
+        return f"In[{number}]:{loc.line} {loc.function}" if number is not None else None
 
     def _rich(self) -> set:
         """Mime types this frontend shows (a terminal: text/plain only)."""
@@ -413,6 +421,81 @@ class XlaMagics(Magics):
             return eval(shell.compile(last, name, "eval"), shell.user_global_ns, ns)
         return None
 
+    # ------------------------------------------------------------------ %%xla_profile
+
+    @magic_arguments()
+    @argument("--export", metavar="PATH", default=None,
+              help="also write a Chrome/Perfetto trace (.json or .json.gz)")
+    @argument("--device", action="store_true", help="merge jax.profiler's events")
+    @argument("--replay", action="store_true",
+              help="estimate per-op device time of lazy graphs by an op-by-op replay")
+    @cell_magic
+    def xla_profile(self, line: str, cell: str):
+        """Run the cell under ``xlanb.profile()`` and show where its time went: phases
+        per step, time by module scope (an icicle chart in a notebook), by line and by
+        aten op. Returns the Profile."""
+        args = parse_argstring(self.xla_profile, line)
+        with xlanb.profile(device=args.device, replay=args.replay) as p:
+            self._run_cell_body(cell)
+        if args.export:
+            p.export(args.export)
+            print(f"xla profile: trace written to {args.export}")
+        return p
+
+    # ------------------------------------------------------------------ %%xla_compare
+
+    @magic_arguments()
+    @argument("inputs", nargs="*",
+              help="names of the cell's inputs (tensors, modules): CPU values; the xla side "
+                   "gets copies on the device")
+    @argument("--rtol", type=float, default=1e-5)
+    @argument("--atol", type=float, default=1e-6)
+    @argument("--dtype", default=None,
+              help="the xla side's floating dtype (e.g. bfloat16), against the CPU's")
+    @cell_magic
+    def xla_compare(self, line: str, cell: str):
+        """Run the cell on CPU torch and on the xla device (op by op) from the same inputs,
+        and report each aten op's error, its scope and line: the first op beyond
+        tolerance is where the two diverge (``xlanb.compare_cpu``). The cell is a function
+        of the named inputs; what it assigns stays inside it. In a notebook the report
+        is a table and the graph coloured by error."""
+        args = parse_argstring(self.xla_compare, line)
+        ns = self.shell.user_ns
+        for name in args.inputs:
+            if not name.isidentifier():
+                raise UsageError(f"%%xla_compare inputs are names, got {name!r}")
+            if name not in ns:
+                raise UsageError(f"%%xla_compare: no variable named {name!r}")
+        dtype = None
+        if args.dtype is not None:
+            dtype = getattr(torch, args.dtype, None)
+            if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+                raise UsageError(f"%%xla_compare --dtype takes a floating torch dtype, "
+                                 f"got {args.dtype!r}")
+        fn = self._cell_function(cell, args.inputs)
+        return xlanb.compare_cpu(fn, *(ns[n] for n in args.inputs), rtol=args.rtol,
+                                 atol=args.atol, xla_dtype=dtype)
+
+    def _cell_function(self, cell: str, params: list):
+        """``cell`` as a function of ``params``, compiled under the current cell's name
+        (source lines resolve to ``In[N]``); its last expression is returned."""
+        shell = self.shell
+        source = "\n" + shell.transform_cell(cell)  # line 1 stands for the magic's line
+        name = shell.compile.cache(source, shell.execution_count, raw_code="\n" + cell)
+        tree = shell.compile.ast_parse(source, filename=name)
+        body = tree.body or [ast.Pass()]
+        if isinstance(body[-1], ast.Expr):
+            body[-1] = ast.copy_location(ast.Return(body[-1].value), body[-1])
+        fdef = ast.FunctionDef(
+            name="xla_compare_cell", body=body, decorator_list=[], returns=None,
+            type_params=[], args=ast.arguments(
+                posonlyargs=[], args=[ast.arg(p) for p in params], kwonlyargs=[],
+                kw_defaults=[], defaults=[]))
+        module = ast.fix_missing_locations(ast.Module([fdef], type_ignores=[]))
+        scope: dict = {}
+        exec(shell.compile(module, name, "exec"), shell.user_global_ns, scope)
+        return scope["xla_compare_cell"]
+
     # ------------------------------------------------------------------ %xla_nans
 
     @magic_arguments()
@@ -538,6 +621,8 @@ def load_ipython_extension(ipython) -> None:
     if fmt is not None:
         fmt.for_type(xlanb.XlaTensor, _tensor_html)
     _loaded[id(ipython)] = magics
+    # messages from the core (errors, warnings) name a cell as In[N], as tracebacks do
+    xlanb.set_location_labeler(magics.cell_label)
 
 
 def unload_ipython_extension(ipython) -> None:
@@ -546,8 +631,9 @@ def unload_ipython_extension(ipython) -> None:
     if magics is None:
         return
     magics.set_status(False)
+    xlanb.set_location_labeler(None)
     mm = ipython.magics_manager
-    for kind, names in _MAGIC_NAMES.items():
+    for kind, names in magics.magics.items():  # every magic the class defines
         for name in names:
             mm.magics[kind].pop(name, None)
     mm.registry.pop(type(magics).__name__, None)

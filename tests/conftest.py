@@ -109,6 +109,32 @@ def same():
     return assert_same
 
 
+def tiny_bert_config(**overrides):
+    """A 2-layer transformers BERT small enough for a test (random weights, no downloads);
+    ``overrides`` replace fields."""
+    import transformers
+    fields = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=37, max_position_embeddings=64, type_vocab_size=2,
+                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                  attn_implementation="eager")
+    fields.update(overrides)
+    return transformers.BertConfig(**fields)
+
+
+_TINY_MLM: list = []
+
+
+def tiny_bert_mlm():
+    """A fresh copy, on the xla device, of one BertForMaskedLM of ``tiny_bert_config()``
+    (seed 0): every caller starts from the same weights."""
+    import copy
+    import transformers
+    if not _TINY_MLM:
+        torch.manual_seed(0)
+        _TINY_MLM.append(transformers.BertForMaskedLM(tiny_bert_config()))
+    return copy.deepcopy(_TINY_MLM[0]).to("xla")
+
+
 def _child_env(extra: dict | None) -> dict:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("XLANB_") and not k.startswith("JAX_COMPILATION_CACHE")}

@@ -45,8 +45,10 @@ shards = xlanb.peek(m[0].weight, shards=True)
 out = {"losses": losses, "weights": weights, "peek_ok": torch.equal(peek, torch.tensor(weights[0])),
        "local_shards": [s.device for s in shards], "nproc": nproc,
        "graphs": len(xlanb.graphs()), "xx_shape": list(xx.shape), "repr": repr(m[0].weight)}
+if rank != 0:
+    print(f"rank {rank} shards {out['local_shards']}", flush=True)
+if nproc > 1:  # the others have printed: process 0's long line is not cut into by theirs
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices("printed")
 if rank == 0:
-    print("DIST-RESULTS " + json.dumps(out))
-else:
-    print(f"rank {rank} shards {out['local_shards']}")
-sys.stdout.flush()
+    print("DIST-RESULTS " + json.dumps(out), flush=True)

@@ -27,7 +27,9 @@ from xlanb.compat.missing import CompatImportError, CompatNotImplementedError
 
 # --------------------------------------------------------------------------- programs
 
-MNIST_TORCH_XLA = '''
+# The same MNIST-like program twice: against torch_xla (run with python -m xlanb.run)
+# and against xlanb; only the imports and the training loop's device calls differ.
+_MNIST_IMPORTS = '''
 import argparse
 
 import torch
@@ -35,12 +37,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 from torch.utils.data import DataLoader, TensorDataset
+'''
 
-import torch_xla
-import torch_xla.core.xla_model as xm
-import torch_xla.debug.metrics as met
-import torch_xla.distributed.parallel_loader as pl
-
+_MNIST_MODEL = '''
 
 class SmallCNN(nn.Module):
     def __init__(self):
@@ -53,7 +52,25 @@ class SmallCNN(nn.Module):
     def forward(self, x):
         x = F.max_pool2d(F.relu(self.bn(self.conv1(x))), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return F.log_softmax(self.fc(torch.flatten(x, 1)), dim=1)
+        return F.log_softmax(self.fc(torch.flatten(x, 1)), dim=1)'''
+
+_MNIST_MAIN = '''
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--seed", type=int, default=0)
+    train(parser.parse_args())
+'''
+
+MNIST_TORCH_XLA = _MNIST_IMPORTS + '''
+import torch_xla
+import torch_xla.core.xla_model as xm
+import torch_xla.debug.metrics as met
+import torch_xla.distributed.parallel_loader as pl
+''' + _MNIST_MODEL + '''
 
 
 def _train_update(step, loss):
@@ -81,41 +98,11 @@ def train(flags):
         xm.add_step_closure(_train_update, args=(step, loss))
     xm.wait_device_ops()
     xm.master_print("compiles", met.metric_data("CompileTime")[0])
+''' + _MNIST_MAIN
 
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--seed", type=int, default=0)
-    train(parser.parse_args())
-'''
-
-MNIST_XLANB = '''
-import argparse
-
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-import torch.optim as optim
-from torch.utils.data import DataLoader, TensorDataset
-
+MNIST_XLANB = _MNIST_IMPORTS + '''
 import xlanb
-
-
-class SmallCNN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 4, kernel_size=3)
-        self.bn = nn.BatchNorm2d(4)
-        self.conv2 = nn.Conv2d(4, 8, kernel_size=3)
-        self.fc = nn.Linear(8 * 2 * 2, 10)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.bn(self.conv1(x))), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return F.log_softmax(self.fc(torch.flatten(x, 1)), dim=1)
+''' + _MNIST_MODEL + '''
 
 
 def train(flags):
@@ -139,16 +126,7 @@ def train(flags):
         xlanb.sync()
         print(f"step {step} loss {loss.item()!r}")
     print("compiles", xlanb.metrics.metric_data("CompileTime")[0])
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--seed", type=int, default=0)
-    train(parser.parse_args())
-'''
+''' + _MNIST_MAIN
 
 _BERT = '''
 import torch

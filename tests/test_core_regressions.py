@@ -130,3 +130,19 @@ print(xlanb.metrics.counter_value("PersistentCacheHit") or 0)
     env = {"XLANB_CACHE_DIR": str(tmp_path)}
     assert python_child(code, env).split() == ["0"]  # compiled
     assert int(python_child(code, env).split()[-1]) >= 3  # loaded: qr, slogdet, lu_factor
+
+
+def test_eager_keyword_scalars_and_signed_zero():
+    """The per-op fast path with keyword arguments (add(y, alpha=...)) keys by the keyword
+    signature and lifts the value; eager's device copies of lifted floats keep -0.0, NaN
+    and each value apart."""
+    with xlanb.mode("eager"):
+        x = torch.ones(3).to("xla")
+        y = torch.full((3,), 2.0).to("xla")
+        for alpha in (0.5, 2.0, 0.5, -1.5):
+            torch.testing.assert_close(x.add(y, alpha=alpha).cpu(), torch.ones(3) + 2.0 * alpha)
+        torch.testing.assert_close(x.sub(y, alpha=3.0).cpu(), torch.full((3,), -5.0))
+        pos, neg = (x * 0.0).cpu(), (x * -0.0).cpu()
+        assert not torch.signbit(pos).any() and torch.signbit(neg).all()
+        assert torch.isnan((x * float("nan")).cpu()).all()
+        assert torch.equal((1.0 / (x * -0.0)).cpu(), torch.full((3,), float("-inf")))

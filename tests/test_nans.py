@@ -3,13 +3,13 @@ scope and source line, in lazy, eager and opbyop modes, forward and backward; an
 source-mapped HLO (every instruction's metadata names the user's file and line)."""
 from __future__ import annotations
 
-import copy
 import re
 
 import pytest
 import torch
 
 import xlanb
+from conftest import tiny_bert_mlm
 
 transformers = pytest.importorskip("transformers")
 
@@ -23,20 +23,7 @@ def _line(marker: str) -> int:
     raise AssertionError(marker)
 
 
-_BERT = None
-
-
-def _bert():
-    global _BERT
-    if _BERT is None:
-        cfg = transformers.BertConfig(
-            vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-            intermediate_size=37, max_position_embeddings=64, type_vocab_size=2,
-            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-            attn_implementation="eager")
-        torch.manual_seed(0)
-        _BERT = transformers.BertForMaskedLM(cfg)
-    return copy.deepcopy(_BERT).to("xla")
+_bert = tiny_bert_mlm
 
 
 def _batch():
@@ -307,6 +294,33 @@ def test_compare_cpu_finds_an_injected_wrong_op(monkeypatch):
     assert 0.9e-3 < first.max_abs < 1.1e-3
     assert all(row.ok for row in r.rows[:first.index])
     assert "<- first divergence" in str(r)
+    # the notebook view: the xla side's graph, the first divergence filled red, the ops
+    # before it green, and tanh's input drawn as the addmm that made it
+    dot = r.to_dot()
+    tanh_node = [l for l in dot.splitlines() if "aten::tanh" in l and "fillcolor" in l]
+    assert tanh_node and '#ff6b6b' in tanh_node[0], dot
+    addmm = [l for l in dot.splitlines() if "aten::addmm" in l and "fillcolor" in l]
+    assert len(addmm) == 2 and "#d8f5d0" in addmm[0] and "#ffd0d0" in addmm[1], dot
+    assert re.search(r"n6 -> n7\b", dot), dot  # fc1's addmm feeds tanh
+    html = r._repr_html_()
+    assert "<svg" in html and "xlanb-compare" in html and "background:#fdd" in html
+
+
+def test_compare_magic_runs_the_cell_on_both_sides():
+    ip = pytest.importorskip("IPython").core.interactiveshell.InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "xlanb")
+    torch.manual_seed(0)
+    ip.user_ns.update(model=_Mlp(), x=torch.randn(3, 6), cmp_y="before")
+    r = ip.run_cell_magic("xla_compare", "model x --rtol 1e-4 --atol 1e-5",
+                          "cmp_y = model(x)\ncmp_y.sum()")
+    assert isinstance(r, xlanb.CompareReport) and r.first_divergence is None
+    assert any(row.op == "aten::addmm" and row.scope == "_Mlp.fc1" for row in r.rows)
+    assert ip.user_ns["cmp_y"] == "before"  # the cell ran as a function of its inputs
+    loose = ip.run_cell_magic("xla_compare", "model x --dtype bfloat16", "model(x)")
+    assert loose.first_divergence is not None  # bf16 against float32 at default tolerance
+    from IPython.core.error import UsageError
+    with pytest.raises(UsageError, match="nosuch"):
+        ip.run_cell_magic("xla_compare", "nosuch", "1")
 
 
 def test_compare_cpu_bf16_against_float32():
@@ -356,3 +370,18 @@ def test_compiled_function_replay_is_checked():
     e = ei.value
     assert e.op == "aten::log" and e.src.line == _line("COMPILE-NAN")
     assert torch.equal(state.cpu(), before)
+
+
+def test_forward_op_is_not_labelled_backward(mode):
+    """A forward NaN whose value backward reads again (sqrt's result, saved for its
+    gradient and detached there) is named as the forward op it is, not as its backward."""
+    gain = torch.nn.Parameter(torch.tensor(-0.2).to("xla"))
+    w = torch.randn(4).to("xla")
+    with xlanb.debug_nans():
+        with pytest.raises(FloatingPointError) as ei:
+            y = (torch.sqrt(gain) * w).sum()  # SQRT-FWD
+            y.backward()
+            xlanb.sync()
+    e = ei.value
+    assert e.op == "aten::sqrt" and e.src.line == _line("SQRT-FWD")
+    assert e.origin is None and "backward of" not in str(e), str(e)

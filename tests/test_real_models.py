@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import xlanb
+from conftest import tiny_bert_config
 
 TOL = dict(atol=1e-4, rtol=1e-4)
 # After a training step: the update is lr * grad, compared with the same tolerance.
@@ -51,11 +52,7 @@ def _close(got, want, tol=TOL, msg=""):
 # transformers: BERT and GPT-2
 
 def _bert(attn):
-    cfg = transformers.BertConfig(
-        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=37, max_position_embeddings=64, type_vocab_size=2,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-        attn_implementation=attn)
+    cfg = tiny_bert_config(attn_implementation=attn)
     torch.manual_seed(0)
     return transformers.BertForMaskedLM(cfg)
 

@@ -31,7 +31,7 @@ def test_failed_compile_keeps_pending_work(monkeypatch, exc, cols):
     def broken(*args, **kwargs):
         raise exc
 
-    monkeypatch.setattr(graph_runs, "compile_jitted", broken)
+    monkeypatch.setattr(graph_runs, "compile_lowered", broken)
     with pytest.raises(type(exc)):
         xlanb.sync()
     monkeypatch.undo()

@@ -61,8 +61,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
      ("xlanb.fallback", "xlanb.dispatch", "xlanb.backend")),
     ("modes", "lazy / eager / opbyop switching",
      ("xlanb.modes",)),
-    ("debug", "numerics: the first op that made a NaN/Inf (debug_nans), op-by-op CPU comparison",
-     ("xlanb.debug", "xlanb.compare")),
+    ("debug", "numerics: the first op that made a NaN/Inf (debug_nans), op-by-op CPU "
+     "comparison; the profiler by line, scope, op and phase",
+     ("xlanb.debug", "xlanb.compare", "xlanb.profile")),
     ("capture", "xlanb.compile and the torch.compile backend",
      ("xlanb.capture.function", "xlanb.capture.dynamo")),
     ("inspect", "tensor repr, pending IR and HLO, collectives",

@@ -19,12 +19,13 @@ from .base import metrics
 from .base import rng as _rng
 from .base.config import MODES, check_mode, config
 from .base.tables import format_table
-from .base.frames import SourceLoc, debugger_active
+from .base.frames import SourceLoc, debugger_active, set_location_labeler
 from .base.scopes import install_scope_hooks as _install_scope_hooks
 from .base.session import session as _session, starting_mode as _starting_mode
 from .capture.function import CompiledFunction, compile
 from .compare import CompareReport, CompareRow, compare_cpu
 from .debug import debug_nans, where_made
+from .profile import Profile, ProfileTable, profile
 from .execute.background import compiles_in_flight as _compiles_in_flight
 from .execute.nans import NonFiniteError
 from .execute.graphs import CompiledGraph, GraphList, RecompileWarning, graphs
@@ -53,8 +54,9 @@ __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "c
            "SummaryDiff",
            "RecompileWarning", "metrics", "config", "XlaTensor", "CompiledGraph",
            "manual_seed", "set_trace", "compile", "CompiledFunction", "debugger_active",
-           "format_table", "debug_nans", "NonFiniteError", "where_made",
-           "compare_cpu", "CompareReport", "CompareRow", "spmd", "distributed", "collectives",
+           "format_table", "set_location_labeler", "debug_nans", "NonFiniteError", "where_made",
+           "compare_cpu", "CompareReport", "CompareRow", "profile", "Profile", "ProfileTable",
+           "spmd", "distributed", "collectives",
            "load_ipython_extension", "unload_ipython_extension"]
 
 __version__ = "0.1.0"

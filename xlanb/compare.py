@@ -23,6 +23,8 @@ from .base.config import config
 from .base.frames import SourceLoc, format_loc, user_frame
 from .base.scopes import current_scope
 from .base.tables import format_table
+from .graph.render import render_dot
+from .graph.summary import GraphSummary, OpRecord, aval_text
 from .modes import get_mode, set_mode
 from .record import value_node
 from .tensor import XlaTensor
@@ -48,11 +50,37 @@ class CompareReport:
 
     _COLUMNS = ("#", "op", "shape", "dtype", "max abs", "max rel", "", "scope", "source")
 
-    def __init__(self, rows: list, rtol: float, atol: float):
+    def __init__(self, rows: list, rtol: float, atol: float, graph: GraphSummary | None = None,
+                 row_of_op: dict | None = None):
         self.rows = rows
         self.rtol = rtol
         self.atol = atol
         self.first_divergence = next((r for r in rows if not r.ok), None)
+        # the xla side's ops as a graph (GraphSummary), and each graph op's row
+        self.graph = graph
+        self._row_of_op = row_of_op or {}
+
+    def to_dot(self) -> str:
+        """The xla side's ops as a graph (DOT), coloured by error: red for the first op
+        beyond tolerance, pink for later ones, green within it."""
+        if self.graph is None:
+            return ""
+        first = self.first_divergence
+        n_in = len(self.graph.inputs)
+        marks = {}
+        for j, i in self._row_of_op.items():
+            r = self.rows[i]
+            marks[n_in + j] = ("#ff6b6b" if r is first else "#ffd0d0" if not r.ok
+                               else "#d8f5d0")
+        return render_dot(self.graph, marks=marks)
+
+    def _repr_svg_(self) -> str | None:
+        """The coloured graph as SVG, when Graphviz's ``dot`` is installed."""
+        from .graph.render import render_svg
+        try:
+            return render_svg(self.to_dot()) if self.graph is not None else None
+        except (RuntimeError, OSError):
+            return None
 
     def _cells(self):
         first = self.first_divergence
@@ -79,7 +107,10 @@ class CompareReport:
             style = " style='background:#fdd'" if not r.ok else ""
             body.append(f"<tr{style}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells)
                         + "</tr>")
-        return f"<table class='xlanb-compare'><tr>{head}</tr>{''.join(body)}</table>"
+        table = f"<table class='xlanb-compare'><tr>{head}</tr>{''.join(body)}</table>"
+        svg = self._repr_svg_()
+        return f"<div><pre>{html.escape(str(self).splitlines()[0])}</pre>{table}" \
+            + (f"<div class='xlanb-compare-graph'>{svg}</div>" if svg else "") + "</div>"
 
 
 class _Record(TorchDispatchMode):
@@ -87,20 +118,64 @@ class _Record(TorchDispatchMode):
         super().__init__()
         self.xla = xla
         self.ops: list = []
+        # xla side: which op made each value (id of its node -> op index, output index),
+        # the leaves read (id of node -> leaf position, with their avals), each op's inputs
+        self.made: dict = {}
+        self.leaves: dict = {}
+        self.leaf_avals: list = []
+        self.ins: list = []
+        self.avals: list = []  # xla side: each op's result type (f32[8,16])
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        ins = self._inputs(args, kwargs) if self.xla else ()
         out = func(*args, **(kwargs or {}))
         snaps = []
+        avals = []
         for t in tree_leaves(out):
             if not isinstance(t, torch.Tensor):
                 continue
             if self.xla:
                 if type(t) is XlaTensor:
-                    snaps.append((value_node(t), t._meta.dtype))
+                    node = value_node(t)
+                    self.made[id(node)] = (len(self.ops), len(snaps))
+                    snaps.append((node, t._meta.dtype))
+                    avals.append(aval_text(t._meta))
             else:
                 snaps.append(t.detach().clone())
+        self.ins.append(ins)
+        self.avals.append(", ".join(avals))
         self.ops.append((func._schema.name, user_frame(), current_scope(), snaps))
         return out
+
+    def _inputs(self, args, kwargs) -> tuple:
+        """Each xla tensor argument as ("op", index) or ("leaf", position)."""
+        ins = []
+        for t in tree_leaves((args, kwargs)):
+            if type(t) is not XlaTensor:
+                continue
+            node = value_node(t)
+            made = self.made.get(id(node))
+            if made is not None:
+                ins.append(("op", made[0]))
+                continue
+            pos = self.leaves.get(id(node))
+            if pos is None:
+                pos = self.leaves[id(node)] = len(self.leaf_avals)
+                self.leaf_avals.append((aval_text(t._meta), node))  # node: keeps the id
+            ins.append(("leaf", pos))
+        return tuple(ins)
+
+    def summary(self) -> GraphSummary:
+        """The recorded xla ops as a GraphSummary (positions: leaves first, then ops)."""
+        n_in = len(self.leaf_avals)
+        ops = []
+        for (name, src, scope, _snaps), ins, aval in zip(self.ops, self.ins, self.avals):
+            pos = tuple(p if kind == "leaf" else n_in + p for kind, p in ins)
+            call = ", ".join(f"%{p}" for p in pos)
+            ops.append(OpRecord(name, aval, call, src, scope, pos, call))
+        read = {p for op in ops for p in op.ins}
+        outputs = tuple(n_in + j for j in range(len(ops)) if n_in + j not in read)
+        return GraphSummary(tuple(a for a, _ in self.leaf_avals), tuple(ops), outputs)
 
 
 def _host(snap) -> np.ndarray:
@@ -146,11 +221,16 @@ def compare_cpu(fn, *args, rtol: float = 1e-5, atol: float = 1e-6, xla_dtype=Non
     __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
 
     def to_xla(v):
+        if isinstance(v, torch.nn.Module):  # a model passed as an argument: its own copy
+            m = copy.deepcopy(v).to("xla")
+            return m.to(xla_dtype) if xla_dtype is not None else m
         return v.detach().clone().to("xla", xla_dtype).requires_grad_(v.requires_grad) \
             if isinstance(v, torch.Tensor) and v.is_floating_point() else \
             (v.to("xla") if isinstance(v, torch.Tensor) else v)
 
     def to_cpu(v):
+        if isinstance(v, torch.nn.Module):
+            return copy.deepcopy(v)
         return v.detach().clone().requires_grad_(v.requires_grad) \
             if isinstance(v, torch.Tensor) and v.is_floating_point() else v
 
@@ -175,13 +255,14 @@ def compare_cpu(fn, *args, rtol: float = 1e-5, atol: float = 1e-6, xla_dtype=Non
     finally:
         config.background_compile = prev_bg
         set_mode(prev_mode)
-    return _report(cpu.ops, xla.ops, rtol, atol)
+    return _report(cpu.ops, xla.ops, rtol, atol, xla.summary())
 
 
-def _report(cpu_ops, xla_ops, rtol, atol) -> CompareReport:
+def _report(cpu_ops, xla_ops, rtol, atol, graph=None) -> CompareReport:
     sm = difflib.SequenceMatcher(a=[o[0] for o in cpu_ops], b=[o[0] for o in xla_ops],
                                  autojunk=False)
     rows = []
+    row_of_op: dict = {}  # xla op index -> its row
 
     def only(op, side):
         name, src, scope, snaps = op
@@ -193,6 +274,7 @@ def _report(cpu_ops, xla_ops, rtol, atol) -> CompareReport:
         for k in range(i, a):
             only(cpu_ops[k], "cpu")
         for k in range(j, b):
+            row_of_op[k] = len(rows)
             only(xla_ops[k], "xla")
         for k in range(n):
             c_op, x_op = cpu_ops[a + k], xla_ops[b + k]
@@ -208,10 +290,11 @@ def _report(cpu_ops, xla_ops, rtol, atol) -> CompareReport:
                 max_rel = max(max_rel, e_rel) if e_rel == e_rel else e_rel
                 ok = ok and e_ok
                 note = note or e_note
+            row_of_op[b + k] = len(rows)
             rows.append(CompareRow(len(rows), name, scope, src or c_op[1], shape, dtype,
                                    max_abs, max_rel, ok, note))
         i, j = a + n, b + n
-    return CompareReport(rows, rtol, atol)
+    return CompareReport(rows, rtol, atol, graph, row_of_op)
 
 
 __all__ = ["compare_cpu", "CompareReport", "CompareRow"]

@@ -32,7 +32,9 @@ _forward: dict[int, tuple] = {}
 _FORWARD_MAX = 1 << 18
 
 
-def _note_forward(func) -> None:
+def note_forward(func) -> None:
+    """Note the forward op ``func`` that autograd just made a node for (its aten op,
+    the user's line, the module scope), for ``backward_origin``."""
     seq = _get_seq() - 1  # the node autograd made for this op, just before dispatching it
     if seq >= 0 and seq not in _forward:
         _forward[seq] = (func._schema.name, user_frame(), current_scope())
@@ -41,7 +43,9 @@ def _note_forward(func) -> None:
                 del _forward[k]
 
 
-def _origin(anode) -> tuple:
+def backward_origin(anode) -> tuple:
+    """(autograd node name, forward aten op, forward SourceLoc, forward scope) of the
+    backward node ``anode`` running now; the last three None/"" if not noted."""
     fwd = _forward.get(anode._sequence_nr())
     if fwd is None:
         return (anode.name(), None, None, "")
@@ -58,10 +62,14 @@ class _NanMode(TorchDispatchMode):
         if anode is None:
             raise_deferred()
             if torch.is_grad_enabled():
-                _note_forward(func)
+                note_forward(func)
         else:
-            origin = _origin(anode)
+            origin = backward_origin(anode)
         eager = mode_state().mode == "eager"
+        # nodes the op's inputs already hold: a result that shares one (detach, alias of a
+        # saved forward value) was not made by this op and keeps its own origin
+        before = {id(value_node(a)) for a in tree_leaves((args, kwargs))
+                  if type(a) is XlaTensor} if origin is not None else ()
         out = func(*args, **kwargs)
         if origin is None and not eager:
             return out
@@ -70,7 +78,7 @@ class _NanMode(TorchDispatchMode):
             if type(t) is not XlaTensor:
                 continue
             node = value_node(t) if t._view else t._storage.node
-            if origin is not None and node.data is None:
+            if origin is not None and node.data is None and id(node) not in before:
                 origins[node] = origin
             if eager and node.data is not None:
                 results.append((t, node.data))

@@ -54,8 +54,8 @@ def _plan(op) -> OpPlan:
 def dispatch(func, args, kwargs):
     plan = _plans.get(id(func)) or _plan(func)
     fast = plan.fast
-    if fast is not None and not kwargs and not session.direct:
-        # The hot path: a functional op, positional arguments, a signature seen before.
+    if fast is not None and not session.direct:
+        # The hot path: a functional op whose signature was seen before.
         tensors: list = []
         scalars: list = []
         sig_args = []
@@ -68,10 +68,28 @@ def dispatch(func, args, kwargs):
             else:
                 sig_args.append(sig_of(a, tensors, scalars, plan.lift))
         else:
-            info = fast.get(tuple(sig_args))
+            if not kwargs:
+                info = fast.get(tuple(sig_args))
+            else:  # add(y, alpha=0.5): keyword scalars, in the schema's order
+                info = fast.get(_fast_kw_key(tuple(sig_args), kwargs, tensors, scalars, plan.lift))
             if info is not None:
                 return _functional(plan, info, tensors, scalars)
     return _dispatch_general(plan, func, args, kwargs)
+
+
+# Marks a fast-path key with keyword arguments: (_KW, positional sig, keyword sig).
+_KW = object()
+
+
+def _fast_kw_key(sig_args: tuple, kwargs: dict, tensors: list, scalars: list, lift):
+    """The fast table's key for a call with keyword arguments (no host tensor), as the
+    general path fills it; None when a keyword argument is a host tensor."""
+    sig_kwargs = []
+    for k, v in kwargs.items():
+        if isinstance(v, torch.Tensor) and type(v) is not XlaTensor:
+            return None
+        sig_kwargs.append((k, sig_of(v, tensors, scalars, lift)))
+    return (_KW, sig_args, tuple(sig_kwargs))
 
 
 def _functional(plan: OpPlan, info: OpInfo, tensors: list, scalars: list):
@@ -145,8 +163,8 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
                 raise
             return cpu_fallback(func, args, kwargs)
         _infos[sig] = info
-        if plan.fast is not None and not kwargs:
-            plan.fast[sig_args] = info
+        if plan.fast is not None:
+            plan.fast[sig_args if not kwargs else (_KW, sig_args, sig_kwargs)] = info
     if kind != "functional" and kind != "view" and mode_state().recording:
         _settle_written_fills(func, plan, args, kwargs, outs)
     recorder = session.recorder

@@ -45,6 +45,9 @@ def materialize(roots: list[Node], cause: str) -> None:
             arrays = run_op_by_op(plan)
         if config.debug_nans:  # one fused check; on a NaN, raises before anything is swapped
             check_run(plan, arrays, state.mode, cause, src)
+        if observers:
+            for fn in tuple(observers):
+                fn("graph", plan, (state.mode, cause, src))
         results.append((plan.roots, arrays))
     for nodes, arrays in results:
         for node, arr in zip(nodes, arrays):
@@ -84,6 +87,15 @@ def sync(cause: str = "user sync") -> None:
         if mode_state().deferred:  # the ops that waited on compiles were never needed
             end_waiting()
     compact()
+    if observers:  # a profiler: a user sync ends a step
+        for fn in tuple(observers):
+            fn("step", cause, None)
+
+
+# Profilers (``xlanb.profile``) while they record: called as fn("graph", plan, (mode,
+# cause, src)) after a sync's graph or op-by-op run, and fn("step", cause, None) after
+# each sync.
+observers: list = []
 
 
 def peek_node(node: Node):

@@ -26,6 +26,7 @@ from .ops.infos import getitem_info, set_decomposition_runner
 from .ops.leaves import from_array
 from .ops.views import view_scatter_info
 from .realize import node_array, sync
+from .runtime.devices import jax_device
 from .templates import fill_call
 from .tensor import XlaTensor, dispatch_op, new_tensor
 
@@ -82,10 +83,33 @@ def run_node(info: OpInfo, inputs: tuple, scalars: tuple) -> Node:
     # x64 on, as when it compiled: lifted floats are float64, and a call that misses
     # JAX's C++ fast path checks its arguments under the current setting.
     with _x64():
+        if scalars:
+            scalars = _scalar_arrays(scalars, info.device)
         data = call(*arrays, *scalars)
     if info.call is None:
         info.call = direct_call(call)
     return Node(info, (), (), data)
+
+
+_device_scalars = session.scalar_arrays
+
+
+def _scalar_arrays(scalars: tuple, device: int) -> list:
+    """Lifted Python floats as device arrays, each made once per value and device: JAX
+    would convert and copy a Python float to the device on every call. Keyed by the
+    float's bits (``hex``), so -0.0 and NaN are their own entries."""
+    out = []
+    for v in scalars:
+        if type(v) is float:
+            key = (device, v.hex())
+            a = _device_scalars.get(key)
+            if a is None:
+                if len(_device_scalars) >= 4096:  # a loop over many values: start over
+                    _device_scalars.clear()
+                a = _device_scalars[key] = jax.device_put(v, jax_device(device))
+            v = a
+        out.append(v)
+    return out
 
 
 def _eager_deferred(state, info: OpInfo, inputs: tuple, scalars: tuple) -> Node | None:

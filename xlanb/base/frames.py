@@ -26,11 +26,31 @@ class SourceLoc(NamedTuple):
 
     @property
     def short(self) -> str:
-        """``model.py:42 forward``: how xlanb shows a location."""
+        """``model.py:42 forward``: how xlanb shows a location (``In[5]:3 forward`` for a
+        notebook cell, once the IPython extension has installed its labeler)."""
+        for labeler in _labelers:
+            try:
+                label = labeler(self)
+            except Exception:  # a front end's bug must not hide the message it is in
+                label = None
+            if label:
+                return label
         return f"{os.path.basename(self.file)}:{self.line} {self.function}"
 
     def __str__(self) -> str:
         return self.short
+
+
+# A front end's namer for locations it knows better (a notebook's cells): SourceLoc -> str,
+# or None to keep the file name. Installed by set_location_labeler, read only at formatting.
+_labelers: list = []
+
+
+def set_location_labeler(fn) -> None:
+    """Name source locations in every message, graph and table with ``fn(loc)`` when it
+    returns a string (the IPython extension names notebook cells ``In[5]:3 forward``);
+    ``None`` removes it."""
+    _labelers[:] = [fn] if fn is not None else []
 
 
 def format_loc(loc: SourceLoc | None) -> str:

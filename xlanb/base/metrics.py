@@ -181,6 +181,23 @@ def record(name: str, seconds: float) -> None:
         if m is None:
             m = _metrics[name] = _Metric()
         m.add(t, v)
+    if _listeners:  # a profiler: each sample as a timed event (only while one runs)
+        for fn in tuple(_listeners):
+            fn(name, t, v)
+
+
+# Called with (name, end perf_counter seconds, duration seconds) for every sample, on
+# the thread that recorded it. ``xlanb.profile`` adds one while it records.
+_listeners: list = []
+
+
+def add_listener(fn) -> None:
+    _listeners.append(fn)
+
+
+def remove_listener(fn) -> None:
+    if fn in _listeners:
+        _listeners.remove(fn)
 
 
 def metric_names() -> list[str]:

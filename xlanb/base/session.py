@@ -110,6 +110,7 @@ class Session:
         self.data_infos: dict = {}     # leaf infos of device data, by (shape, dtype, device)
         self.empty_infos: dict = {}    # leaf infos of uninitialized memory
         self.scatter_infos: dict = {}  # writes through a view chain
+        self.scalar_arrays: dict = {}  # (device, float bits) -> the float as a device array
 
         # -- pending work and peeks (live.py, realize.py)
         self.live: list = []           # weakrefs of storages, in write order

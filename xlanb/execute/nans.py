@@ -123,6 +123,11 @@ def origin_text(origin) -> str:
             + (f" [{fscope}]" if fscope else ""))
 
 
+# What a sync that found a NaN leaves behind, and what happens next.
+_KEPT = ("  The pending tensors are unchanged (xlanb.pending_ir() shows them); while the check "
+         "is on, every sync finds this again until they are dropped (del) or synced with it off.")
+
+
 def make_error(info: OpInfo, src: SourceLoc | None, scope: str, args, scalars, out,
                origin, how: str, mode: str) -> NonFiniteError:
     """The error naming the op that made the first non-finite value."""
@@ -149,7 +154,7 @@ def make_error(info: OpInfo, src: SourceLoc | None, scope: str, args, scalars, o
         lines.append(f"  scalar {i}: {s!r}")
     lines.append("  The op's result was not returned; earlier tensors are unchanged."
                  if mode == "eager" else
-                 "  The pending tensors are unchanged (xlanb.pending_ir() shows them).")
+                 _KEPT)
     return NonFiniteError("\n".join(lines), op=info.name, src=src, scope=scope, inputs=ins,
                           origin=origin, inputs_finite=finite_in, mode=mode)
 
@@ -209,7 +214,7 @@ def check_run(plan: GraphPlan, arrays, mode: str, cause: str, src, leaves=None,
             f"xlanb: the {mode} sync ({cause}){at} made non-finite values in {len(bad)} of "
             f"{len(arrays)} results ({roots}), but replayed op by op no op did: XLA's fused "
             "graph computes them differently (xlanb.set_mode('opbyop') runs that way).\n"
-            "  The pending tensors are unchanged (xlanb.pending_ir() shows them).",
+            + _KEPT,
             op=None, src=None, scope="", inputs=[], origin=None, inputs_finite=True, mode=mode)
     j, node, info, args, scalars, out = found
     how = (f"op {j + 1} of {len(plan.steps)} in the {mode} sync ({cause}){at}, replayed op by "

@@ -1,0 +1,121 @@
+"""``xlanb.profile``: a transformers BERT training step profiled in each mode; time by
+module scope, source line and aten op; phases that account for the wall time; a
+Chrome/Perfetto trace; ``%%xla_profile``."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+
+import pytest
+import torch
+
+import xlanb
+from conftest import tiny_bert_mlm
+
+transformers = pytest.importorskip("transformers")
+
+_model = tiny_bert_mlm
+
+
+def _trainer():
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 99, (2, 12), generator=g).to("xla")
+    labels = torch.randint(0, 99, (2, 12), generator=g).to("xla")
+
+    def step():
+        opt.zero_grad()
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        opt.step()
+        xlanb.sync()
+    return step
+
+
+@pytest.mark.parametrize("mode", ["lazy", "eager", "opbyop"])
+def test_bert_step_by_scope_line_op_and_phases(mode, tmp_path):
+    xlanb.set_mode(mode)
+    step = _trainer()
+    step()  # compiles outside the profile
+    with xlanb.profile(replay=(mode != "eager")) as p:
+        for _ in range(2):
+            step()
+    # by scope: below the model's wrappers, the heaviest scopes are the encoder layers
+    scopes = [k for k in p.by_scope(limit=None).keys if k.count(".") == 4]
+    assert scopes[:2] == ["BertForMaskedLM.bert.encoder.layer.0",
+                          "BertForMaskedLM.bert.encoder.layer.1"] or \
+        scopes[:2] == ["BertForMaskedLM.bert.encoder.layer.1",
+                       "BertForMaskedLM.bert.encoder.layer.0"], scopes
+    # by line: most of the model's lines are in transformers' modeling file, and a
+    # backward op counts at the forward line it differentiates
+    lines = [k for k in p.by_line(limit=10).keys if k is not None]
+    modeling = [k for k in lines if k.file.endswith("modeling_bert.py")]
+    assert len(modeling) >= 5, lines
+    ops = {r[0]: r for r in p.by_op(limit=None).rows}
+    assert "aten::addmm" in ops and "aten::mm" in ops  # forward and backward matmuls
+    assert any(e.name == "aten::mm" and e.src is not None
+               and e.src.file.endswith("modeling_bert.py") for e in p.ops)
+    # phases: two steps; what is measured never exceeds the wall time; xlanb's share of
+    # it is there in every mode; steps cover the profile's wall time
+    ph = p.phases()
+    assert len(ph.rows) == 3  # two steps and the total
+    t = ph.totals
+    assert 0 < t["measured"] <= 1.1 * t["wall"], str(ph)
+    assert t["xlanb ops"] > 0
+    assert t["execute"] > 0 if mode != "eager" else t["xlanb ops"] > t["compile"]
+    assert abs(t["wall"] - p.wall) <= 0.1 * p.wall, (t["wall"], p.wall)
+    if mode != "eager":  # replayed op by op: the fused graph's time spread over its ops
+        rep = sum(p.replayed.values())
+        assert abs(rep - t["execute"]) <= 0.05 * t["execute"] + 1e-6, (rep, t["execute"])
+    # the trace: valid JSON with xlanb's ops (scope and line in args) and steps
+    path = p.export(str(tmp_path / "trace.json.gz"))
+    with gzip.open(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    names = {e["name"] for e in events}
+    assert {"aten::addmm", "step 0", "step 1"} <= names
+    addmm = next(e for e in events if e["name"] == "aten::addmm")
+    assert addmm["ph"] == "X" and addmm["dur"] > 0 and "encoder" in addmm["args"]["scope"]
+    assert addmm["args"]["line"].startswith("modeling_bert.py:")
+    if mode == "lazy":
+        assert "ExecuteTime" in names
+    text = str(p)
+    assert "phases (s)" in text and "by scope" in text and "by line" in text
+    html = p._repr_html_()
+    assert html.count("<svg") == 1 and "encoder" in html and "<table" in html
+
+
+def test_device_trace_merges_jax_events(tmp_path):
+    xlanb.set_mode("lazy")
+    step = _trainer()
+    step()
+    with xlanb.profile(device=True) as p:
+        step()
+    events = json.load(open(p.export(str(tmp_path / "t.json"))))["traceEvents"]
+    jax_events = [e for e in events if str(e.get("pid", "")).startswith("jax")]
+    assert jax_events and any("Execute" in e.get("name", "") for e in jax_events)
+    ours = [e for e in events if e.get("cat") == "step"]
+    assert len(ours) == 1
+    p.close()
+
+
+def test_off_adds_no_listener():
+    from xlanb.base import metrics
+    from xlanb import realize
+    assert not metrics._listeners and not realize.observers
+    with xlanb.profile():
+        assert metrics._listeners and realize.observers
+    assert not metrics._listeners and not realize.observers
+
+
+def test_cell_magic(tmp_path):
+    ip = pytest.importorskip("IPython").core.interactiveshell.InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "xlanb")
+    xlanb.set_mode("lazy")
+    ip.user_ns["step"] = _trainer()
+    ip.run_cell("step()")
+    out = str(tmp_path / "cell.json.gz")
+    p = ip.run_cell_magic("xla_profile", f"--export {out}", "step()\nstep()")
+    assert isinstance(p, xlanb.Profile) and len(p.steps) == 2
+    assert os.path.getsize(out) > 0

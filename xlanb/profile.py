@@ -1,0 +1,497 @@
+"""``xlanb.profile``: where a step's time goes, by source line, module scope and aten op,
+by phase (tracing, compile, transfer, execute, wait), and as a Chrome/Perfetto trace.
+
+What is recorded, only while a profile is open:
+
+- every aten op on the xla device, through a torch dispatch mode: its wall time on the
+  calling thread, its user line and module scope. Lazy mode: the time to trace it.
+  Eager mode: the time to run it (dispatch, the cached executable, its completion as far
+  as the call waits). Opbyop: the time to record it;
+- every phase sample xlanb's metrics record (``CompileTime``, ``OpCompileTime``,
+  ``ExecuteTime``, ``TransferToDeviceTime``, ``OpCompileWaitTime``, ...), as a timed
+  event on the thread that made it (a metrics listener). A phase that happens inside an
+  op (an eager op compiling, a ``.item()`` that syncs) is that op's, and is taken out of
+  the op's own (self) time;
+- each sync's graph (lazy) or op-by-op run, with the line that synced;
+- JAX's own trace (``jax.profiler``), when ``device=True``, merged into the export.
+
+Device time per op. XLA:CPU reports no per-instruction device time (its trace shows one
+event per executable), so in lazy mode a graph's execution is one event at the line that
+synced. ``replay=True`` (or ``p.replay()``) runs each profiled graph op by op through the
+single-op cache, timing each op alone, and spreads the graph's measured execute time over
+its ops in proportion: those figures are labelled ``device (replayed)`` and are an
+estimate, not a measurement of the fused graph. Eager and opbyop time each op directly.
+
+Nothing is added while no profile is open: one empty-list test per metrics sample and
+per sync.
+"""
+from __future__ import annotations
+
+import gzip
+import html
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from typing import NamedTuple
+
+import jax
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mode
+
+from .base import metrics
+from .base.frames import SourceLoc, format_loc, user_frame
+from .base.scopes import current_scope
+from .base.session import mode_state, session
+from .base.tables import format_table
+from .debug import backward_origin, note_forward
+from .execute.opbyop import time_op_by_op
+from . import realize
+from .tensor import XlaTensor
+
+# metrics samples -> phase. LowerTime/OpLowerTime are parts of CompileTime/OpCompileTime
+# samples, and OpBackgroundCompileTime runs off the main thread: trace events only.
+PHASE_OF = {
+    "CompileTime": "compile", "OpCompileTime": "compile",
+    "TransferToDeviceTime": "transfer", "TransferFromDeviceTime": "transfer",
+    "ExecuteTime": "execute", "OpCompileWaitTime": "wait",
+}
+PHASES = ("python", "xlanb ops", "compile", "transfer", "execute", "wait")
+_current_node = torch._C._current_autograd_node
+
+
+class OpEvent(NamedTuple):
+    name: str          # aten::addmm
+    start: float       # perf_counter seconds
+    dur: float         # wall seconds on the calling thread
+    self_s: float      # dur minus the phases recorded inside it
+    src: SourceLoc | None
+    scope: str
+    step: int
+    mode: str          # lazy / opbyop: tracing; eager: running the op
+
+
+class PhaseEvent(NamedTuple):
+    name: str          # the metric: CompileTime, ExecuteTime, ...
+    phase: str | None  # compile / transfer / execute / wait, None for trace-only
+    start: float
+    dur: float
+    tid: int
+    main: bool         # on the profiled thread
+    src: SourceLoc | None  # the op or sync it happened in
+    scope: str
+    step: int
+
+
+class _OpMode(TorchDispatchMode):
+    def __init__(self, prof: "Profile"):
+        super().__init__()
+        self.prof = prof
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        prof = self.prof
+        if XlaTensor not in types or session.direct:
+            return func(*args, **kwargs)
+        # any thread: backward ops run on autograd's device thread while the profiled
+        # thread waits in .backward()
+        # (torch leaves this mode while its handler runs: ops a decomposition calls
+        # inside ``func`` do not come back here, they are part of this op's time)
+        anode = _current_node()
+        if anode is None:
+            src, scope = user_frame(), current_scope()
+            if torch.is_grad_enabled():
+                note_forward(func)  # for the backward ops that differentiate it
+        else:  # a backward op: the forward op's line and scope, where the user looks
+            _name, _fwd, src, scope = backward_origin(anode)
+            scope = scope or ""
+        frame = [src, scope, 0.0]  # src, scope, nested phase seconds
+        local = prof._local
+        local.open = frame
+        t0 = time.perf_counter()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            dur = time.perf_counter() - t0
+            local.open = None
+            prof.ops.append(OpEvent(func._schema.name, t0, dur, max(dur - frame[2], 0.0),
+                                    frame[0], frame[1], prof._step, mode_state().mode))
+
+
+class Graph(NamedTuple):
+    plan: object
+    mode: str
+    cause: str
+    src: SourceLoc | None
+    step: int
+    execute_s: float   # the ExecuteTime sample of this run
+
+
+class Profile:
+    """What ``xlanb.profile()`` recorded. Views: ``by_line()``, ``by_scope()``,
+    ``by_op()``, ``phases()``; ``export(path)`` writes a Chrome/Perfetto trace."""
+
+    def __init__(self, device: bool = False, replay: bool = False):
+        self.device = device
+        self.replay_on_exit = replay
+        self.ops: list[OpEvent] = []
+        self.phase_events: list[PhaseEvent] = []
+        self.graphs: list[Graph] = []
+        self.steps: list[tuple[float, float]] = []   # (start, end) perf_counter
+        self.replayed: dict = {}    # (src, scope, op) -> replayed device seconds
+        self.t0 = self.t1 = 0.0
+        self._tid = threading.get_ident()
+        self._local = threading.local()  # .open: the op running on this thread
+        self._step = 0
+        self._step_start = 0.0
+        self._mode = None
+        self._jax_dir = None
+        self._jax_t0 = 0.0
+        self._running = False
+
+    # -- recording
+
+    def __enter__(self) -> "Profile":
+        if self._running:
+            raise RuntimeError("this profile is already recording")
+        self._running = True
+        if self.device:
+            self._jax_dir = tempfile.mkdtemp(prefix="xlanb-profile-")
+            opts = jax.profiler.ProfileOptions()
+            opts.python_tracer_level = 0  # JAX's Python tracer would time every call
+            self._jax_t0 = time.perf_counter()
+            jax.profiler.start_trace(self._jax_dir, create_perfetto_trace=True,
+                                     profiler_options=opts)
+        metrics.add_listener(self._on_metric)
+        realize.observers.append(self._on_sync)
+        self._mode = _OpMode(self)
+        _push_mode(self._mode)
+        self.t0 = self._step_start = time.perf_counter()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.t1 = time.perf_counter()
+        try:
+            _pop_mode()
+        finally:
+            metrics.remove_listener(self._on_metric)
+            if self._on_sync in realize.observers:
+                realize.observers.remove(self._on_sync)
+            self._running = False
+            if self.device:
+                jax.profiler.stop_trace()
+        if any(e.step == self._step for e in self.ops):  # ops after the last sync
+            self.steps.append((self._step_start, self.t1))
+        if self.replay_on_exit and exc_type is None:
+            self.replay()
+        return False
+
+    def _on_metric(self, name: str, end: float, dur: float) -> None:
+        # the profiled thread's, or inside an op (autograd's thread included): a phase of
+        # the step; a compile thread's samples are trace events only
+        open_op = getattr(self._local, "open", None)
+        main = open_op is not None or threading.get_ident() == self._tid
+        phase = PHASE_OF.get(name)
+        if open_op is not None and phase is not None:
+            open_op[2] += dur  # inside an op: not the op's own time
+        src, scope = (open_op[0], open_op[1]) if open_op is not None else (None, "")
+        self.phase_events.append(PhaseEvent(name, phase, end - dur, dur,
+                                            threading.get_ident(), main, src, scope,
+                                            self._step))
+
+    def _on_sync(self, kind: str, what, info) -> None:
+        if threading.get_ident() != self._tid:
+            return
+        if kind == "graph":
+            mode, cause, src = info
+            last = next((e for e in reversed(self.phase_events)
+                         if e.name == "ExecuteTime" and e.main), None)
+            self.graphs.append(Graph(what, mode, cause, src, self._step,
+                                     last.dur if last is not None else 0.0))
+        else:
+            now = time.perf_counter()
+            self.steps.append((self._step_start, now))
+            self._step_start = now
+            self._step += 1
+
+    # -- device time per op, by replay
+
+    def replay(self, repeats: int = 3) -> None:
+        """Time each profiled lazy graph op by op through the single-op cache and spread
+        its measured execute time over its ops in proportion (``device (replayed)``
+        columns). XLA:CPU reports no per-instruction device time; these are estimates.
+        Each distinct graph is replayed once."""
+        self.replayed = defaultdict(float)
+        by_key: dict = {}
+        for g in self.graphs:
+            key = (g.mode, g.plan.key)
+            entry = by_key.setdefault(key, [g.plan, 0.0])
+            entry[1] += g.execute_s
+        for plan, execute_s in by_key.values():
+            times = time_op_by_op(plan, repeats)
+            total = sum(times)
+            if total <= 0:
+                continue
+            scale = execute_s / total
+            for (info, _), node, t in zip(plan.steps, plan.op_nodes, times):
+                if t:
+                    self.replayed[(node.src, node.scope, info.name)] += t * scale
+
+    # -- views
+
+    @property
+    def wall(self) -> float:
+        return (self.t1 or time.perf_counter()) - self.t0
+
+    def _rows(self, key):
+        """{key: [calls, self, total, replayed]} over op events (+ replayed device time)."""
+        acc: dict = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+        for e in self.ops:
+            r = acc[key(e.src, e.scope, e.name)]
+            r[0] += 1
+            r[1] += e.self_s
+            r[2] += e.dur
+        for g in self.graphs:  # a sync's run counts at the line that synced (until a
+            if g.execute_s and not self.replayed:  # replay spreads it over its ops)
+                r = acc[key(g.src, "", "xla::graph")]
+                r[0] += 1
+                r[1] += g.execute_s
+                r[2] += g.execute_s
+        for (src, scope, name), t in self.replayed.items():
+            acc[key(src, scope, name)][3] += t
+        return acc
+
+    def _table(self, title: str, acc: dict, label, limit: int | None) -> "ProfileTable":
+        wall = self.wall or 1.0
+        items = sorted(acc.items(), key=lambda kv: -(kv[1][2] + kv[1][3]))
+        if limit is not None:
+            items = items[:limit]
+        replayed = any(v[3] for _, v in items)
+        head = ("where", "calls", "self (s)", "total (s)", "share") + \
+            (("device, replayed (s)",) if replayed else ())
+        rows = []
+        for k, (calls, self_s, total, rep) in items:
+            row = (label(k), str(calls), f"{self_s:.4f}", f"{total:.4f}",
+                   f"{100 * (total + rep) / wall:.1f}%")
+            rows.append(row + ((f"{rep:.4f}",) if replayed else ()))
+        note = "" if self.replayed or not self.graphs else (
+            "lazy graphs ran fused: their execute time is one row at the line that synced "
+            "(XLA:CPU reports no per-instruction time; p.replay() estimates it per op)")
+        return ProfileTable(title, head, rows, note, [k for k, _ in items])
+
+    def by_line(self, limit: int | None = 20) -> "ProfileTable":
+        """Time per user source line: calls, self time (the ops' own), total (with the
+        compiles, transfers and waits inside them), share of the profiled wall time."""
+        return self._table("by line", self._rows(lambda src, scope, name: src),
+                           lambda k: format_loc(k) or "(no user line)", limit)
+
+    def by_op(self, limit: int | None = 20) -> "ProfileTable":
+        """Time per aten op."""
+        return self._table("by op", self._rows(lambda src, scope, name: name), str, limit)
+
+    def by_scope(self, limit: int | None = 20) -> "ProfileTable":
+        """Time per module scope: self = ops directly in the scope, total = with every
+        scope inside it (``BertModel.encoder.layer.0`` holds its attention and MLP)."""
+        flat = self._rows(lambda src, scope, name: scope)
+        acc: dict = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+        for scope, (calls, self_s, total, rep) in flat.items():
+            acc[scope][0] += calls
+            acc[scope][1] += self_s + rep
+            parts = scope.split(".") if scope else []
+            for i in range(len(parts) + 1):
+                r = acc[".".join(parts[:i])]
+                r[2] += total + rep
+        for r in acc.values():
+            r[3] = 0.0
+        return self._table("by scope", acc, lambda k: k or "(top level)", limit)
+
+    def phases(self) -> "ProfileTable":
+        """Per step (a step ends at each sync): where its wall time went.
+
+        - ``xlanb ops``: the ops' own time in xlanb (lazy and opbyop: recording them;
+          eager: running them), on the profiled thread and autograd's;
+        - ``compile``, ``transfer``, ``execute``, ``wait``: xlanb's metrics samples on
+          those threads (graph compiles and single-op compiles, copies, graph runs,
+          waits on background compiles);
+        - ``python``: the rest of the wall time, the host running Python outside xlanb
+          (the model's and optimizer's code, autograd's engine): wall minus the others.
+
+        ``measured`` is the sum of all but ``python``; it can never exceed ``wall`` unless
+        phases were counted twice."""
+        rows = []
+        sums = {p: 0.0 for p in PHASES}
+        walls = 0.0
+        for i, (s0, s1) in enumerate(self.steps):
+            ph = {p: 0.0 for p in PHASES}
+            for e in self.ops:
+                if e.step == i:
+                    ph["xlanb ops"] += e.self_s
+            for e in self.phase_events:
+                if e.step == i and e.main and e.phase is not None:
+                    ph[e.phase] += e.dur
+            measured = sum(ph.values())
+            ph["python"] = (s1 - s0) - measured
+            rows.append((str(i),) + tuple(f"{ph[p]:.4f}" for p in PHASES)
+                        + (f"{measured:.4f}", f"{s1 - s0:.4f}"))
+            for p in PHASES:
+                sums[p] += ph[p]
+            walls += s1 - s0
+        measured = sum(v for k, v in sums.items() if k != "python")
+        rows.append(("all",) + tuple(f"{sums[p]:.4f}" for p in PHASES)
+                    + (f"{measured:.4f}", f"{walls:.4f}"))
+        head = ("step",) + PHASES + ("measured", "wall")
+        return ProfileTable("phases (s)", head, rows, "", [],
+                            totals=dict(sums, measured=measured, wall=walls))
+
+    # -- the trace file
+
+    def trace_events(self) -> list[dict]:
+        """Chrome trace events (``ph: X``, microseconds from the profile's start)."""
+        pid = os.getpid()
+        us = lambda t: round((t - self.t0) * 1e6, 3)  # noqa: E731
+        ev = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": "xlanb"}}]
+        for e in self.ops:
+            ev.append({"name": e.name, "cat": "op", "ph": "X", "ts": us(e.start),
+                       "dur": round(e.dur * 1e6, 3), "pid": pid, "tid": self._tid,
+                       "args": {"scope": e.scope, "line": format_loc(e.src),
+                                "file": e.src.file if e.src else "",
+                                "self_us": round(e.self_s * 1e6, 3)}})
+        for e in self.phase_events:
+            ev.append({"name": e.name, "cat": e.phase or "background", "ph": "X",
+                       "ts": us(e.start), "dur": round(e.dur * 1e6, 3), "pid": pid,
+                       "tid": e.tid, "args": {"line": format_loc(e.src), "scope": e.scope}})
+        for i, (s0, s1) in enumerate(self.steps):
+            ev.append({"name": f"step {i}", "cat": "step", "ph": "X", "ts": us(s0),
+                       "dur": round((s1 - s0) * 1e6, 3), "pid": pid, "tid": 0})
+        ev.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 0,
+                   "args": {"name": "steps"}})
+        return ev + self._jax_events()
+
+    def _jax_events(self) -> list[dict]:
+        if not self._jax_dir:
+            return []
+        found = [os.path.join(d, f) for d, _, fs in os.walk(self._jax_dir) for f in fs
+                 if f.endswith(".trace.json.gz")]
+        if not found:
+            return []
+        with gzip.open(found[0]) as f:
+            data = json.load(f)
+        events = data["traceEvents"] if isinstance(data, dict) else data
+        shift = (self._jax_t0 - self.t0) * 1e6  # JAX's clock starts at its start_trace
+        out = []
+        for e in events:
+            e = dict(e)
+            if "ts" in e:
+                e["ts"] = round(e["ts"] + shift, 3)
+            e["pid"] = f"jax {e.get('pid', '')}"
+            out.append(e)
+        return out
+
+    def export(self, path: str) -> str:
+        """Write a Chrome/Perfetto trace (``.json`` or ``.json.gz``): xlanb's ops with
+        their scope and line, its phases, the steps, and JAX's events when profiled with
+        ``device=True``. Open it at ui.perfetto.dev or chrome://tracing."""
+        data = {"traceEvents": self.trace_events(), "displayTimeUnit": "ms",
+                "otherData": {"tool": "xlanb.profile", "wall_s": self.wall}}
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "wt") as f:
+            json.dump(data, f)
+        return path
+
+    def close(self) -> None:
+        """Drop the profiled graphs (they hold device buffers) and JAX's trace files."""
+        self.graphs.clear()
+        if self._jax_dir:
+            shutil.rmtree(self._jax_dir, ignore_errors=True)
+
+    # -- display
+
+    def __str__(self) -> str:
+        return "\n\n".join(str(t) for t in (self.phases(), self.by_scope(10), self.by_line(10),
+                                             self.by_op(10)))
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        return ("<div class='xlanb-profile'>" + icicle_svg(self)
+                + "".join(t._repr_html_() for t in (self.phases(), self.by_scope(10),
+                                                    self.by_line(10), self.by_op(10)))
+                + "</div>")
+
+
+class ProfileTable:
+    """One view of a profile: text in a terminal, HTML in a notebook; ``.rows`` are
+    tuples of strings, ``.keys`` the SourceLoc / scope / op of each row."""
+
+    def __init__(self, title, head, rows, note, keys, totals=None):
+        self.title, self.head, self.rows, self.note, self.keys = title, head, rows, note, keys
+        self.totals = totals or {}
+
+    def __str__(self) -> str:
+        text = f"{self.title}\n" + format_table(self.head, self.rows,
+                                                  right=tuple(range(1, len(self.head))))
+        return text + (f"\n({self.note})" if self.note else "")
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in self.head)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
+                       for r in self.rows)
+        note = f"<p><i>{html.escape(self.note)}</i></p>" if self.note else ""
+        return (f"<h4>{html.escape(self.title)}</h4><table class='xlanb-profile-table'>"
+                f"<tr>{head}</tr>{body}</table>{note}")
+
+
+def icicle_svg(p: Profile, width: int = 900, row_h: int = 18) -> str:
+    """An icicle chart of total time by module scope: the top bar is everything the
+    profile's ops took, each scope sits under its parent, as wide as its share."""
+    flat = p._rows(lambda src, scope, name: scope)
+    tree: dict = {}
+    for scope, (_calls, _self, total, rep) in flat.items():
+        node = tree
+        node.setdefault("", 0.0)
+        node[""] = node.get("", 0.0) + total + rep
+        for part in (scope.split(".") if scope else []):
+            node = node.setdefault(part, {})
+            node[""] = node.get("", 0.0) + total + rep
+    top = tree.get("", 0.0) or 1.0
+    rects = []
+    depth_max = [0]
+
+    def draw(node, name, x, depth, path):
+        w = width * node[""] / top
+        if w < 1:
+            return
+        depth_max[0] = max(depth_max[0], depth)
+        y = depth * row_h
+        hue = (hash(path) % 360) if path else 210
+        label = html.escape(name) if w > 7 * len(name) else ""
+        rects.append(f'<g><title>{html.escape(path or "all")}: {node[""]:.4f} s</title>'
+                     f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 1}" '
+                     f'fill="hsl({hue},55%,75%)"/><text x="{x + 3:.1f}" y="{y + row_h - 5}" '
+                     f'font-size="11" font-family="Helvetica">{label}</text></g>')
+        cx = x
+        for child, sub in sorted(((k, v) for k, v in node.items() if k),
+                                 key=lambda kv: -kv[1][""]):
+            draw(sub, child, cx, depth + 1, f"{path}.{child}" if path else child)
+            cx += width * sub[""] / top
+
+    draw(tree, "all ops", 0.0, 0, "")
+    h = (depth_max[0] + 1) * row_h
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="xlanb-icicle" width="{width}" '
+            f'height="{h}" viewBox="0 0 {width} {h}">' + "".join(rects) + "</svg>")
+
+
+def profile(device: bool = False, replay: bool = False) -> Profile:
+    """``with xlanb.profile() as p:`` records where the block's time goes: ``p.by_line()``,
+    ``p.by_scope()``, ``p.by_op()``, ``p.phases()``, ``p.export("trace.json.gz")``.
+    ``device=True`` also runs ``jax.profiler`` and merges its events into the export;
+    ``replay=True`` estimates per-op device time of lazy graphs (see ``Profile.replay``)."""
+    return Profile(device=device, replay=replay)
+
+
+__all__ = ["profile", "Profile", "ProfileTable"]
