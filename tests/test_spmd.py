@@ -162,21 +162,30 @@ def _dist_results(cmd: list, **env) -> dict:
     return json.loads(line[len("DIST-RESULTS "):]), proc.stdout
 
 
-def test_two_processes_match_one_process():
+DIST_SCRIPT = os.path.join(ROOT, "tests", "spmd_dist_script.py")
+
+
+@pytest.fixture(scope="module")
+def one_process() -> dict:
+    return _dist_results([sys.executable, DIST_SCRIPT],
+                         XLA_FLAGS="--xla_force_host_platform_device_count=4")[0]
+
+
+@pytest.mark.parametrize("mode", ("lazy", "eager"))
+def test_two_processes_match_one_process(one_process, mode):
     """python -m xlanb.launch --nproc 2 (2 devices each) gives what 1 process with 4
-    devices gives: the same losses and weights, a batch built from process-local rows."""
-    script = os.path.join(ROOT, "tests", "spmd_dist_script.py")
-    one, _ = _dist_results([sys.executable, script],
-                           XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    devices gives (lazy): the same losses and weights, a batch built from process-local
+    rows."""
+    one = one_process
     two, out = _dist_results([sys.executable, "-m", "xlanb.launch", "--nproc", "2",
-                              "--devices-per-proc", "2", script], XLA_FLAGS="")
+                              "--devices-per-proc", "2", DIST_SCRIPT, mode], XLA_FLAGS="")
     assert one["nproc"] == 1 and two["nproc"] == 2
     assert two["losses"] == pytest.approx(one["losses"], rel=1e-6)
     import torch
     for a, b in zip(two["weights"], one["weights"]):
         assert torch.allclose(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-6)
     assert one["peek_ok"] and two["peek_ok"]
-    assert one["graphs"] == two["graphs"] == 1
+    assert one["graphs"] == 1 and two["graphs"] == (1 if mode == "lazy" else 0)
     assert two["xx_shape"] == [8, 8]  # global batch from two 4-row pieces
     # each process holds (and lists) only its own shards
     assert one["local_shards"] == ["xla:0", "xla:1", "xla:2", "xla:3"]
