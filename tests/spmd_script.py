@@ -248,6 +248,29 @@ def jax_objects():
 
 
 @check
+def replica_check():
+    """A value that differs on one shard: replica_mismatches names the block and devices."""
+    import jax
+    import numpy as np
+    from xlanb.ops.leaves import from_array
+    xlanb.reset()
+    x = torch.arange(32.0).reshape(8, 4).to("xla")
+    xs.mark_sharding(x, mesh, ("data", None))  # replicated 4 times over 'model'
+    clean = xs.replica_mismatches(x)
+    arr = x._storage.node.data
+    pieces = []
+    for sh in arr.addressable_shards:
+        v = np.asarray(sh.data).copy()
+        if sh.device.id == 6:
+            v[0, 0] += 1.5
+        pieces.append(jax.device_put(v, sh.device))
+    bad = jax.make_array_from_single_device_arrays(arr.shape, arr.sharding, pieces)
+    found = xs.replica_mismatches(from_array(bad, 0))
+    return {"clean": len(clean),
+            "found": [(str(m.index), list(m.devices), list(m.odd), m.max_abs_diff) for m in found]}
+
+
+@check
 def magics():
     """%xla_sharding and %xla_collectives in IPython; torch_xla's xs names."""
     from IPython.testing.globalipapp import start_ipython

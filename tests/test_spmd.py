@@ -125,6 +125,16 @@ def test_jax_mesh_and_partition_spec_accepted(results):
     assert r["value_ok"]
 
 
+def test_replica_mismatches_finds_the_shard_that_differs(results):
+    r = _get(results, "replica_check")
+    assert r["clean"] == 0
+    assert len(r["found"]) == 1
+    index, devices, odd, diff = r["found"][0]
+    assert devices == ["xla:4", "xla:5", "xla:6", "xla:7"] and diff == 1.5
+    assert odd == ["xla:6"]  # the one copy the others disagree with
+    assert "slice(4, 8" in index
+
+
 def test_xlanb_compile_with_sharded_tensors_runs_lazily(results):
     r = _get(results, "compiled_function")
     assert r["ok"] and "xlanb.compile does not replay SPMD graphs yet" in r["status"]

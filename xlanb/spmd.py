@@ -34,7 +34,7 @@ from .tensor import XlaTensor
 
 __all__ = ["Mesh", "ShardingError", "mark_sharding", "clear_sharding", "get_sharding",
            "visualize_sharding", "Sharding", "get_1d_mesh", "shards", "Shard", "is_spmd",
-           "use_spmd"]
+           "use_spmd", "replica_mismatches", "ShardMismatch"]
 
 
 def is_spmd() -> bool:
@@ -217,6 +217,50 @@ def peek_shards(t: XlaTensor) -> list[Shard]:
     with torch._C._DisableTorchDispatch():
         arr = peek_node(value_node(t))
     return shards(arr)
+
+
+class ShardMismatch(NamedTuple):
+    """Copies of one block of a tensor that disagree: the block, every device holding a
+    copy, the devices whose copy differs from most of the others, and the largest
+    difference between copies."""
+    index: tuple
+    devices: tuple
+    odd: tuple
+    max_abs_diff: float
+
+
+def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    if not a.numel():
+        return 0.0
+    if a.dtype.is_floating_point or a.dtype.is_complex:
+        same_nan = torch.isnan(a) & torch.isnan(b)
+        d = torch.where(same_nan, torch.zeros((), dtype=a.dtype), (a - b).abs())
+        return float(d.max())
+    return float((a.long() - b.long()).abs().max())
+
+
+def replica_mismatches(t: torch.Tensor, atol: float = 0.0) -> list[ShardMismatch]:
+    """Blocks of ``t`` whose copies on different devices differ by more than ``atol``
+    (a value that differs on one shard: a non-deterministic op, a bad collective). Empty
+    when every replica agrees. Looks only at this process's shards; changes nothing."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    groups: dict = {}
+    for sh in peek_shards(t):
+        key = tuple((s.start, s.stop, s.step) for s in sh.index)
+        groups.setdefault(key, []).append(sh)
+    out = []
+    for copies in groups.values():
+        if len(copies) < 2:
+            continue
+        d = [[_diff(a.value, b.value) for b in copies] for a in copies]
+        worst = max(max(row) for row in d)
+        if worst <= atol:
+            continue
+        agree = [sum(x <= atol for x in row) for row in d]  # copies each one agrees with
+        top = max(agree)
+        odd = tuple(c.device for c, n in zip(copies, agree) if n < top)
+        out.append(ShardMismatch(copies[0].index, tuple(c.device for c in copies), odd, worst))
+    return out
 
 
 # ---------------------------------------------------------------------------------------
