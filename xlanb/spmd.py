@@ -159,13 +159,6 @@ class Sharding(NamedTuple):
         return f"<Sharding {self}>"
 
 
-def _as_named(s, shape):
-    if isinstance(s, NamedSharding):
-        return s.mesh, s.spec
-    # another sharding type (GSPMD): spelled over a flat mesh of its devices
-    return None, None
-
-
 def get_sharding(t: torch.Tensor) -> Sharding | None:
     """``t``'s sharding, or None if it is on one device (or pending with no annotation:
     the partitioner decides it when the graph compiles)."""
@@ -181,9 +174,9 @@ def get_sharding(t: torch.Tensor) -> Sharding | None:
     data = node.data
     if isinstance(data, tuple) or not is_sharded(data):
         return None
-    mesh, spec = _as_named(data.sharding, shape)
-    if mesh is None:
+    if not isinstance(data.sharding, NamedSharding):  # another kind of sharding: not ours
         return None
+    mesh, spec = data.sharding.mesh, data.sharding.spec
     placed = node.info.name == "device_data" and node.src is not None
     return Sharding(mesh, spec, "placed" if placed else "propagated", shape)
 

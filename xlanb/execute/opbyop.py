@@ -84,7 +84,10 @@ def time_op_by_op(plan: GraphPlan, repeats: int = 3) -> list:
                 vals.append(info.fn(args, ()))
                 times.append(0.0)
                 continue
-            exe = op_executable(info)
+            if session.spmd:  # sharded inputs: the executable of their shardings
+                exe = lambda *a, _info=info: run_op(_info, list(a[:len(args)]), a[len(args):])  # noqa: E731
+            else:
+                exe = op_executable(info)
             out = jax.block_until_ready(exe(*args, *scalars))  # warm
             best = float("inf")
             for _ in range(repeats):
