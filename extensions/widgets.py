@@ -96,14 +96,16 @@ def _pattern(text: str | None) -> re.Pattern | None:
 def _node_text(s: GraphSummary, p: int, label=None) -> str:
     """``%12 aten::addmm f32[8,16] In[3] line 4 (f.py:4 fwd) [Net.l1]``: what search sees."""
     n_in = len(s.inputs)
+    sharding = dict(s.shardings).get(p)  # SPMD: searchable ("model", "annotated", ...)
+    shard = f" sharding={sharding}" if sharding else ""
     if p < n_in:
-        return f"%{p} data {s.inputs[p]}"
+        return f"%{p} data {s.inputs[p]}{shard}"
     op = s.ops[p - n_in]
     short = op.src.short if op.src else ""
     where = label(op.src) if label and op.src else short
     if where != short:
         where += f" ({short})"
-    return f"%{p} {op.name} {op.aval} {where} [{op.scope}]"
+    return f"%{p} {op.name} {op.aval} {where} [{op.scope}]{shard}"
 
 
 def find_matches(s: GraphSummary, search: str | None,
