@@ -135,9 +135,11 @@ def test_replica_mismatches_finds_the_shard_that_differs(results):
     assert "slice(4, 8" in index
 
 
-def test_xlanb_compile_with_sharded_tensors_runs_lazily(results):
+def test_xlanb_compile_replays_sharded_steps(results):
     r = _get(results, "compiled_function")
-    assert r["ok"] and "xlanb.compile does not replay SPMD graphs yet" in r["status"]
+    assert r["losses"] == pytest.approx(r["ref"], rel=1e-5, abs=1e-6) and r["dw"] < 1e-5
+    assert r["replays"] == 2  # calls 1-2 trace, 3-4 replay, 5 (batch replicated) traces
+    assert r["w0"].startswith("{'model'}")
 
 
 def test_magics_and_torch_xla_names(results):

@@ -35,7 +35,7 @@ from ..base import metrics, rng
 from ..base.config import config
 from ..base.frames import user_frame
 from ..base.session import session
-from ..execute.graphs import compiled_graph, run_graph
+from ..execute.graphs import find_graph, run_graph
 from ..execute.nans import check_run
 from ..graph.explain import explain
 from ..graph.summary import summarize
@@ -43,7 +43,8 @@ from ..ir import Node, TensorMeta, contiguous_strides, plan_graph
 from ..live import clear_peeks, live_storages, pending_roots
 from ..modes import mode as _mode
 from ..ops.leaves import data_info
-from ..realize import node_array, sync
+from ..realize import node_array, placed, sync
+from ..runtime.mesh import common_mesh, on_mesh
 from ..record import value_node
 from ..tensor import XlaTensor, new_tensor
 
@@ -92,6 +93,7 @@ class _Trace:
         self.out_spec = out_spec    # pytree spec of the function's result
         self.out_roots = out_roots  # per result leaf: root index, or ("py", value)
         self.blocker = None         # why this trace can never replay, if it cannot
+        self.placed = None          # SPMD: per root, where the value it replaces lay
 
     def difference(self, other: "_Trace") -> str | None:
         """Why ``other`` cannot be replayed as this trace (None: it can)."""
@@ -213,10 +215,6 @@ class CompiledFunction:
                 out = self.fn(*args, **kwargs)
             finally:
                 session.recorder = None
-            if not rec.broken and session.spmd:  # replays would need input shardings
-                rec.broken = ("tensors are sharded (xlanb.spmd): xlanb.compile does not "
-                              "replay SPMD graphs yet; calls run lazily, compiled once per "
-                              "sharding")
             if rec.broken:
                 sync(cause=cause)
                 entry.lazy_reason = rec.broken
@@ -279,7 +277,8 @@ def _finish(rec: _Recorder, flat_in, out, cause: str):
     device = devices.pop()
     plan = plan_graph(roots)
     src = user_frame()
-    arrays = run_graph(plan, device, cause, src)
+    where = placed(plan.roots)  # SPMD: where the values it replaces lay
+    arrays = run_graph(plan, device, cause, src, where)
     if config.debug_nans:  # before anything is swapped in, as a lazy sync does
         check_run(plan, arrays, "compiled", cause, src)
     for node, arr in zip(plan.roots, arrays):
@@ -312,13 +311,15 @@ def _finish(rec: _Recorder, flat_in, out, cause: str):
                 key_pos.append(k)
             k += 1
     trace = _Trace(plan, device, sources, list(plan.scalars), key_pos, dests, out_spec, out_roots)
+    trace.placed = where
     if any(isinstance(r, tuple) and isinstance(r[1], XlaTensor) for r in out_roots):
         trace.blocker = "it returns a tensor that it did not compute"
     return trace
 
 
 def _executable(trace: _Trace, cause: str):
-    rec, _ = compiled_graph(trace.plan, trace.device, cause, None)
+    # the graph the traced call ran: on a mesh, for its leaves' shardings
+    rec, _, _ = find_graph(trace.plan, trace.device, cause, None, trace.placed)
     return rec, rec.executable
 
 
@@ -341,6 +342,16 @@ def _replay(cf: CompiledFunction, entry: _Entry, flat_in):
                 return _MISS
             node = obj.node if kind == "storage" else value_node(obj)
             leaves.append(node.data if node.data is not None else node_array(node))
+    want = entry.record.in_shardings
+    if want is not None or session.spmd:  # SPMD: the leaves must lie as the graph expects
+        mesh = common_mesh(want or ())
+        if mesh is not None:
+            leaves = [a if isinstance(a, tuple) else on_mesh(a, mesh) for a in leaves]
+        got = tuple(getattr(a, "sharding", None) for a in leaves)
+        if want is None and any(s is not None and len(s.device_set) > 1 for s in got) or \
+                want is not None and got != want:
+            entry.replay = None  # another sharding: trace again (compiled once per sharding)
+            return _MISS
     scalars = list(trace.scalars)
     for p in trace.key_pos:
         scalars[p] = rng.next_key()
