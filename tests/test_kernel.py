@@ -123,6 +123,8 @@ def test_kernel_runs_magics_and_tensor_ops(start_kernel):
                                     "print(sorted(get_ipython().magics_manager.magics['line']))")
     assert reply["status"] == "ok"
     assert "mode lazy" in out and "'xla_pending'" in out  # the extension is loaded
+    reply, out, _, _ = _execute(kc, "import faulthandler\nprint('fh', faulthandler.is_enabled())")
+    assert "fh True" in out  # a native crash leaves the Python stacks in the kernel's log
     reply, out, _, _ = _execute(kc, "%xla_mode eager")
     assert reply["status"] == "ok" and "lazy -> eager" in out
     reply, out, rich, _ = _execute(

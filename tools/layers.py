@@ -27,10 +27,10 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     ("base", "settings, metrics, dtypes, tables, the session state, source locations, scopes, RNG",
      ("xlanb.base.config", "xlanb.base.metrics", "xlanb.base.dtypes", "xlanb.base.tables",
       "xlanb.base.session", "xlanb.base.frames", "xlanb.base.scopes", "xlanb.base.rng")),
-    ("runtime", "JAX devices and meshes, lowering and compiling, the executable store, array "
-     "transfers",
-     ("xlanb.runtime.devices", "xlanb.runtime.mesh", "xlanb.runtime.jit", "xlanb.runtime.store",
-      "xlanb.runtime.transfer")),
+    ("runtime", "memory-mapping headroom, JAX devices and meshes, lowering and compiling, the "
+     "executable store, array transfers",
+     ("xlanb.runtime.maps", "xlanb.runtime.devices", "xlanb.runtime.mesh", "xlanb.runtime.jit",
+      "xlanb.runtime.store", "xlanb.runtime.transfer")),
     ("lowering", "aten op -> JAX function, one registry",
      ("xlanb.lowering.*",)),
     ("ir", "nodes, op infos, graph plans and hashes; argument templates",
@@ -43,9 +43,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     ("ops", "op plans, view records, leaves, signatures, op infos",
      ("xlanb.ops.plan", "xlanb.ops.views", "xlanb.ops.leaves", "xlanb.ops.signature",
       "xlanb.ops.infos")),
-    ("execute", "compile, fills, single-op executables, background compiles, op-by-op and "
+    ("execute", "the bounded set of loaded executables, compile, fills, single-op executables, background compiles, op-by-op and "
      "graph runs, the first non-finite op",
-     ("xlanb.execute.compile", "xlanb.execute.fills", "xlanb.execute.checks",
+     ("xlanb.execute.resident", "xlanb.execute.compile", "xlanb.execute.fills", "xlanb.execute.checks",
       "xlanb.execute.single_op",
       "xlanb.execute.background", "xlanb.execute.opbyop", "xlanb.execute.nans",
       "xlanb.execute.graphs")),

@@ -28,6 +28,7 @@ from .debug import debug_nans, where_made
 from .profile import Profile, ProfileTable, profile
 from .execute.background import compiles_in_flight as _compiles_in_flight
 from .execute.nans import NonFiniteError
+from .execute.resident import ExecutableLimitError
 from .execute.graphs import CompiledGraph, GraphList, RecompileWarning, graphs
 from .graph.explain import SummaryDiff, diff_summaries, explain
 from .graph.render import render_dot, render_svg, render_text
@@ -54,7 +55,7 @@ __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "c
            "SummaryDiff",
            "RecompileWarning", "metrics", "config", "XlaTensor", "CompiledGraph",
            "manual_seed", "set_trace", "compile", "CompiledFunction", "debugger_active",
-           "format_table", "set_location_labeler", "debug_nans", "NonFiniteError", "where_made",
+           "format_table", "set_location_labeler", "debug_nans", "NonFiniteError", "ExecutableLimitError", "where_made",
            "compare_cpu", "CompareReport", "CompareRow", "profile", "Profile", "ProfileTable",
            "spmd", "distributed", "collectives",
            "load_ipython_extension", "unload_ipython_extension"]

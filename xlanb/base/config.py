@@ -87,6 +87,9 @@ class Config:
         self.debug_nans = os.environ.get("XLANB_DEBUG_NANS", "") not in ("", "0")
         # Bytes of peeked values kept until the next sync (base/session.py PeekCache).
         self.peek_cache_bytes = int(os.environ.get("XLANB_PEEK_CACHE_BYTES") or 256 << 20)
+        # Single-op executables kept loaded (execute/resident.py); 0: derived from the
+        # kernel's limit on memory mappings, which XLA's executables use up.
+        self.max_executables = int(os.environ.get("XLANB_MAX_EXECUTABLES") or 0)
 
     @property
     def inspect(self) -> str:

@@ -119,6 +119,9 @@ class Session:
 
         # -- compiles (execute/)
         self.in_flight: list = []      # Futures of background single-op compiles
+        # OpInfo uid -> OpInfo holding a single-op executable, least recently used first
+        # (execute/resident.py keeps it bounded)
+        self.resident: OrderedDict = OrderedDict()
         self.graph_cache: dict = {}    # (device, structural key) -> CompiledGraph
         self.graph_log: list = []      # every CompiledGraph, in compile order
         self.syncs_at: dict = {}       # source location -> lazy syncs from there

@@ -13,6 +13,7 @@ from ..base.session import session
 from ..ir import OpInfo
 from ..runtime.jit import background
 from .compile import compile_op, load_stored, lower_op, op_store_key
+from .resident import admit
 
 _in_flight = session.in_flight  # Futures of background compiles not yet seen done
 
@@ -32,8 +33,14 @@ def compile_op_ahead(info: OpInfo):
             lowered = lower_op(info)
             future = background(_compile_off_thread, lowered, info.device, key,
                                 time.perf_counter() - t0)
+            # Finished ones leave the list here too: eager mode asks compiles_in_flight
+            # only while ops wait, and a finished Future holds its executable (with its
+            # code mappings) after the info has dropped it.
+            while _in_flight and _in_flight[0].done():
+                del _in_flight[0]
             _in_flight.append(future)
         info.compiling = future
+        admit(info)
         metrics.counter("OpCompile")
     return info.compiling
 

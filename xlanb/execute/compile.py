@@ -15,6 +15,7 @@ from ..ir import OpInfo, info_digest
 from ..runtime import store
 from ..runtime.devices import jax_device
 from ..runtime.jit import compile_lowered, lower_jitted
+from .resident import reserve
 
 _F64 = np.dtype(np.float64)
 _U32 = np.dtype(np.uint32)
@@ -62,7 +63,10 @@ def op_store_key(info: OpInfo) -> str | None:
 
 def load_stored(key: str | None, device: int, metric: str):
     """The executable stored under ``key`` (no lowering), its load time counted as
-    compile time in ``metric``; None on a miss or with the store off."""
+    compile time in ``metric``; None on a miss or with the store off. Every compile
+    starts here, so here the process's room for another executable is checked first
+    (``ExecutableLimitError`` rather than a crash inside XLA)."""
+    reserve()
     if key is None:
         return None
     t0 = time.perf_counter()

@@ -14,6 +14,7 @@ from ..runtime.jit import compile_lowered, lower_jitted
 from ..runtime.mesh import common_mesh, on_mesh, place
 from .checks import DivisorChecked, integer_division
 from .compile import compile_op, load_stored, lower_op, op_store_key
+from .resident import admit, reserve, touch
 
 
 def op_executable(info: OpInfo):
@@ -22,6 +23,7 @@ def op_executable(info: OpInfo):
     exe = info.exe
     if exe is not None:
         metrics.counter("OpCacheHit")
+        touch(info)
         return exe
     pending = info.compiling
     exe = None
@@ -46,6 +48,7 @@ def op_executable(info: OpInfo):
         exe = DivisorChecked(exe, info)
     info.exe = exe
     info.compiling = None
+    admit(info)
     return exe
 
 
@@ -93,6 +96,7 @@ def sharded_executable(info: OpInfo, arrays: list, mesh):
              for m, s in zip(info.in_metas, key)]
     specs += [jax.ShapeDtypeStruct((), "float64", weak_type=True, sharding=mesh) if k == "f"
               else jax.ShapeDtypeStruct((2,), "uint32", sharding=mesh) for k in info.scalar_specs]
+    reserve()
     t0 = time.perf_counter()
     lowered = lower_jitted(lambda *flat: fn(flat[:n], flat[n:]), specs, lower_metric="OpLowerTime")
     exe = compile_lowered(lowered, metric="OpCompileTime", lower_s=time.perf_counter() - t0)
@@ -102,6 +106,7 @@ def sharded_executable(info: OpInfo, arrays: list, mesh):
         exe = DivisorChecked(exe, info)
     exe = _Sharded(exe, colls)
     table[key] = exe
+    admit(info)
     _count_collectives(exe)
     return exe
 

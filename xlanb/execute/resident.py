@@ -1,0 +1,132 @@
+"""The executables this process keeps loaded: a bounded set, and the headroom check made
+before compiling or loading another (issue 26; the cause is in runtime/maps.py).
+
+Single-op executables are many (a long eager session or PyTorch's OpInfo tests make
+thousands) and cheap to get back: the executable store reloads one in well under a
+millisecond. So at most ``cap()`` of them stay loaded; past that the least recently used
+are dropped, and an op that needs one again reloads it from the store (or compiles it).
+Recency is kept off the eager hot path, which calls ``info.call`` and touches nothing
+else: eviction works as a clock. An info whose fast call is set has run since the last
+pass, so the pass only clears that call (a second chance); the next use goes through
+``op_executable``, which marks it used again. An info still without a call at the next
+pass is dropped.
+"""
+from __future__ import annotations
+
+import gc
+
+from ..base import metrics
+from ..base.config import config
+from ..base.session import session
+from ..runtime import maps
+
+_resident = session.resident  # OpInfo uid -> OpInfo with an executable loaded or compiling
+
+# Measured 3.2 mappings per XLA:CPU single-op executable; a graph's can take more.
+_MAPS_PER_EXECUTABLE = 4
+# Above this share of vm.max_map_count, drop half the loaded single-op executables before
+# compiling another; above the second, refuse with ExecutableLimitError.
+_SHRINK_AT, _REFUSE_AT = 0.75, 0.9
+
+
+class ExecutableLimitError(MemoryError):
+    """The process is close to the kernel's limit on memory mappings, which XLA needs for
+    every executable's code, and dropping cached single-op executables did not make room.
+    Compiling another would crash the process inside XLA; nothing was compiled and every
+    tensor keeps its value and pending work."""
+
+
+def cap() -> int:
+    """How many single-op executables stay loaded: ``config.max_executables``
+    (``XLANB_MAX_EXECUTABLES``), else an eighth of ``vm.max_map_count``, at about 3.2
+    mappings each a quarter of the process's mappings (8,191 by default)."""
+    if config.max_executables:
+        return config.max_executables
+    lim = maps.limit()
+    return max(256, lim // 8) if lim else 8192
+
+
+def admit(info) -> None:
+    """``info`` holds (or is compiling) an executable: count it in, dropping the least
+    recently used beyond the cap (down to 90% of it, so passes are rare)."""
+    _resident[info.uid] = info
+    _resident.move_to_end(info.uid)
+    n = cap()
+    if len(_resident) > n:
+        shrink(n * 9 // 10)
+
+
+def touch(info) -> None:
+    """``info``'s executable was asked for: it is recently used."""
+    try:
+        _resident.move_to_end(info.uid)
+    except KeyError:  # loaded before a reset, or by a path that does not admit
+        pass
+
+
+def shrink(target: int) -> int:
+    """Drop executables until at most ``target`` stay loaded (the clock above); returns
+    how many were dropped. One still compiling is kept; so is one that ran since the
+    last pass, if the pass can reach ``target`` without it."""
+    dropped = 0
+    for _ in range(2 * len(_resident)):  # each info is passed at most twice
+        if len(_resident) <= target:
+            break
+        uid, info = next(iter(_resident.items()))
+        fut = info.compiling
+        if fut is not None and not fut.done():
+            _resident.move_to_end(uid)
+            continue
+        if info.call is not None:  # ran through the fast path since the last pass
+            info.call = None
+            _resident.move_to_end(uid)
+            continue
+        del _resident[uid]
+        # every reference xlanb holds: the executable is freed with its code mappings
+        info.exe = info.compiling = info.sharded = None
+        dropped += 1
+    if dropped:
+        metrics.counter("OpExecutableEvicted", dropped)
+    return dropped
+
+
+class _Check:
+    calls = 0       # reserve() calls so far
+    next_at = 0     # the call that reads the mapping count again
+
+
+def reserve() -> None:
+    """Called before compiling or loading an executable. Reads the process's mapping
+    count now and then (more often as it nears the limit): near the limit it drops half
+    the loaded single-op executables; if that leaves too little room, it raises
+    ``ExecutableLimitError`` rather than let XLA crash the process."""
+    _Check.calls += 1
+    if _Check.calls < _Check.next_at:
+        return
+    lim = maps.limit()
+    if lim is None:
+        _Check.next_at = 1 << 62
+        return
+    used = maps.count()
+    if used > lim * _SHRINK_AT:
+        shrink(len(_resident) // 2)
+        gc.collect()  # executables held only by reference cycles
+        used = maps.count()
+        if used > lim * _REFUSE_AT:
+            _Check.next_at = _Check.calls + 1
+            raise ExecutableLimitError(
+                f"xlanb: this process holds {used:,} memory mappings of the kernel's limit of "
+                f"{lim:,} (vm.max_map_count), and XLA needs more for every executable it "
+                f"compiles: compiling another would crash the process. {len(_resident):,} "
+                f"single-op and {len(session.graph_cache):,} graph executables are loaded. "
+                "Nothing was lost. xlanb.reset() drops them all (pending work is synced "
+                "first); a lower XLANB_MAX_EXECUTABLES keeps fewer loaded; or raise the "
+                "limit: sysctl -w vm.max_map_count=262144")
+    # sample again before the room left could be used up, at most every 256 calls
+    room = (lim * _SHRINK_AT - used) / _MAPS_PER_EXECUTABLE
+    _Check.next_at = _Check.calls + max(1, min(256, int(room // 2)))
+
+
+def recheck() -> None:
+    """Read the mapping count at the next ``reserve`` (after the limit may have moved)."""
+    _Check.next_at = _Check.calls
