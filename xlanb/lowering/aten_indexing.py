@@ -145,7 +145,7 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
         return out
     count = scatter(jnp.zeros(x.shape, x.dtype), dim, index, 1, reduce="add")
     count = jnp.maximum(count + (1 if include_self else 0), 1)
-    return out / count if is_float(x) else out // count
+    return out / count if jnp.issubdtype(x.dtype, jnp.inexact) else out // count
 
 
 def _dim_ref(x, dim, index):

@@ -285,7 +285,7 @@ def index_reduce(x, dim, index, source, reduce, *, include_self=True):
         count = jnp.zeros(xm.shape[:1], jnp.int64).at[index].add(1)
         count = count + (1 if include_self else 0)
         count = jnp.maximum(count, 1).reshape((-1,) + (1,) * (xm.ndim - 1))
-        out = out / count if is_float(x) else out // count
+        out = out / count if jnp.issubdtype(x.dtype, jnp.inexact) else out // count
     return jnp.moveaxis(out.astype(x.dtype), 0, d)
 
 

@@ -13,10 +13,11 @@ from xlanb.lowering.registry import register
 
 def _acc(x, dtype):
     """Input prepared for an additive reduction: an explicit dtype wins; ints and
-    bools accumulate in int64 and half floats in float32, like torch."""
+    bools accumulate in int64 and half floats in float32, like torch; complex stays
+    complex (a sum of complex64 on xla came back 0: it had been cast to int64)."""
     if dtype is not None:
         return x.astype(jdtype(dtype))
-    if not is_float(x):
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
         return x.astype(jnp.int64)
     return upcast(x)
 

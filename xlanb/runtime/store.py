@@ -441,6 +441,7 @@ def _write(path: str, key: str, body: bytes) -> None:
                           "writable directory, or to an empty string to turn the store off.",
                           RuntimeWarning, stacklevel=3)
         return
+    metrics.counter("PersistentCacheWrite")
     _account(_root_of(path), len(_MAGIC) + len(tag) + len(body))
 
 
@@ -520,5 +521,6 @@ def _account(root: str, added: int) -> None:
         total = sum(e.size for e in entries(root)) if total is None else total + added
         cap = config.cache_max_bytes
         if total > cap:
-            total = evict(root, cap * 9 // 10)[1]
+            gone, total = evict(root, cap * 9 // 10)
+            metrics.counter("PersistentCacheEvicted", len(gone))
         _usage[root] = total
