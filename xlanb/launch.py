@@ -35,6 +35,7 @@ def main(argv=None) -> int:
     procs = []
     for i in range(a.nproc):
         env = dict(os.environ)
+        env.setdefault("PYTHONFAULTHANDLER", "1")  # a native crash leaves its Python stacks
         env.update({"XLANB_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
                     "XLANB_NUM_PROCESSES": str(a.nproc), "XLANB_PROCESS_ID": str(i)})
         if a.devices_per_proc:
