@@ -37,6 +37,11 @@ def _rss_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def _maps() -> int:
+    with open("/proc/self/maps", "rb") as f:
+        return f.read().count(b"\n")
+
+
 def _store_bytes(cache_dir: str) -> int:
     total = 0
     for dirpath, _dirs, files in os.walk(cache_dir):
@@ -170,12 +175,11 @@ def _phase_training(steps: int, switch_every: int, emit) -> float:
 def child(a) -> None:
     import xlanb  # XLANB_CACHE_DIR and XLANB_MAX_EXECUTABLES come from the parent
     from xlanb.base.session import session
-    from xlanb.runtime import maps
     t0 = time.perf_counter()
 
     def emit(rec: dict) -> None:
         rec.update(t=round(time.perf_counter() - t0, 2), rss_mib=round(_rss_mib(), 1),
-                   maps=maps.count(), loaded=len(session.resident),
+                   maps=_maps(), loaded=len(getattr(session, "resident", ())),
                    store_bytes=_store_bytes(a.cache_dir),
                    counters={k: xlanb.metrics.counter_value(k) or 0 for k in COUNTERS})
         print("SOAK " + json.dumps(rec), flush=True)
