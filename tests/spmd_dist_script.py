@@ -12,6 +12,7 @@ import torch
 
 import xlanb
 import xlanb.spmd as xs
+from xlanb.compat import runtime as xr, xla_model as xm
 
 if os.environ.get("XLANB_NUM_PROCESSES"):
     xlanb.distributed.initialize()
@@ -44,7 +45,9 @@ peek = xlanb.peek(m[0].weight)
 shards = xlanb.peek(m[0].weight, shards=True)
 out = {"losses": losses, "weights": weights, "peek_ok": torch.equal(peek, torch.tensor(weights[0])),
        "local_shards": [s.device for s in shards], "nproc": nproc,
-       "graphs": len(xlanb.graphs()), "xx_shape": list(xx.shape), "repr": repr(m[0].weight)}
+       "graphs": len(xlanb.graphs()), "xx_shape": list(xx.shape), "repr": repr(m[0].weight),
+       # torch_xla's names for the same (xlanb.compat): processes are its replicas
+       "xr": [xr.world_size(), xr.global_ordinal(), xm.xrt_world_size(), xm.is_master_ordinal()]}
 if rank != 0:
     print(f"rank {rank} shards {out['local_shards']}", flush=True)
 if nproc > 1:  # the others have printed: process 0's long line is not cut into by theirs

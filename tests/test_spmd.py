@@ -199,6 +199,7 @@ def test_two_processes_match_one_process(one_process, mode):
     assert one["peek_ok"] and two["peek_ok"]
     assert one["graphs"] == 1 and two["graphs"] == (1 if mode == "lazy" else 0)
     assert two["xx_shape"] == [8, 8]  # global batch from two 4-row pieces
+    assert one["xr"] == [1, 0, 1, True] and two["xr"] == [2, 0, 2, True]  # process 0 reports
     # each process holds (and lists) only its own shards
     assert one["local_shards"] == ["xla:0", "xla:1", "xla:2", "xla:3"]
     assert two["local_shards"] == ["xla:0", "xla:1"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import xlanb
+from xlanb import distributed
 from xlanb.runtime.devices import platform_name
 
 from .missing import ONE_PROCESS, module_getattr
@@ -32,12 +33,14 @@ def device_type() -> str:
 
 
 def world_size() -> int:
-    """1: xlanb runs one process."""
-    return 1
+    """The processes of this program (``python -m xlanb.launch``, ``xlanb.distributed``);
+    1 when it runs alone."""
+    return distributed.process_count()
 
 
 def global_ordinal() -> int:
-    return 0
+    """This process's place among them (0 when it runs alone)."""
+    return distributed.process_index()
 
 
 def local_ordinal() -> int:
@@ -45,11 +48,11 @@ def local_ordinal() -> int:
 
 
 def process_index() -> int:
-    return 0
+    return distributed.process_index()
 
 
 def process_count() -> int:
-    return 1
+    return distributed.process_count()
 
 
 def local_process_count() -> int:

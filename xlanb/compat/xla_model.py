@@ -71,7 +71,7 @@ def is_xla_tensor(tensor: torch.Tensor) -> bool:
 
 
 def get_ordinal(defval: int = 0) -> int:
-    return 0
+    return _xr.process_index()
 
 
 def get_local_ordinal() -> int:
@@ -79,15 +79,17 @@ def get_local_ordinal() -> int:
 
 
 def is_master_ordinal(local: bool = True) -> bool:
-    return True
+    return _xr.process_index() == 0
 
 
 def xrt_world_size(defval: int = 1) -> int:
-    return 1
+    return _xr.process_count()
 
 
 def master_print(*args: Any, fd=None, local: bool = False, flush: bool = False) -> None:
-    print(*args, file=sys.stdout if fd is None else fd, flush=flush)
+    """Print in process 0 only, as torch_xla does."""
+    if is_master_ordinal(local):
+        print(*args, file=sys.stdout if fd is None else fd, flush=flush)
 
 
 def _run_step_closures() -> None:
