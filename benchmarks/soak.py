@@ -1,14 +1,15 @@
 """A long session in one process, with the executable store on: does it survive, does
 its memory stay flat, do its answers stay right? (issue 26)
 
-    python benchmarks/soak.py [--signatures N] [--steps N] [--switch-every K]
+    python benchmarks/soak.py [--signatures N] [--revisit N] [--steps N] [--switch-every K]
                               [--max-executables N] [--store-max-bytes B] [--short] [--json]
 
 The session runs in a child process, so that a native crash is reported (its exit
 status and the last sample before it) instead of taking the report with it:
 1. signatures: N distinct single-op signatures in eager mode (unary, binary, reduction
    and matmul ops over 9 dtypes, complex included, and many shapes), each compared with
-   CPU torch;
+   CPU torch; then the first ``--revisit`` of them again, whose executables were dropped
+   from the loaded set by then and come back from the store;
 2. training: a small MLP for ``--steps`` SGD steps, the mode switched every K steps
    (lazy, eager, opbyop in turn), against the same model trained on CPU torch.
 It prints the RSS and the process's memory mappings over time, the store's size, and
@@ -118,13 +119,20 @@ def _close(a, b, dtype) -> bool:
         return False
 
 
-def _phase_signatures(n: int, emit) -> int:
+def _phase_signatures(n: int, emit, revisit: int = 0) -> int:
+    """``n`` new signatures, then the first ``revisit`` again: by then their executables
+    were dropped from the loaded set, so they come back from the store."""
     import torch
     import xlanb
     xlanb.set_mode("eager")
     gen = torch.Generator().manual_seed(0)
     wrong = 0
-    for i, (op, dtype, shape) in enumerate(_signature_cases(n)):
+    cases = _signature_cases(n)
+    phase = "signatures"
+    for i, (op, dtype, shape) in enumerate(cases + cases[:revisit]):
+        if i == n:
+            phase = "revisit"
+            emit({"phase": phase, "done": 0})
         if dtype.is_floating_point or dtype.is_complex:
             x = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
             y = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
@@ -142,7 +150,7 @@ def _phase_signatures(n: int, emit) -> int:
             wrong += 1
             emit({"wrong": [op, str(dtype), list(shape)]})
         if i % 250 == 249:
-            emit({"phase": "signatures", "done": i + 1})
+            emit({"phase": phase, "done": i + 1 if i < n else i + 1 - n})
     return wrong
 
 
@@ -185,7 +193,7 @@ def child(a) -> None:
         print("SOAK " + json.dumps(rec), flush=True)
 
     emit({"phase": "start"})
-    wrong = _phase_signatures(a.signatures, emit)
+    wrong = _phase_signatures(a.signatures, emit, a.revisit)
     drift = _phase_training(a.steps, a.switch_every, emit)
     emit({"phase": "end", "wrong": wrong, "max_param_diff": drift})
 
@@ -202,7 +210,7 @@ def run(a) -> dict:
         env["XLANB_CACHE_MAX_BYTES"] = a.store_max_bytes
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--cache-dir", cache_dir,
-           "--signatures", str(a.signatures), "--steps", str(a.steps),
+           "--signatures", str(a.signatures), "--revisit", str(a.revisit), "--steps", str(a.steps),
            "--switch-every", str(a.switch_every)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -236,13 +244,14 @@ def report(r: dict) -> str:
 def main(argv=None) -> dict | None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--signatures", type=int, default=6000)
+    ap.add_argument("--revisit", type=int, default=1000)
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--switch-every", type=int, default=5)
     ap.add_argument("--max-executables", type=int, default=0,
                     help="XLANB_MAX_EXECUTABLES for the session (0: xlanb's default)")
     ap.add_argument("--store-max-bytes", default="", help="XLANB_CACHE_MAX_BYTES (e.g. 20M)")
     ap.add_argument("--short", action="store_true",
-                    help="the CI version: 400 signatures, 60 steps, 64 executables loaded, "
+                    help="the CI version: 400 signatures (100 revisited), 60 steps, 64 executables loaded, "
                          "a 2M store, so both evictions run")
     ap.add_argument("--cache-dir", default="")
     ap.add_argument("--json", action="store_true")
@@ -252,7 +261,7 @@ def main(argv=None) -> dict | None:
         child(a)
         return None
     if a.short:
-        a.signatures, a.steps, a.switch_every = 400, 60, 3
+        a.signatures, a.revisit, a.steps, a.switch_every = 400, 100, 60, 3
         a.max_executables = a.max_executables or 64
         a.store_max_bytes = a.store_max_bytes or "2M"
     r = run(a)

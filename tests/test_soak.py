@@ -25,4 +25,5 @@ def test_short_soak_survives_and_matches_cpu(tmp_path):
     end = r["samples"][-1]["counters"]
     assert end["OpExecutableEvicted"] > 0 and end["PersistentCacheEvicted"] > 0
     assert end["PersistentCacheWrite"] > 0
+    assert end["PersistentCacheHit"] > 0  # revisited signatures came back from the store
     assert max(s["loaded"] for s in r["samples"]) <= 64  # the short run's cap
