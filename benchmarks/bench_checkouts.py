@@ -13,23 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_modes import _cpu_model  # noqa: E402
+
 KEYS = ("eager_op_us", "eager_chain_us", "eager_scalar_us", "lazy_trace_us")
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def measure(checkout: str) -> dict:
@@ -49,7 +40,7 @@ def main(argv=None) -> None:
     for _ in range(a.rounds):
         for c in a.checkouts:
             runs[c].append(measure(c))
-    print(f"{cpu_model()}, {os.cpu_count()} cores; median of {a.rounds} interleaved rounds (µs/op)\n")
+    print(f"{_cpu_model()}, {os.cpu_count()} cores; median of {a.rounds} interleaved rounds (µs/op)\n")
     print("| checkout | commit | " + " | ".join(KEYS) + " |")
     print("|---|---|" + "---|" * len(KEYS))
     for c, rs in runs.items():
