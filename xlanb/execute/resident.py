@@ -14,6 +14,7 @@ pass is dropped.
 from __future__ import annotations
 
 import gc
+import threading
 
 from ..base import metrics
 from ..base.config import config
@@ -28,6 +29,8 @@ _DEFAULT_CAP = 4096
 # Above this share of vm.max_map_count, drop half the loaded single-op executables before
 # compiling another; above the second, refuse with ExecutableLimitError.
 _SHRINK_AT, _REFUSE_AT = 0.75, 0.9
+# user threads may run ops at once: the table is changed under this lock
+_lock = threading.RLock()
 
 
 class ExecutableLimitError(MemoryError):
@@ -51,25 +54,35 @@ def cap() -> int:
 def admit(info) -> None:
     """``info`` holds (or is compiling) an executable: count it in, dropping the least
     recently used beyond the cap (down to 90% of it, so passes are rare)."""
-    _resident[info.uid] = info
-    _resident.move_to_end(info.uid)
-    n = cap()
-    if len(_resident) > n:
-        shrink(n * 9 // 10)
+    with _lock:
+        _resident[info.uid] = info
+        _resident.move_to_end(info.uid)
+        n = cap()
+        if len(_resident) > n:
+            shrink(n * 9 // 10)
 
 
 def touch(info) -> None:
     """``info``'s executable was asked for: it is recently used."""
-    try:
-        _resident.move_to_end(info.uid)
-    except KeyError:  # loaded before a reset, or by a path that does not admit
-        pass
+    with _lock:
+        try:
+            _resident.move_to_end(info.uid)
+        except KeyError:  # dropped meanwhile, or loaded before a reset
+            pass
 
 
 def shrink(target: int) -> int:
     """Drop executables until at most ``target`` stay loaded (the clock above); returns
     how many were dropped. One still compiling is kept; so is one that ran since the
     last pass, if the pass can reach ``target`` without it."""
+    with _lock:
+        dropped = _shrink(target)
+    if dropped:
+        metrics.counter("OpExecutableEvicted", dropped)
+    return dropped
+
+
+def _shrink(target: int) -> int:
     dropped = 0
     for _ in range(2 * len(_resident)):  # each info is passed at most twice
         if len(_resident) <= target:
@@ -87,8 +100,6 @@ def shrink(target: int) -> int:
         # every reference xlanb holds: the executable is freed with its code mappings
         info.exe = info.compiling = info.sharded = None
         dropped += 1
-    if dropped:
-        metrics.counter("OpExecutableEvicted", dropped)
     return dropped
 
 
