@@ -55,7 +55,8 @@ __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "c
            "SummaryDiff",
            "RecompileWarning", "metrics", "config", "XlaTensor", "CompiledGraph",
            "manual_seed", "set_trace", "compile", "CompiledFunction", "debugger_active",
-           "format_table", "set_location_labeler", "debug_nans", "NonFiniteError", "ExecutableLimitError", "where_made",
+           "format_table", "set_location_labeler", "debug_nans", "NonFiniteError",
+           "ExecutableLimitError", "where_made",
            "compare_cpu", "CompareReport", "CompareRow", "profile", "Profile", "ProfileTable",
            "spmd", "distributed", "collectives",
            "load_ipython_extension", "unload_ipython_extension"]

@@ -33,11 +33,10 @@ def compile_op_ahead(info: OpInfo):
             lowered = lower_op(info)
             future = background(_compile_off_thread, lowered, info.device, key,
                                 time.perf_counter() - t0)
-            # Finished ones leave the list here too: eager mode asks compiles_in_flight
-            # only while ops wait, and a finished Future holds its executable (with its
-            # code mappings) after the info has dropped it.
-            while _in_flight and _in_flight[0].done():
-                del _in_flight[0]
+            # Eager mode asks compiles_in_flight only while ops wait, so finished ones
+            # also leave here: a finished Future holds its executable (with its code
+            # mappings) after the info has dropped it.
+            _drop_finished()
             _in_flight.append(future)
         info.compiling = future
         admit(info)
@@ -53,10 +52,13 @@ def _compile_off_thread(lowered, device: int, key: str | None, lower_s: float):
         metrics.record("OpBackgroundCompileTime", time.perf_counter() - t0)
 
 
+def _drop_finished() -> None:
+    """Forget the finished Futures at the front (the oldest finish first)."""
+    while _in_flight and _in_flight[0].done():
+        del _in_flight[0]
+
+
 def compiles_in_flight() -> bool:
     """Whether a background single-op compile is still running."""
-    for fut in _in_flight:  # usually stops at the first: the oldest finish first
-        if not fut.done():
-            return True
-    _in_flight.clear()
-    return False
+    _drop_finished()
+    return bool(_in_flight)
