@@ -37,15 +37,15 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
      ("xlanb.ir", "xlanb.templates")),
     ("graph", "a graph as plain data, its differ and its one renderer (text, DOT, SVG)",
      ("xlanb.graph.summary", "xlanb.graph.explain", "xlanb.graph.render",
-      "xlanb.graph.collectives")),
+      "xlanb.graph.hlo_text", "xlanb.graph.collectives")),
     ("tensor", "XlaTensor, storages, signature keys",
      ("xlanb.tensor",)),
     ("ops", "op plans, view records, leaves, signatures, op infos",
      ("xlanb.ops.plan", "xlanb.ops.views", "xlanb.ops.leaves", "xlanb.ops.signature",
       "xlanb.ops.infos")),
-    ("execute", "the bounded set of loaded executables, compile, fills, single-op executables, background compiles, op-by-op and "
+    ("execute", "the bounded set of loaded executables, device memory (figures, by line, the limit), compile, fills, single-op executables, background compiles, op-by-op and "
      "graph runs, the first non-finite op",
-     ("xlanb.execute.resident", "xlanb.execute.compile", "xlanb.execute.fills", "xlanb.execute.checks",
+     ("xlanb.execute.resident", "xlanb.execute.memory", "xlanb.execute.compile", "xlanb.execute.fills", "xlanb.execute.checks",
       "xlanb.execute.single_op",
       "xlanb.execute.background", "xlanb.execute.opbyop", "xlanb.execute.nans",
       "xlanb.execute.graphs")),

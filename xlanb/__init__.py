@@ -29,6 +29,11 @@ from .profile import Profile, ProfileTable, profile
 from .execute.background import compiles_in_flight as _compiles_in_flight
 from .execute.nans import NonFiniteError
 from .execute.resident import ExecutableLimitError
+from .execute.memory import (DeviceMemoryError, GraphMemory, MemoryByLine, MemoryLimit,
+                             MemoryRow, MemorySample, MemoryTimeline, max_memory_allocated,
+                             memory_allocated, memory_by_line, memory_limit, memory_stats,
+                             memory_summary, memory_timeline, reset_peak_memory_stats,
+                             set_line_bytes as memory_lines)
 from .execute.graphs import CompiledGraph, GraphList, RecompileWarning, graphs
 from .graph.explain import SummaryDiff, diff_summaries, explain
 from .graph.render import render_dot, render_svg, render_text
@@ -59,6 +64,10 @@ __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "c
            "ExecutableLimitError", "where_made",
            "compare_cpu", "CompareReport", "CompareRow", "profile", "Profile", "ProfileTable",
            "spmd", "distributed", "collectives",
+           "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats",
+           "memory_stats", "memory_summary", "memory_by_line", "memory_limit",
+           "memory_timeline", "memory_lines", "DeviceMemoryError", "GraphMemory",
+           "MemoryByLine", "MemoryRow", "MemoryLimit", "MemorySample", "MemoryTimeline",
            "load_ipython_extension", "unload_ipython_extension"]
 
 __version__ = "0.1.0"

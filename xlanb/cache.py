@@ -15,6 +15,7 @@ import sys
 import time
 
 from .base.config import config, parse_bytes
+from .base.tables import format_bytes
 from .runtime import store as exe_store
 
 _STALE_TMP_S = 3600  # a write in progress takes seconds; older temporary files are leftovers
@@ -79,9 +80,9 @@ def _info(root: str | None) -> int:
     print(f"store:    {root or '-'}")
     print(f"status:   {'off: ' + problem if problem else 'on'}")
     print(f"key:      {config.store_key_file}{key_state}")
-    print(f"cap:      {_fmt(config.cache_max_bytes)} (XLANB_CACHE_MAX_BYTES)")
-    print(f"entries:  {len(found)}, {_fmt(sum(e.size for e in found))}")
-    print(f"  other versions: {len(stale)}, {_fmt(sum(e.size for e in stale))} "
+    print(f"cap:      {format_bytes(config.cache_max_bytes)} (XLANB_CACHE_MAX_BYTES)")
+    print(f"entries:  {len(found)}, {format_bytes(sum(e.size for e in found))}")
+    print(f"  other versions: {len(stale)}, {format_bytes(sum(e.size for e in stale))} "
           "(deleted by prune, and first when over the cap)")
     return 0
 
@@ -91,10 +92,10 @@ def _prune(root: str, max_bytes: int) -> int:
     n_stale = _remove([e.path for e in stale])
     n_tmp = _remove(_leftover_tmp(root))
     gone, left = exe_store.evict(root, max_bytes)
-    print(f"deleted {n_stale} entries of other versions ({_fmt(sum(e.size for e in stale))}), "
-          f"{len(gone)} least recently used ({_fmt(sum(e.size for e in gone))}), "
+    print(f"deleted {n_stale} entries of other versions ({format_bytes(sum(e.size for e in stale))}), "
+          f"{len(gone)} least recently used ({format_bytes(sum(e.size for e in gone))}), "
           f"{n_tmp} leftover temporary files; "
-          f"{_fmt(left)} left (cap {_fmt(max_bytes)})")
+          f"{format_bytes(left)} left (cap {format_bytes(max_bytes)})")
     return 0
 
 
@@ -102,7 +103,7 @@ def _clear(root: str) -> int:
     found = exe_store.entries(root)
     _remove([e.path for e in found] + _leftover_tmp(root))
     _remove_empty_dirs(root)
-    print(f"deleted {len(found)} entries ({_fmt(sum(e.size for e in found))}) from {root}")
+    print(f"deleted {len(found)} entries ({format_bytes(sum(e.size for e in found))}) from {root}")
     return 0
 
 
@@ -142,14 +143,6 @@ def _remove_empty_dirs(root: str) -> None:
                 os.rmdir(dirpath)
             except OSError:  # not empty: a write in progress
                 pass
-
-
-def _fmt(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 if __name__ == "__main__":

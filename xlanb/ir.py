@@ -10,6 +10,7 @@ A node with ``data`` set is materialized: graphs treat it as an input (a leaf).
 from __future__ import annotations
 
 import hashlib
+import os
 import itertools
 from typing import Callable, NamedTuple
 
@@ -36,6 +37,23 @@ def contiguous_strides(shape) -> tuple:
     return tuple(reversed(strides))
 
 
+def result_bytes(out) -> int:
+    """The bytes of an op's result(s): a TensorMeta or a tuple holding some."""
+    if isinstance(out, TensorMeta):
+        n = out.dtype.itemsize
+        for d in out.shape:
+            n *= d
+        return n
+    if isinstance(out, tuple):
+        return sum(result_bytes(o) for o in out)
+    return 0
+
+
+# Eager results of at least this many bytes remember the line that made them (set by
+# xlanb.memory_lines; XLANB_MEMORY_LINE_BYTES).
+LINE_BYTES = [int(os.environ.get("XLANB_MEMORY_LINE_BYTES") or 256 << 10)]
+
+
 # Never reset: a uid names an OpInfo for the life of the process (graph keys hold them).
 _uids = itertools.count(1)
 GETITEM = "getitem"  # the name of the info that picks one output of a multi-output node
@@ -47,7 +65,7 @@ class OpInfo:
     __slots__ = ("uid", "name", "op", "sig", "fn", "out", "multi", "n_in", "scalar_specs",
                  "device", "plan", "in_metas", "template", "view",
                  "exe", "call", "compiling", "aval_uid", "layout", "sharding", "sharded",
-                 "__weakref__")
+                 "nbytes", "lines", "__weakref__")
 
     def __init__(self, name: str, sig, fn: Callable, out, *, op=None, n_in: int = 0,
                  scalar_specs: tuple = (), device: int = 0, plan=None, in_metas: tuple = (),
@@ -75,6 +93,10 @@ class OpInfo:
         self.layout = None        # the result's BaseLayout (single-output ops), made on first use
         self.sharding = None      # xlanb::mark_sharding: the NamedSharding it constrains to
         self.sharded = None       # input shardings -> its executable for sharded inputs (spmd)
+        self.nbytes = result_bytes(out)
+        # eager: whether its results remember the user's line (xlanb.memory_by_line).
+        # Only results big enough to matter pay for finding the line.
+        self.lines = self.nbytes >= LINE_BYTES[0]
 
     def __repr__(self) -> str:
         return f"<OpInfo {self.uid} {self.name}>"

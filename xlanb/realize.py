@@ -12,6 +12,7 @@ from .base.config import config
 from .base.session import mode_state, session
 from .execute.fills import settled_if_empty
 from .execute.graphs import run_graph
+from .execute.memory import sample
 from .execute.nans import check_run, raise_deferred
 from .execute.opbyop import run_op_by_op
 from .ir import Node, plan_graph
@@ -87,6 +88,7 @@ def sync(cause: str = "user sync") -> None:
         if mode_state().deferred:  # the ops that waited on compiles were never needed
             end_waiting()
     compact()
+    sample(cause)  # device bytes after each sync: the peak and xlanb.memory_timeline()
     if observers:  # a profiler: a user sync ends a step
         for fn in tuple(observers):
             fn("step", cause, None)

@@ -19,6 +19,7 @@ from .base.scopes import current_scope
 from .base.session import mode_state, session
 from .execute.background import compile_op_ahead, compiles_in_flight
 from .execute.fills import settled_if_empty
+from .execute.memory import check_op, device_oom, is_device_oom
 from .execute.single_op import direct_call, op_executable, run_op
 from .ir import Node, OpInfo, TensorMeta
 from .live import track, track_view
@@ -69,7 +70,8 @@ def run_node(info: OpInfo, inputs: tuple, scalars: tuple) -> Node:
     if session.spmd:  # a tensor was sharded: executables are chosen by input shardings
         arrays = [n.data if n.data is not None else node_array(n) for n in inputs]
         with _x64():
-            return Node(info, (), (), run_op(info, arrays, scalars))
+            data = run_op(info, arrays, scalars)
+        return Node(info, (), (), data, *((user_frame(), current_scope()) if info.lines else ()))
     call = info.call
     if call is None or state.deferred:
         if (info.exe is None or state.deferred) and config.background_compile:
@@ -80,14 +82,23 @@ def run_node(info: OpInfo, inputs: tuple, scalars: tuple) -> Node:
     else:
         _count("OpCacheHit")
     arrays = [n.data if n.data is not None else node_array(n) for n in inputs]
+    if config.memory_limit is not None:  # xlanb.memory_limit: checked before it runs
+        check_op(info, user_frame())
     # x64 on, as when it compiled: lifted floats are float64, and a call that misses
     # JAX's C++ fast path checks its arguments under the current setting.
     with _x64():
         if scalars:
             scalars = _scalar_arrays(scalars, info.device)
-        data = call(*arrays, *scalars)
+        try:
+            data = call(*arrays, *scalars)
+        except Exception as e:
+            if is_device_oom(e):
+                raise device_oom(e, info.device, info.name) from e
+            raise
     if info.call is None:
         info.call = direct_call(call)
+    if info.lines:  # big enough to matter: its line, for xlanb.memory_by_line
+        return Node(info, (), (), data, user_frame(), current_scope())
     return Node(info, (), (), data)
 
 
@@ -135,7 +146,7 @@ def _eager_deferred(state, info: OpInfo, inputs: tuple, scalars: tuple) -> Node 
 def output_node(parent: Node, info: OpInfo, i: int) -> Node:
     gi = getitem_info(info, i)
     if parent.data is not None:
-        return Node(gi, data=parent.data[i])
+        return Node(gi, data=parent.data[i], src=parent.src, scope=parent.scope)
     return Node(gi, (parent,), src=parent.src, scope=parent.scope)
 
 

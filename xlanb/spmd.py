@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .base.frames import user_frame
 from .base.session import mode_state, session
 from .ir import Node, OpInfo
-from .ops.leaves import data_info
+from .ops.leaves import is_placed, placed_info
 from .realize import node_array, peek_node
 from .record import run_node, value_node, write
 from .runtime.mesh import (Mesh, ShardingError, as_mesh, global_index, is_sharded,
@@ -109,7 +109,7 @@ def _place(t: XlaTensor, sharding: NamedSharding) -> None:
     arr = node.data if node.data is not None else node_array(node, cause="mark_sharding")
     new = place(arr, sharding)
     # a leaf that remembers where it was marked: a recompile it causes names that line
-    s.node = Node(data_info(s.meta, s.device), data=new, src=src)
+    s.node = Node(placed_info(s.meta, s.device), data=new, src=src)
     s.version += 1  # views re-derive from the sharded value
 
 
@@ -177,7 +177,7 @@ def get_sharding(t: torch.Tensor) -> Sharding | None:
     if not isinstance(data.sharding, NamedSharding):  # another kind of sharding: not ours
         return None
     mesh, spec = data.sharding.mesh, data.sharding.spec
-    placed = node.info.name == "device_data" and node.src is not None
+    placed = is_placed(node)
     return Sharding(mesh, spec, "placed" if placed else "propagated", shape)
 
 

@@ -12,6 +12,10 @@
 ``XLANB_BACKGROUND_COMPILE``  0: eager mode compiles each new op before running it,
                      instead of going on while XLA compiles it on a background thread
 ``XLANB_DEBUG_NANS``  1: find the first op that makes a NaN or Inf (``xlanb.debug_nans``)
+``XLANB_MEMORY_LIMIT``  device bytes a graph may take, checked before it runs (``16G``;
+                     ``xlanb.memory_limit``)
+``XLANB_MEMORY_LINE_BYTES``  eager results of at least this size remember their line for
+                     ``xlanb.memory_by_line`` (default 256 KiB; lazy and opbyop: all)
 ``XLANB_PEEK_CACHE_BYTES``  how many bytes of values peeks keep until the next sync
                      (default 256 MiB); past that the least recently used are recomputed
 """
@@ -90,6 +94,13 @@ class Config:
         # Single-op executables kept loaded (execute/resident.py); 0: derived from the
         # kernel's limit on memory mappings, which XLA's executables use up.
         self.max_executables = int(os.environ.get("XLANB_MAX_EXECUTABLES") or 0)
+        # Device bytes a graph (or an eager op) may take, checked before it runs
+        # (execute/memory.py; xlanb.memory_limit); None: no check.
+        try:
+            limit = os.environ.get("XLANB_MEMORY_LIMIT") or ""
+            self.memory_limit: int | None = parse_bytes(limit) if limit else None
+        except ValueError as e:
+            raise ValueError(f"XLANB_MEMORY_LIMIT: {e}") from None
 
     @property
     def inspect(self) -> str:

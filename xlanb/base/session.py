@@ -108,6 +108,7 @@ class Session:
         self.digests: dict = {}        # OpInfo uid -> its process-independent digest
         self.getitem_infos: dict = {}  # (OpInfo uid, output index) -> OpInfo
         self.data_infos: dict = {}     # leaf infos of device data, by (shape, dtype, device)
+        self.placed_infos: dict = {}   # leaf infos of data mark_sharding laid out
         self.empty_infos: dict = {}    # leaf infos of uninitialized memory
         self.scatter_infos: dict = {}  # writes through a view chain
         self.scalar_arrays: dict = {}  # (device, float bits) -> the float as a device array
@@ -127,6 +128,11 @@ class Session:
         self.syncs_at: dict = {}       # source location -> lazy syncs from there
         self.compiles_at: dict = {}    # source location -> new graphs from there
         self.recompile_warned: set = set()  # source locations warned about (once each)
+
+        # -- device memory (execute/memory.py)
+        self.op_memory: dict = {}      # OpInfo uid -> its single-op executable's analysis
+        self.memory_timeline: list = []  # MemorySample per sync
+        self.memory_peaks: dict = {}   # xla index -> the most device bytes sampled
 
         # -- where ops come from (base/frames.py, base/scopes.py)
         self.scope_stack: list = []    # nn.Module paths being run

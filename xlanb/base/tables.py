@@ -16,3 +16,15 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], *,
                  for c, (v, w) in enumerate(zip(r, widths))]
         lines.append((indent + "  ".join(cells)).rstrip())
     return "\n".join(lines)
+
+
+def format_bytes(n: int) -> str:
+    """``1536`` -> ``1.5 KiB``: a byte count for people (powers of 1024)."""
+    if n < 1024:
+        return f"{n} B"
+    x = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        x /= 1024
+        if x < 1024 or unit == "TiB":
+            return f"{x:.1f} {unit}"
+    return f"{x:.1f} TiB"

@@ -18,7 +18,7 @@ from ..base import metrics
 from ..base.config import config
 from ..base.frames import SourceLoc, format_loc
 from ..base.session import session
-from ..base.tables import format_table
+from ..base.tables import format_bytes, format_table
 from ..graph.collectives import CollectiveList, parse_collectives
 from ..graph.explain import explain
 from ..graph.render import render_dot, render_text
@@ -28,6 +28,7 @@ from ..runtime import store
 from ..runtime.jit import compile_lowered, jax_context, lower_jitted
 from ..runtime.mesh import common_mesh, on_mesh, sharding_text
 from .compile import add_op_note, load_stored, scalar_spec, store_key, tensor_spec
+from .memory import GraphMemory, check_graph, device_oom, graph_memory, is_device_oom
 
 @dataclass
 class CompiledGraph:
@@ -53,6 +54,16 @@ class CompiledGraph:
     in_shardings: tuple | None = field(default=None, repr=False)
     out_shardings: tuple | None = field(default=None, repr=False)
     collectives: CollectiveList = field(default_factory=CollectiveList, repr=False)
+    _memory: object = field(default=False, repr=False)  # False: not asked yet
+
+    @property
+    def memory(self) -> GraphMemory | None:
+        """XLA's memory analysis of this executable (``argument_bytes``, ``output_bytes``,
+        ``alias_bytes``, ``temp_bytes``, ``peak_bytes``; see ``GraphMemory``), or None
+        where the backend gives none."""
+        if self._memory is False:
+            self._memory = graph_memory(self.executable)
+        return self._memory
 
     def lowered_module(self):
         """The ``jax.stages.Lowered`` this graph compiles from (lowered now if needed)."""
@@ -101,11 +112,13 @@ class CompiledGraph:
 class GraphList(list):
     """``xlanb.graphs()``: compiled graphs, oldest first, printable as a table."""
 
-    _COLUMNS = ("#", "hash", "nodes", "in", "out", "compile", "hits", "run", "cause", "source")
+    _COLUMNS = ("#", "hash", "nodes", "in", "out", "compile", "hits", "run", "peak mem",
+                "cause", "source")
 
     def rows(self) -> list[tuple]:
         return [(str(i), g.hash[:12], str(g.n_nodes), str(g.n_inputs), str(g.n_outputs),
-                 f"{g.compile_time:.2f}s", str(g.hits), f"{g.run_time:.3f}s", g.cause,
+                 f"{g.compile_time:.2f}s", str(g.hits), f"{g.run_time:.3f}s",
+                 format_bytes(g.memory.peak_bytes) if g.memory else "?", g.cause,
                  format_loc(g.src))
                 for i, g in enumerate(self)]
 
@@ -456,10 +469,19 @@ def run_graph(plan: GraphPlan, device: int, cause: str, src, placed=None) -> lis
     else:
         metrics.counter("CachedCompile")
         rec.hits += 1
+    # the graph's projected peak (and, with xlanb.memory_limit, the check) before it runs
+    check_graph(rec, device, f"the graph of {len(plan.steps)} ops ({cause}) synced at "
+                f"{format_loc(src) or '?'}")
     t0 = time.perf_counter()
     with jax.enable_x64(True):
-        outs = rec.executable(arrays, plan.scalars)
-        jax.block_until_ready(outs)
+        try:
+            outs = rec.executable(arrays, plan.scalars)
+            jax.block_until_ready(outs)
+        except Exception as e:
+            if is_device_oom(e):
+                raise device_oom(e, device, f"the graph {rec.hash[:12]} ({cause} at "
+                                 f"{format_loc(src) or '?'})", rec.executable) from e
+            raise
     dt = time.perf_counter() - t0
     rec.run_time += dt
     metrics.record("ExecuteTime", dt)

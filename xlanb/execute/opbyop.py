@@ -7,10 +7,12 @@ import jax
 
 from ..base import metrics
 from ..base.config import config
+from ..base.frames import format_loc
 from ..base.session import session
 from ..ir import GETITEM, GraphPlan
 from .background import compile_op_ahead
 from .compile import add_op_note
+from .memory import check_op, device_oom, is_device_oom
 from .single_op import op_executable, run_op
 
 
@@ -54,8 +56,16 @@ def run_op_by_op(plan: GraphPlan, keep=None) -> list:
                 except Exception as e:
                     add_op_note(e, "compiling failed for", info, node.src, node.scope)
                     raise
+                if config.memory_limit is not None:  # before it runs, with every value so far
+                    check_op(info, node.src)
                 t0 = time.perf_counter()
-                out = exe(*args, *plan.scalars[k:k + n])
+                try:
+                    out = exe(*args, *plan.scalars[k:k + n])
+                except Exception as e:
+                    if is_device_oom(e):
+                        raise device_oom(e, info.device, f"{info.name} at "
+                                         f"{format_loc(node.src) or '?'}") from e
+                    raise
                 run_time += time.perf_counter() - t0
             k += n
             vals.append(out)

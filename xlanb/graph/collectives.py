@@ -11,16 +11,13 @@ import re
 from typing import NamedTuple
 
 from ..base.tables import format_table
+from .hlo_text import aten_of, array_sizes, attr, origin, scope_of, stack_tables
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
          "collective-broadcast", "ragged-all-to-all")
 
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
-          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
-          "f8e4m3fn": 1, "f8e5m2": 1, "s4": 1, "u4": 1}
 _INSTR = re.compile(r"^\s*(?:ROOT )?%?(?P<name>[\w.\-]+) = (?P<shape>.*?) "
                     r"(?P<op>" + "|".join(re.escape(k) for k in KINDS) + r")(?P<start>-start)?\(")
-_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+(?:fn)?)?)\[([\d,]*)\]")
 
 
 class Collective(NamedTuple):
@@ -33,68 +30,6 @@ class Collective(NamedTuple):
     op: str              # the aten op it came from (HLO op_type), "" if unknown
     scope: str           # module scope path from HLO op_name (``MLP/fc1``)
     source: str          # the user's ``file:line`` that recorded the op, "" if unknown
-
-
-def _attr(line: str, name: str) -> str:
-    """The value of ``name=...`` in an HLO instruction, up to the next top-level comma."""
-    i = line.find(name + "=")
-    if i < 0:
-        return ""
-    i += len(name) + 1
-    depth = 0
-    j = i
-    while j < len(line):
-        c = line[j]
-        if c in "{[(":
-            depth += 1
-        elif c in "}])":
-            if depth == 0:
-                break
-            depth -= 1
-        elif c == "," and depth == 0:
-            break
-        j += 1
-    return line[i:j].strip()
-
-
-def _tables(text: str) -> dict:
-    tables: dict = {}
-    section = None
-    for line in text.splitlines():
-        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
-            section = tables.setdefault(line, {})
-            continue
-        m = re.match(r"^(\d+) (.*)$", line)
-        if section is not None and m:
-            section[int(m.group(1))] = m.group(2)
-        elif line.startswith("%") or line.startswith("ENTRY"):
-            break
-        else:
-            section = None
-    return tables
-
-
-def _source(tables: dict, frame_id: int) -> str:
-    try:
-        frame = tables["StackFrames"][frame_id]
-        loc = tables["FileLocations"][int(re.search(r"file_location_id=(\d+)", frame).group(1))]
-        f = int(re.search(r"file_name_id=(\d+)", loc).group(1))
-        line = int(re.search(r"\bline=(\d+)", loc).group(1))
-        return f"{tables['FileNames'][f].strip(chr(34))}:{line}"
-    except (KeyError, AttributeError, ValueError):
-        return ""
-
-
-def _scope(op_name: str, op_type: str) -> str:
-    """``jit(run)/MLP/fc1/aten::addmm/dot_general`` -> ``MLP/fc1``."""
-    parts = op_name.split("/")
-    if parts and parts[0].startswith("jit("):
-        parts = parts[1:]
-    if op_type and op_type in parts:
-        parts = parts[:parts.index(op_type)]
-    else:
-        parts = [p for p in parts[:-1] if not p.startswith("aten::")]
-    return "/".join(parts)
 
 
 _MESH_GROUPS = re.compile(r"^mesh\[([^\]]*)\]")
@@ -117,63 +52,33 @@ def _named_axes(groups: str, axes) -> str:
 def parse_collectives(text: str, axes: dict | None = None) -> list[Collective]:
     """Every collective instruction of an HLO module's text (async pairs once, at their
     ``-start``). ``axes`` (the mesh's axis name -> size) names mesh replica groups."""
-    tables = _tables(text)
+    tables = stack_tables(text)
     out = []
     for line in text.splitlines():
         m = _INSTR.match(line)
         if m is None:
             continue
-        arrays = _ARRAY.findall(m.group("shape"))
-        sizes = [(_BYTES.get(dt, 4) * _prod(dims), f"{dt}[{dims}]") for dt, dims in arrays]
+        sizes = array_sizes(m.group("shape"))
         if m.group("start") and sizes:  # (operand, result, ...): the result is the largest
             nbytes, shape = max(sizes)
         else:
             nbytes = sum(s for s, _ in sizes)
             shape = ", ".join(t for _, t in sizes)
-        groups = _named_axes(_attr(line, "replica_groups") or _attr(line, "source_target_pairs"),
+        groups = _named_axes(attr(line, "replica_groups") or attr(line, "source_target_pairs"),
                              axes)
-        meta = _attr(line, "metadata")
-        op_type = re.search(r'op_type="([^"]*)"', meta)
-        op_name = re.search(r'op_name="([^"]*)"', meta)
-        frame = re.search(r"stack_frame_id=(\d+)", meta)
-        src_file = re.search(r'source_file="([^"]*)"', meta)
-        src_line = re.search(r"source_line=(\d+)", meta)
-        op_type = op_type.group(1) if op_type else ""
-        op_name = op_name.group(1) if op_name else ""
-        if frame:
-            source = _source(tables, int(frame.group(1)))
-        elif src_file and src_line:
-            source = f"{src_file.group(1)}:{src_line.group(1)}"
-        else:
-            source = ""
+        op_type, op_name, source = origin(line, tables)
         combined = re.sub(r"^jit\([^)]*\)/", "", op_name)
         if combined.startswith("(") and ":" in combined:
             # collectives XLA combined into one: "(a/aten::x/y:b/aten::z/w)"; name each op
-            names = [_aten_of(n if n.startswith("aten::") else "aten::" + n)
+            names = [aten_of(n if n.startswith("aten::") else "aten::" + n)
                      for n in combined.strip("()").split(":aten::")]
             op_type = op_type or "+".join(dict.fromkeys(n for n in names if n))
             op_name = ""
         if not op_type:  # an op XLA's passes renamed: its aten op is still in op_name
-            op_type = _aten_of(op_name)
+            op_type = aten_of(op_name)
         out.append(Collective(m.group("op"), m.group("name"), shape, nbytes, groups, op_type,
-                              _scope(op_name, op_type), source))
+                              scope_of(op_name, op_type), source))
     return out
-
-
-def _aten_of(op_name: str) -> str:
-    parts = op_name.split("/")
-    found = next((p for p in reversed(parts) if p.startswith("aten::")), "")
-    if not found and parts and parts[0] and not parts[0].startswith(("jit(", "(")):
-        found = "aten::" + parts[0]  # the tail of a combined name lost its "aten::"
-    return found
-
-
-def _prod(dims: str) -> int:
-    n = 1
-    for d in dims.split(","):
-        if d:
-            n *= int(d)
-    return n
 
 
 class CollectiveList(list):

@@ -76,7 +76,8 @@ def _shardings(plan) -> tuple:
         data = n.data
         if data is not None and not isinstance(data, tuple) and is_sharded(data):
             # a leaf mark_sharding made remembers where: a recompile it causes names it
-            marked = n.src is not None and n.info.name == "device_data"
+            # (ops.leaves.is_placed, a layer above, asks the same)
+            marked = type(n.info.sig) is tuple and n.info.sig[:1] == ("placed",)
             out.append((i, sharding_text(data.sharding)
                         + (f" (marked at {n.src.short})" if marked else "")))
     n_in = len(plan.leaves)

@@ -6,6 +6,8 @@ import jax
 import torch
 
 from ..base.dtypes import to_jax_dtype, to_torch_dtype
+from ..base.frames import user_frame
+from ..base.scopes import current_scope
 from ..base.session import session
 from ..ir import Node, OpInfo, TensorMeta, contiguous_strides
 from ..runtime.transfer import host_to_device
@@ -42,12 +44,29 @@ def empty_info(meta: TensorMeta, device: int) -> OpInfo:
     return _leaf_info(_empty_infos, "aten::empty", "empty", meta, device, _zeros_fn)
 
 
+_placed_infos = session.placed_infos
+
+
+def placed_info(meta: TensorMeta, device: int) -> OpInfo:
+    """The info of device data that ``xlanb.spmd.mark_sharding`` laid out on a mesh: its
+    node's line is where it was marked (a recompile it causes names that line)."""
+    return _leaf_info(_placed_infos, "device_data", "placed", meta, device)
+
+
+def is_placed(node: Node) -> bool:
+    """Whether ``node`` is device data that ``mark_sharding`` laid out."""
+    sig = node.info.sig
+    return type(sig) is tuple and sig[:1] == ("placed",)
+
+
 def from_host(cpu: torch.Tensor, device: int) -> XlaTensor:
-    """A new xla tensor holding a copy of the CPU tensor ``cpu``."""
+    """A new xla tensor holding a copy of the CPU tensor ``cpu``, remembering the user's
+    line that moved it (``xlanb.memory_by_line``): a copy costs more than finding it."""
     data = host_to_device(cpu, device)
     shape = tuple(cpu.shape)
     meta = TensorMeta(shape, contiguous_strides(shape), cpu.dtype)
-    return new_tensor(Node(data_info(meta, device), data=data), meta, device)
+    return new_tensor(Node(data_info(meta, device), data=data, src=user_frame(),
+                           scope=current_scope()), meta, device)
 
 
 def from_array(array, device: int = 0) -> XlaTensor:

@@ -1,0 +1,644 @@
+"""Device memory: what holds it, from which line, and whether a graph fits before it runs.
+
+Three figures, each from where it is true:
+
+- **tensors** (``memory_allocated``): the device buffers that hold live xla tensors'
+  storages, each buffer once. A view shares its base's storage and adds nothing, as in
+  torch. Found by walking the garbage collector's objects when asked, so the per-op hot
+  path keeps no books at all;
+- **device** (``device_bytes``): every buffer xlanb holds on the device, from JAX's own
+  list of live arrays: the tensors, plus eager views' copies (XLA has no aliasing view, so
+  a view that ran keeps its own copy), values kept for peeks, inputs that pending work
+  still needs, and lifted scalars. Cheap enough to sample at every sync: the timeline and
+  the peak are of this figure, and a memory limit is checked against it;
+- **each compiled graph's** argument, output, alias, temp and peak bytes, from XLA's
+  ``memory_analysis()`` of its executable.
+
+Eager results remember their user's line only when they are at least
+``XLANB_MEMORY_LINE_BYTES`` big (one flag test per op); lazy and opbyop nodes always have it.
+"""
+from __future__ import annotations
+
+import gc
+import time
+from typing import NamedTuple
+
+import jax
+import torch
+
+from ..base.config import config, parse_bytes
+from ..base.frames import SourceLoc, format_loc
+from ..base.session import session
+from ..base.tables import format_bytes, format_table
+from ..graph.hlo_text import entry_buffers
+from ..ir import LINE_BYTES, result_bytes
+from ..runtime.devices import device_index, jax_device, jax_devices
+from ..tensor import Storage, XlaTensor
+
+
+# ---------------------------------------------------------------------------------------
+# An executable's memory, as XLA analysed it
+
+class GraphMemory(NamedTuple):
+    """XLA's memory analysis of one executable (``compiled.memory_analysis()``), in bytes.
+
+    ``peak_bytes`` is the device memory the executable needs at once while it runs:
+    ``argument + output + temp - alias``, every argument, output and temporary live
+    together, an output written into a donated argument counted once. It is an upper
+    bound: XLA may free an argument or a temporary before the last output is written.
+    ``xla_peak_bytes`` is XLA's own heap-simulation figure where the backend gives one
+    (0 otherwise); on XLA:CPU it can be less than the outputs and temps, so the limit
+    is checked against ``peak_bytes``."""
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int     # outputs written into donated argument buffers
+    temp_bytes: int      # scratch the executable allocates while it runs
+    peak_bytes: int
+    code_bytes: int      # generated code (host memory on XLA:CPU)
+    xla_peak_bytes: int = 0
+
+    @property
+    def extra_bytes(self) -> int:
+        """What running it adds to the device beyond its (already live) arguments."""
+        return max(0, self.peak_bytes - self.argument_bytes)
+
+    def __str__(self) -> str:
+        return (f"peak {format_bytes(self.peak_bytes)} (arguments {format_bytes(self.argument_bytes)}, "
+                f"outputs {format_bytes(self.output_bytes)}, temps {format_bytes(self.temp_bytes)}, "
+                f"aliased {format_bytes(self.alias_bytes)})")
+
+
+def graph_memory(executable) -> GraphMemory | None:
+    """``executable``'s ``GraphMemory``, or None where the backend does not analyse it."""
+    try:
+        ma = executable.memory_analysis()
+    except Exception:  # not every backend (or loaded executable) implements it
+        return None
+    if ma is None:
+        return None
+    arg, out = ma.argument_size_in_bytes, ma.output_size_in_bytes
+    alias, temp = ma.alias_size_in_bytes, ma.temp_size_in_bytes
+    return GraphMemory(arg, out, alias, temp, arg + out + temp - alias,
+                       ma.generated_code_size_in_bytes, getattr(ma, "peak_memory_in_bytes", 0) or 0)
+
+
+_op_memory = session.op_memory
+
+
+def op_memory(info) -> GraphMemory | None:
+    """The memory analysis of ``info``'s single-op executable (once per signature)."""
+    got = _op_memory.get(info.uid)
+    if got is None and info.exe is not None:
+        got = _op_memory[info.uid] = graph_memory(info.exe)
+    return got
+
+
+# ---------------------------------------------------------------------------------------
+# Device buffers: JAX's live arrays
+
+def _device_indices() -> dict:
+    return {d: i for i, d in enumerate(jax_devices())}
+
+
+def array_bytes_by_device(a, out: dict, where: dict) -> None:
+    """Add the bytes ``a`` holds on each of this process's devices into ``out``
+    (``where``: jax Device -> xla index)."""
+    if isinstance(a, tuple):
+        for x in a:
+            array_bytes_by_device(x, out, where)
+        return
+    sharding = a.sharding
+    devices = sharding.device_set
+    if len(devices) == 1:
+        i = where.get(next(iter(devices)))
+        if i is not None:
+            out[i] = out.get(i, 0) + a.nbytes
+        return
+    shard = a.dtype.itemsize
+    for d in sharding.shard_shape(a.shape):
+        shard *= d
+    for dev in devices:
+        i = where.get(dev)
+        if i is not None:
+            out[i] = out.get(i, 0) + shard
+
+
+def device_bytes() -> dict:
+    """Bytes of every live device buffer, by xla device index (JAX's ``live_arrays``)."""
+    where = _device_indices()
+    out: dict = {}
+    for a in jax.live_arrays(config.platform):
+        if not a.is_deleted():
+            array_bytes_by_device(a, out, where)
+    return out
+
+
+def platform_stats(index: int) -> dict | None:
+    """The platform allocator's own figures (``bytes_in_use``, ``peak_bytes_in_use``,
+    ``bytes_limit``...) where it reports them (TPU, GPU); None on XLA:CPU."""
+    try:
+        stats = jax_device(index).memory_stats()
+    except Exception:
+        return None
+    return dict(stats) if stats else None
+
+
+# ---------------------------------------------------------------------------------------
+# What holds device memory: a walk over live tensors
+
+class Holding(NamedTuple):
+    """One buffer (or pending value) and who made it."""
+    kind: str              # "tensor", "pending", "view copy", "peek"
+    device: int
+    bytes: int
+    loc: SourceLoc | None  # the user's line that made its value
+    scope: str             # the nn.Module path active then
+    op: str                # the aten op that made it
+
+
+def _nbytes_on(a, index: int, where: dict) -> int:
+    out: dict = {}
+    array_bytes_by_device(a, out, where)
+    return out.get(index, 0)
+
+
+def holdings() -> list[Holding]:
+    """Every live tensor storage's buffer (each once), pending values, eager views' copies
+    and peek values, with their lines. Walks the garbage collector's objects: costs
+    milliseconds, and nothing on the per-op path."""
+    where = _device_indices()
+    storages = []
+    views = []
+    is_tensor: dict = {}
+    for o in gc.get_objects():
+        t = type(o)
+        if t is Storage:
+            storages.append(o)
+            continue
+        flag = is_tensor.get(t)
+        if flag is None:
+            flag = is_tensor[t] = isinstance(t, type) and issubclass(t, XlaTensor)
+        if flag and o._view:
+            views.append(o)
+    out: list[Holding] = []
+    seen: set = set()
+    for s in storages:
+        node = s.node
+        data = node.data
+        if data is None:
+            out.append(Holding("pending", s.device, result_bytes(s.meta), node.src, node.scope,
+                               node.info.name))
+            continue
+        if id(data) in seen:
+            continue
+        seen.add(id(data))
+        per: dict = {}
+        array_bytes_by_device(data, per, where)
+        for i, n in per.items():
+            out.append(Holding("tensor", i, n, node.src, node.scope, node.info.name))
+    for v in views:
+        node = v._node
+        if node is None or v._ver != v._storage.version or node.data is None:
+            continue
+        if id(node.data) in seen:
+            continue
+        seen.add(id(node.data))
+        per = {}
+        array_bytes_by_device(node.data, per, where)
+        for i, n in per.items():
+            out.append(Holding("view copy", i, n, node.src, node.scope, node.info.name))
+    for node, value in list(session.peek_values._entries.values()):
+        per = {}
+        array_bytes_by_device(value, per, where)
+        for i, n in per.items():
+            out.append(Holding("peek", i, n, node.src, node.scope, node.info.name))
+    return out
+
+
+class MemoryRow(NamedTuple):
+    """One line (and module scope) of ``memory_by_line``: the live values it made."""
+    source: str            # ``train.py:12 step`` (``In[3]:2`` in a notebook), or "(...)"
+    scope: str
+    count: int             # tensors (buffers)
+    bytes: int
+    loc: SourceLoc | None  # the line as data
+    op: str                # the op that made them, when no line was recorded
+
+
+class MemoryByLine(list):
+    """``xlanb.memory_by_line()``: device rows (largest first), with ``pending`` (values
+    not yet computed, and the bytes they will take) and ``peeks`` (values kept for peeks
+    until the next sync) apart. Views do not count: they share their base's storage."""
+
+    def __init__(self, rows, pending, peeks, device: int):
+        super().__init__(rows)
+        self.pending = pending
+        self.peeks = peeks
+        self.device = device
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(r.bytes for r in self)
+
+    @staticmethod
+    def _table(rows) -> str:
+        return format_table(("bytes", "tensors", "source", "scope"),
+                            [(format_bytes(r.bytes), str(r.count), r.source, r.scope) for r in rows],
+                            right=(0, 1))
+
+    def __str__(self) -> str:
+        parts = [f"xla:{self.device}: {format_bytes(self.total_bytes)} in live tensors, by the line "
+                 "that made them"]
+        parts.append(self._table(self) if self else "  (none)")
+        if self.pending:
+            parts.append(f"pending (not computed yet; will take "
+                         f"{format_bytes(sum(r.bytes for r in self.pending))}):")
+            parts.append(self._table(self.pending))
+        if self.peeks:
+            parts.append(f"kept for peeks until the next sync "
+                         f"({format_bytes(sum(r.bytes for r in self.peeks))}):")
+            parts.append(self._table(self.peeks))
+        return "\n".join(parts)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        import html
+
+        def table(title, rows):
+            body = "".join(f"<tr><td style='text-align:right'>{format_bytes(r.bytes)}</td>"
+                           f"<td style='text-align:right'>{r.count}</td>"
+                           f"<td>{html.escape(r.source)}</td><td>{html.escape(r.scope)}</td></tr>"
+                           for r in rows)
+            return (f"<div>{html.escape(title)}</div><table class='xlanb-memory'><tr><th>bytes</th>"
+                    f"<th>tensors</th><th>source</th><th>scope</th></tr>{body}</table>")
+        out = table(f"xla:{self.device}: {format_bytes(self.total_bytes)} in live tensors", self)
+        if self.pending:
+            out += table("pending (will take)", self.pending)
+        if self.peeks:
+            out += table("kept for peeks until the next sync", self.peeks)
+        return out
+
+
+def _rows(items) -> list[MemoryRow]:
+    groups: dict = {}
+    for h in items:
+        key = (h.loc, h.scope) if h.loc is not None else (None, h.scope, h.op)
+        g = groups.get(key)
+        groups[key] = (h, 1, h.bytes) if g is None else (g[0], g[1] + 1, g[2] + h.bytes)
+    rows = []
+    for (h, count, nbytes) in groups.values():
+        source = format_loc(h.loc) if h.loc is not None else f"({h.op}: line not recorded)"
+        rows.append(MemoryRow(source, h.scope, count, nbytes, h.loc, h.op))
+    rows.sort(key=lambda r: -r.bytes)
+    return rows
+
+
+def memory_by_line(device=None) -> MemoryByLine:
+    """One row per source line (and module scope) that made live tensors on ``device``:
+    ``.source``, ``.scope``, ``.count``, ``.bytes``, largest first."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    index = device_index(device)
+    hs = [h for h in holdings() if h.device == index]
+    return MemoryByLine(_rows(h for h in hs if h.kind == "tensor"),
+                        _rows(h for h in hs if h.kind == "pending"),
+                        _rows(h for h in hs if h.kind == "peek"), index)
+
+
+# ---------------------------------------------------------------------------------------
+# Figures, the peak and the timeline
+
+class MemorySample(NamedTuple):
+    """Device bytes after one sync (``xlanb.memory_timeline()``)."""
+    index: int        # the sync's number in this session
+    time: float       # seconds since the first sample
+    device: dict      # xla index -> bytes of live device buffers
+    cause: str
+
+
+_timeline = session.memory_timeline
+_peaks = session.memory_peaks       # xla index -> the peak sampled
+TIMELINE_MAX = 100_000
+
+
+def _note_peak(index: int, nbytes: int) -> None:
+    if nbytes > _peaks.get(index, 0):
+        _peaks[index] = nbytes
+
+
+def sample(cause: str) -> dict:
+    """Device bytes now, into the peak and the timeline (every sync calls it)."""
+    now = device_bytes()
+    for i, n in now.items():
+        _note_peak(i, n)
+    if len(_timeline) >= TIMELINE_MAX:  # a very long run: keep the recent half
+        del _timeline[:TIMELINE_MAX // 2]
+    t = time.perf_counter()
+    idx = _timeline[-1].index + 1 if _timeline else 0
+    _timeline.append(MemorySample(idx, t, now, cause))
+    return now
+
+
+class MemoryTimeline(list):
+    """``xlanb.memory_timeline()``: a ``MemorySample`` per sync, oldest first."""
+
+    def bytes(self, device: int = 0) -> list[int]:
+        return [s.device.get(device, 0) for s in self]
+
+    def seconds(self) -> list[float]:
+        return [s.time - self[0].time for s in self] if self else []
+
+    def __str__(self) -> str:
+        if not self:
+            return "no syncs sampled"
+        b = self.bytes()
+        return (f"{len(self)} syncs sampled on xla:0: first {format_bytes(b[0])}, last "
+                f"{format_bytes(b[-1])}, most {format_bytes(max(b))}")
+
+    __repr__ = __str__
+
+
+def memory_timeline() -> MemoryTimeline:
+    """Device bytes after each sync of this session (``%xla_memory --timeline`` plots it)."""
+    return MemoryTimeline(_timeline)
+
+
+def memory_allocated(device=None) -> int:
+    """Bytes of the device buffers that hold live xla tensors on ``device`` (views add
+    nothing; pending tensors take nothing yet)."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    index = device_index(device)
+    return sum(h.bytes for h in holdings() if h.kind == "tensor" and h.device == index)
+
+
+def max_memory_allocated(device=None) -> int:
+    """The most device memory xlanb held on ``device`` since the start or the last
+    ``reset_peak_memory_stats``: sampled at every sync, every graph run (with the graph's
+    own peak, temporaries included) and every memory query. Never less than
+    ``memory_allocated``."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    index = device_index(device)
+    now = device_bytes().get(index, 0)
+    _note_peak(index, now)
+    return max(_peaks.get(index, 0), memory_allocated(index))
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    """Start the peak over from what the device holds now."""
+    index = device_index(device)
+    _peaks[index] = device_bytes().get(index, 0)
+
+
+def memory_stats(device=None) -> dict:
+    """Memory figures of ``device`` as a flat dict (torch's dotted style); the platform
+    allocator's own under ``platform.*`` where it reports them (TPU, GPU)."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    index = device_index(device)
+    hs = [h for h in holdings() if h.device == index]
+    dev = device_bytes().get(index, 0)
+    _note_peak(index, dev)
+    by_kind: dict = {}
+    for h in hs:
+        c, n = by_kind.get(h.kind, (0, 0))
+        by_kind[h.kind] = (c + 1, n + h.bytes)
+    tensors = by_kind.get("tensor", (0, 0))
+    counted = sum(by_kind.get(k, (0, 0))[1] for k in ("tensor", "view copy", "peek"))
+    stats = {
+        "allocated_bytes.current": tensors[1],
+        "allocated_buffers.current": tensors[0],
+        "device_bytes.current": dev,
+        "device_bytes.peak": max(_peaks.get(index, 0), tensors[1]),
+        "view_copy_bytes.current": by_kind.get("view copy", (0, 0))[1],
+        "peek_bytes.current": by_kind.get("peek", (0, 0))[1],
+        # inputs pending work still needs, lifted scalars, RNG keys
+        "other_bytes.current": max(0, dev - counted),
+        "pending_bytes": by_kind.get("pending", (0, 0))[1],
+        "pending_tensors": by_kind.get("pending", (0, 0))[0],
+        "limit_bytes": config.memory_limit,
+        "syncs_sampled": len(_timeline),
+    }
+    platform = platform_stats(index)
+    if platform:
+        for k, v in platform.items():
+            stats[f"platform.{k}"] = v
+    return stats
+
+
+def memory_summary(device=None) -> str:
+    """``memory_stats`` as a readable table, with the five lines holding the most."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    index = device_index(device)
+    s = memory_stats(index)
+    dev = jax_device(index)
+    rows = [
+        ("live tensors (memory_allocated)", format_bytes(s["allocated_bytes.current"]),
+         f"{s['allocated_buffers.current']} buffers"),
+        ("all device buffers xlanb holds", format_bytes(s["device_bytes.current"]),
+         f"peak {format_bytes(s['device_bytes.peak'])} (sampled)"),
+        ("  eager views' copies", format_bytes(s["view_copy_bytes.current"]), ""),
+        ("  kept for peeks", format_bytes(s["peek_bytes.current"]), "until the next sync"),
+        ("  other", format_bytes(s["other_bytes.current"]),
+         "inputs pending work needs, scalars, RNG keys"),
+        ("pending (not computed yet)", format_bytes(s["pending_bytes"]),
+         f"{s['pending_tensors']} tensors"),
+        ("limit (xlanb.memory_limit)",
+         format_bytes(s["limit_bytes"]) if s["limit_bytes"] else "none", ""),
+    ]
+    for key, label in (("platform.bytes_in_use", "platform: in use"),
+                       ("platform.peak_bytes_in_use", "platform: peak"),
+                       ("platform.bytes_limit", "platform: capacity")):
+        if key in s:
+            rows.append((label, format_bytes(int(s[key])), "the XLA allocator's own"))
+    out = [f"xla:{index} ({dev.platform} {dev.id})",
+           format_table(("", "bytes", ""), rows, right=(1,))]
+    if not any(k.startswith("platform.") for k in s):
+        out.append(f"(XLA:{dev.platform.upper()} reports no allocator figures: "
+                   "xlanb's own count of live buffers is the figure)")
+    top = memory_by_line(index)[:5]
+    if top:
+        out.append("largest by line:")
+        out.append(MemoryByLine._table(top))
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------
+# The limit: checked before a graph or an eager op runs
+
+class Contributor(NamedTuple):
+    """One of the largest parts of a projected peak."""
+    kind: str      # "live tensors", "graph temp", "op result"
+    what: str      # "3 tensors from train.py:12 [encoder]", "aten::bmm at model.py:42 f32[..]"
+    bytes: int
+
+
+class DeviceMemoryError(torch.OutOfMemoryError):
+    """A graph (or op) would not fit under ``xlanb.memory_limit``, or XLA ran out of device
+    memory. Nothing ran: every pending tensor is still pending and readable; raise the
+    limit or free tensors, then sync again."""
+
+    def __init__(self, message: str, *, device: int, limit: int | None, projected: int | None,
+                 live: int, contributors: list):
+        super().__init__(message)
+        self.device = device
+        self.limit = limit
+        self.projected = projected
+        self.live = live
+        self.contributors = contributors
+
+
+class MemoryLimit:
+    """``xlanb.memory_limit("16GiB")``: set at once; as a context manager, the previous
+    limit comes back at the end of the block."""
+
+    def __init__(self, limit):
+        self.previous = config.memory_limit
+        if limit is None:
+            self.bytes = None
+        elif isinstance(limit, int) and not isinstance(limit, bool):
+            if limit <= 0:
+                raise ValueError(f"xlanb.memory_limit: not a positive size in bytes: {limit!r}")
+            self.bytes = limit
+        elif isinstance(limit, str):
+            self.bytes = parse_bytes(limit)
+        else:
+            raise TypeError(f"xlanb.memory_limit takes bytes (int), a size such as '16GiB', "
+                            f"or None; got {type(limit).__name__}")
+        config.memory_limit = self.bytes
+
+    def __enter__(self) -> "MemoryLimit":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        config.memory_limit = self.previous
+
+    def __repr__(self) -> str:
+        return f"xlanb.memory_limit({format_bytes(self.bytes) if self.bytes else None!r})"
+
+
+def memory_limit(limit) -> MemoryLimit:
+    """Check every graph (and eager op) before it runs: the live device buffers plus what
+    running it adds (its temporaries and outputs, less what it writes into donated
+    buffers) must stay under ``limit`` (bytes, ``"16GiB"``, or None for no check),
+    else ``DeviceMemoryError`` names the largest contributors. Also ``XLANB_MEMORY_LIMIT``."""
+    return MemoryLimit(limit)
+
+
+def _live_contributors(index: int) -> list[Contributor]:
+    out = []
+    for r in memory_by_line(index)[:5]:
+        where = r.source + (f" [{r.scope}]" if r.scope else "")
+        out.append(Contributor("live tensors", f"{r.count} tensor{'s' * (r.count != 1)} from {where}",
+                               r.bytes))
+    return out
+
+
+def _graph_contributors(executable, n: int = 5) -> list[Contributor]:
+    try:
+        text = executable.as_text()
+    except Exception:
+        return []
+    out = []
+    for b in entry_buffers(text)[:n]:
+        where = f"{b.op or b.opcode}" + (f" at {_short(b.source)}" if b.source else "") \
+            + (f" [{b.scope}]" if b.scope else "")
+        out.append(Contributor("graph temp", f"{where} {b.shape}", b.bytes))
+    return out
+
+
+def _short(source: str) -> str:
+    return source.rsplit("/", 1)[-1]
+
+
+def _message(head: str, index: int, limit, projected, live, extra_text, contributors) -> str:
+    lines = [head]
+    if limit is not None and projected is not None:
+        lines.append(f"  limit {format_bytes(limit)}; projected peak {format_bytes(projected)} = "
+                     f"{format_bytes(live)} live on xla:{index} + {extra_text}")
+    if contributors:
+        lines.append("  largest contributors:")
+        for c in contributors:
+            lines.append(f"    {format_bytes(c.bytes):>10}  {c.kind}: {c.what}")
+    lines.append("  Nothing ran: every tensor keeps its value and its pending work. Raise the "
+                 "limit (xlanb.memory_limit) or free tensors, then sync again; "
+                 "xlanb.memory_by_line() lists what is live.")
+    return "\n".join(lines)
+
+
+def check_graph(rec, index: int, what: str) -> None:
+    """Before ``rec`` (a CompiledGraph) runs on xla:``index``: raise DeviceMemoryError if
+    the live buffers plus what it adds would pass the limit. Notes the projected peak."""
+    mem = rec.memory
+    if mem is None:
+        return
+    live = device_bytes().get(index, 0)
+    projected = live + mem.extra_bytes
+    _note_peak(index, projected)
+    limit = config.memory_limit
+    if limit is None or projected <= limit:
+        return
+    contributors = sorted(_live_contributors(index) + _graph_contributors(rec.executable),
+                          key=lambda c: -c.bytes)[:5]
+    extra = (f"{format_bytes(mem.extra_bytes)} to run the graph (outputs "
+             f"{format_bytes(mem.output_bytes)}, temps {format_bytes(mem.temp_bytes)}, less "
+             f"{format_bytes(mem.alias_bytes)} donated)")
+    raise DeviceMemoryError(
+        _message(f"xlanb: {what} would not fit in device memory on xla:{index}", index, limit,
+                 projected, live, extra, contributors),
+        device=index, limit=limit, projected=projected, live=live, contributors=contributors)
+
+
+def check_op(info, loc=None) -> None:
+    """Before ``info``'s single-op executable runs (eager, opbyop), with a limit set."""
+    mem = op_memory(info)
+    if mem is None:
+        return
+    index = info.device
+    live = device_bytes().get(index, 0)
+    projected = live + mem.extra_bytes
+    _note_peak(index, projected)
+    limit = config.memory_limit
+    if limit is None or projected <= limit:
+        return
+    at = f" at {format_loc(loc)}" if loc is not None else ""
+    contributors = sorted(_live_contributors(index)
+                          + [Contributor("op result", f"{info.name}{at}", info.nbytes)],
+                          key=lambda c: -c.bytes)[:5]
+    extra = f"{format_bytes(mem.extra_bytes)} to run {info.name} (its result and temporaries)"
+    raise DeviceMemoryError(
+        _message(f"xlanb: {info.name}{at} would not fit in device memory on xla:{index}", index,
+                 limit, projected, live, extra, contributors),
+        device=index, limit=limit, projected=projected, live=live, contributors=contributors)
+
+
+def is_device_oom(e: BaseException) -> bool:
+    """Whether ``e`` is XLA running out of device memory."""
+    return (not isinstance(e, DeviceMemoryError) and "RESOURCE_EXHAUSTED" in str(e)
+            and ("memory" in str(e).lower() or "allocat" in str(e).lower()))
+
+
+def device_oom(e: BaseException, index: int, what: str, executable=None) -> DeviceMemoryError:
+    """XLA's own out-of-memory error ``e`` as a DeviceMemoryError, with the largest live
+    tensors by line and, for a graph, its largest temporaries by op and line."""
+    live = device_bytes().get(index, 0)
+    contributors = _live_contributors(index)
+    if executable is not None:
+        contributors += _graph_contributors(executable)
+    contributors = sorted(contributors, key=lambda c: -c.bytes)[:5]
+    platform = platform_stats(index) or {}
+    limit = platform.get("bytes_limit")
+    first = str(e).strip().split("\n")[0]
+    msg = _message(f"xlanb: XLA ran out of device memory on xla:{index} running {what}: {first}",
+                   index, None, None, live, "", contributors)
+    return DeviceMemoryError(msg, device=index, limit=limit, projected=None, live=live,
+                             contributors=contributors)
+
+
+def set_line_bytes(n: int) -> None:
+    """Eager results of at least ``n`` bytes remember their line (every op signature
+    already made is updated)."""
+    if n < 0:
+        raise ValueError("xlanb.memory_lines: a byte count >= 0")
+    LINE_BYTES[0] = n
+    for table in (session.infos, session.getitem_infos, session.scatter_infos):
+        for info in table.values():
+            info.lines = info.nbytes >= n

@@ -1,0 +1,171 @@
+"""Reading XLA's optimized HLO text: the sizes of instructions' results, where each
+instruction came from, and the largest buffers of a module's entry computation.
+
+Every instruction keeps the metadata of the op it came from: ``op_type`` (the aten op,
+which xlanb sets), ``op_name`` (the module scope path and the aten op) and a stack frame
+(the user's source line, through the module's ``FileNames``/``FunctionNames``/
+``FileLocations``/``StackFrames`` tables, or ``source_file``/``source_line``).
+"""
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+         "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
+         "f8e4m3fn": 1, "f8e5m2": 1, "s4": 1, "u4": 1}
+_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+(?:fn)?)?)\[([\d,]*)\]")
+
+
+def _prod(dims: str) -> int:
+    n = 1
+    for d in dims.split(","):
+        if d:
+            n *= int(d)
+    return n
+
+
+def array_sizes(shape: str) -> list[tuple[int, str]]:
+    """``(bytes, "f32[4,16]")`` for each array in an HLO result type (a tuple has many)."""
+    return [(BYTES.get(dt, 4) * _prod(dims), f"{dt}[{dims}]") for dt, dims in _ARRAY.findall(shape)]
+
+
+def attr(line: str, name: str) -> str:
+    """The value of ``name=...`` in an HLO instruction, up to the next top-level comma."""
+    i = line.find(name + "=")
+    if i < 0:
+        return ""
+    i += len(name) + 1
+    depth = 0
+    j = i
+    while j < len(line):
+        c = line[j]
+        if c in "{[(":
+            depth += 1
+        elif c in "}])":
+            if depth == 0:
+                break
+            depth -= 1
+        elif c == "," and depth == 0:
+            break
+        j += 1
+    return line[i:j].strip()
+
+
+def stack_tables(text: str) -> dict:
+    """The module's source tables (file names, locations, stack frames), by id."""
+    tables: dict = {}
+    section = None
+    for line in text.splitlines():
+        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            section = tables.setdefault(line, {})
+            continue
+        m = re.match(r"^(\d+) (.*)$", line)
+        if section is not None and m:
+            section[int(m.group(1))] = m.group(2)
+        elif line.startswith("%") or line.startswith("ENTRY"):
+            break
+        else:
+            section = None
+    return tables
+
+
+def _frame_source(tables: dict, frame_id: int) -> str:
+    try:
+        frame = tables["StackFrames"][frame_id]
+        loc = tables["FileLocations"][int(re.search(r"file_location_id=(\d+)", frame).group(1))]
+        f = int(re.search(r"file_name_id=(\d+)", loc).group(1))
+        line = int(re.search(r"\bline=(\d+)", loc).group(1))
+        return f"{tables['FileNames'][f].strip(chr(34))}:{line}"
+    except (KeyError, AttributeError, ValueError):
+        return ""
+
+
+def origin(line: str, tables: dict) -> tuple[str, str, str]:
+    """``(op_type, op_name, source)`` of one instruction: its aten op (as xlanb set it,
+    "" if none), its raw ``op_name`` and the user's ``file:line`` ("" if unknown)."""
+    meta = attr(line, "metadata")
+    op_type = re.search(r'op_type="([^"]*)"', meta)
+    op_name = re.search(r'op_name="([^"]*)"', meta)
+    frame = re.search(r"stack_frame_id=(\d+)", meta)
+    src_file = re.search(r'source_file="([^"]*)"', meta)
+    src_line = re.search(r"source_line=(\d+)", meta)
+    if frame:
+        source = _frame_source(tables, int(frame.group(1)))
+    elif src_file and src_line:
+        source = f"{src_file.group(1)}:{src_line.group(1)}"
+    else:
+        source = ""
+    return (op_type.group(1) if op_type else ""), (op_name.group(1) if op_name else ""), source
+
+
+def aten_of(op_name: str) -> str:
+    """The aten op named in an ``op_name`` path ("" if none)."""
+    parts = op_name.split("/")
+    found = next((p for p in reversed(parts) if p.startswith("aten::")), "")
+    if not found and parts and parts[0] and not parts[0].startswith(("jit(", "(")):
+        found = "aten::" + parts[0]  # the tail of a combined name lost its "aten::"
+    return found
+
+
+def scope_of(op_name: str, op_type: str) -> str:
+    """``jit(run)/MLP/fc1/aten::addmm/dot_general`` -> ``MLP/fc1``."""
+    parts = op_name.split("/")
+    if parts and parts[0].startswith("jit("):
+        parts = parts[1:]
+    if op_type and op_type in parts:
+        parts = parts[:parts.index(op_type)]
+    else:
+        parts = [p for p in parts[:-1] if not p.startswith("aten::")]
+    return "/".join(parts)
+
+
+class HloBuffer(NamedTuple):
+    """One instruction's result in a module's entry computation: a buffer XLA allocates
+    while the executable runs (unless it reuses one whose value is dead)."""
+    name: str     # the HLO instruction
+    opcode: str   # fusion, dot, custom-call, ...
+    shape: str    # its result type
+    bytes: int
+    op: str       # the aten op it came from, "" if unknown
+    scope: str    # module scope path (``BertModel/encoder/layer/0``)
+    source: str   # the user's ``file:line``, "" if unknown
+
+
+_INSTR = re.compile(r"^\s*(?P<root>ROOT )?%?(?P<name>[\w.\-]+) = (?P<shape>.*?) "
+                    r"(?P<opcode>[a-z][\w\-]*)\(")
+# Results that are no new buffer: the arguments, constants (in the executable), views
+# of another buffer and the output tuple.
+_NOT_BUFFERS = frozenset(("parameter", "constant", "get-tuple-element", "bitcast", "tuple",
+                          "after-all", "partition-id", "replica-id"))
+
+
+def entry_buffers(text: str) -> list[HloBuffer]:
+    """The temporary buffers of an optimized module's entry computation (results that
+    are not its output), largest first. Each is a buffer XLA allocates; its temp bytes
+    (``memory_analysis().temp_size_in_bytes``) can be less than their sum, because XLA
+    reuses a buffer once the value in it is dead."""
+    tables = stack_tables(text)
+    out = []
+    in_entry = False
+    for line in text.splitlines():
+        if line.startswith("ENTRY"):
+            in_entry = True
+            continue
+        if not in_entry:
+            continue
+        if line.startswith("}"):
+            break
+        m = _INSTR.match(line)
+        if m is None or m.group("root") or m.group("opcode") in _NOT_BUFFERS:
+            continue
+        sizes = array_sizes(m.group("shape"))
+        if not sizes:
+            continue
+        op_type, op_name, source = origin(line, tables)
+        op_type = op_type or aten_of(op_name)
+        out.append(HloBuffer(m.group("name"), m.group("opcode"),
+                             ", ".join(t for _, t in sizes), sum(s for s, _ in sizes),
+                             op_type, scope_of(op_name, op_type), source))
+    out.sort(key=lambda b: -b.bytes)
+    return out
