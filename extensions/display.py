@@ -50,6 +50,11 @@ def fmt_time(seconds: float | None) -> str:
     return f"{seconds * 1e6:.3g} µs"
 
 
+def fmt_bytes(n: int) -> str:
+    """``1.5 MiB``: the core's byte format, for summaries."""
+    return xlanb.format_bytes(n)
+
+
 def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n} {word if n == 1 else (many or word + 's')}"
 
@@ -508,8 +513,9 @@ class MetricsTable(Rich):
 class GraphsTable(Rich):
     """Compiled graphs, oldest first, with their causes and recompile explanations."""
 
-    HEADER = ("#", "hash", "ops", "in", "out", "compile", "hits", "run", "cause", "source", "why")
-    RIGHT = {0, 2, 3, 4, 5, 6, 7}
+    HEADER = ("#", "hash", "ops", "in", "out", "compile", "hits", "run", "peak mem", "cause",
+              "source", "why")
+    RIGHT = {0, 2, 3, 4, 5, 6, 7, 8}
 
     def __init__(self, graphs: list, resolver: SourceResolver = DEFAULT_RESOLVER,
                  first_index: int = 0) -> None:
@@ -520,7 +526,9 @@ class GraphsTable(Rich):
             expl = getattr(g, "explanation", "") or ""
             self.rows.append((str(i), g.hash[:12], str(g.n_nodes), str(g.n_inputs),
                               str(g.n_outputs), fmt_time(g.compile_time), str(g.hits),
-                              fmt_time(g.run_time), g.cause, graph_where(g, resolver),
+                              fmt_time(g.run_time),
+                              fmt_bytes(g.memory.peak_bytes) if g.memory else "?",
+                              g.cause, graph_where(g, resolver),
                               recompile_reason(g, resolver, all_graphs) if expl
                               else "first from this line"))
         by_src: dict[str, int] = {}
@@ -609,9 +617,12 @@ class ExplainReport(Rich):
     """What a cell compiled and executed, and why, with source lines."""
 
     def __init__(self, activity: Activity, pending_after: int, mode: str,
-                 resolver: SourceResolver = DEFAULT_RESOLVER, wall: float | None = None) -> None:
+                 resolver: SourceResolver = DEFAULT_RESOLVER, wall: float | None = None,
+                 memory: tuple | None = None) -> None:
         self.a, self.pending, self.mode, self.resolver, self.wall = (
             activity, pending_after, mode, resolver, wall)
+        # device bytes before and after the cell
+        self.memory_before, self.memory_after = memory if memory else (None, None)
 
     def _where(self, loc) -> str:
         label, code = self.resolver.resolve(loc)
@@ -634,6 +645,8 @@ class ExplainReport(Rich):
                              f"compiled in {fmt_time(g.compile_time)}, cause: {g.cause}")
                 items.append(f"    synced at  {self._where_graph(g)}")
                 items.append(f"    why        {graph_why(g, self.resolver)}")
+                if g.memory is not None:
+                    items.append(f"    memory     {g.memory}")
             secs.append((f"{plural(len(a.new_graphs), 'graph')} compiled "
                          f"({fmt_time(a.total('CompileTime'))})", items))
             hot = {s: n for s, n in by_src.items() if n > 1}
@@ -664,6 +677,15 @@ class ExplainReport(Rich):
                              ("TransferFromDeviceTime", "device -> host")) if a.samples(n)]
         if xfer:
             secs.append(("transfers", [", ".join(xfer)]))
+        if self.memory_before is not None and self.memory_after is not None:
+            items = [f"{fmt_bytes(self.memory_before)} before the cell, "
+                     f"{fmt_bytes(self.memory_after)} after"]
+            ran = [g for g in a.new_graphs if g.memory] + [g for g, _ in a.hit_graphs if g.memory]
+            if ran:
+                g = max(ran, key=lambda g: g.memory.peak_bytes)
+                items.append(f"the largest graph run needs {fmt_bytes(g.memory.peak_bytes)} at its "
+                             f"peak (graph {g.hash[:12]}: {g.memory})")
+            secs.append(("device memory (all buffers xlanb holds)", items))
         if a.fallbacks:
             secs.append(("CPU fallbacks (no lowering; each one cuts the graph)",
                          [f"{k} ×{v}" for k, v in a.fallbacks.items()]))
@@ -756,3 +778,89 @@ def tensor_html(t: torch.Tensor) -> str:
     return (f"<div class='xlanb-tensor'><div style='color:#666;font-size:85%'>"
             f"{escape(' · '.join(head))}</div><pre style='{_CSS_MONO} margin:0'>"
             f"{escape(repr(t))}</pre></div>")
+
+
+# --------------------------------------------------------------------------- %xla_memory
+
+class MemoryText(Rich):
+    """A core memory report (``memory_summary``, ``memory_by_line``): its text, and its
+    HTML where it has one."""
+
+    def __init__(self, obj, title: str = "") -> None:
+        self.obj, self.title = obj, title
+
+    def text(self) -> str:
+        return (self.title + "\n" if self.title else "") + str(self.obj)
+
+    def html(self) -> str:
+        inner = (self.obj._repr_html_() if hasattr(self.obj, "_repr_html_")
+                 else f"<pre style='{_CSS_MONO}'>{escape(str(self.obj))}</pre>")
+        return (f"<b>{escape(self.title)}</b>" if self.title else "") + inner
+
+
+class GraphMemoryReport(Rich):
+    """One compiled graph's memory: XLA's analysis and its largest buffers by op and line."""
+
+    def __init__(self, g, index: int, resolver: SourceResolver = DEFAULT_RESOLVER, n: int = 10):
+        self.g, self.index, self.resolver = g, index, resolver
+        try:
+            self.buffers = g.largest_buffers(n)
+        except Exception:  # an executable that prints no HLO
+            self.buffers = []
+
+    def _rows(self) -> list[tuple]:
+        return [(fmt_bytes(b.bytes), b.opcode, b.op or "?", b.scope, self._where(b.source),
+                 b.shape) for b in self.buffers]
+
+    def _where(self, source: str) -> str:
+        """``file:line`` from the HLO's metadata, named as the reader knows it (``In[3]
+        line 2`` for a notebook cell)."""
+        file, _, line = source.rpartition(":")
+        if not file or not line.isdigit():
+            return os.path.basename(source)
+        return self.resolver.label(xlanb.SourceLoc(file, int(line), "")) or os.path.basename(source)
+
+    def text(self) -> str:
+        g = self.g
+        head = f"graph #{self.index} {g.hash[:12]} ({plural(g.n_nodes, 'op')}, synced at " \
+               f"{graph_where(g, self.resolver) or '?'})"
+        mem = g.memory
+        out = [head, f"  {mem}" if mem else "  XLA gives no memory analysis for it"]
+        if self.buffers:
+            out.append("largest buffers it allocates while it runs (XLA may reuse one for several):")
+            out.append(_table_text(("bytes", "hlo", "aten op", "scope", "source", "shape"),
+                                   self._rows(), {0}))
+        return "\n".join(out)
+
+
+def memory_timeline_figure(timeline, device: int = 0, title: str | None = None):
+    """A matplotlib figure of device bytes after each sync (``xlanb.memory_timeline()``),
+    with the memory limit as a line when one is set."""
+    import matplotlib
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(7, 2.8), dpi=100)
+    ax = fig.add_subplot()
+    xs = [s.index for s in timeline]
+    ys = [s.device.get(device, 0) / 2**20 for s in timeline]
+    ax.plot(xs, ys, marker="o" if len(xs) <= 60 else None, markersize=3, color="#4878d0",
+            label="device bytes after the sync")
+    limit = xlanb.config.memory_limit
+    if limit and ys and limit / 2**20 < 4 * max(ys):
+        ax.axhline(limit / 2**20, color="#d65f5f", linestyle="--", label="memory limit")
+    ax.set_xlabel("sync")
+    ax.set_ylabel("MiB on xla:%d" % device)
+    ax.set_title(title or "Device memory after each sync")
+    ax.grid(alpha=0.3)
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    del matplotlib
+    return fig
+
+
+def figure_png(fig) -> bytes:
+    """A matplotlib figure as PNG bytes (no pyplot, no backend state)."""
+    import io
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()

@@ -47,7 +47,7 @@ import torch
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from IPython.display import display
+from IPython.display import Image, display
 
 import xlanb
 
@@ -377,6 +377,44 @@ class XlaMagics(Magics):
                                    title=f"graph #{index % len(gs)} {g.hash[:12]} ({why})",
                                    compiled=True))
 
+    # ------------------------------------------------------------------ %xla_memory
+
+    @magic_arguments()
+    @argument("--by-line", dest="by_line", action="store_true",
+              help="one row per source line (and module scope) holding live tensors")
+    @argument("--graph", type=int, default=None, metavar="I",
+              help="compiled graph #I's memory: XLA's analysis and its largest buffers")
+    @argument("--timeline", action="store_true",
+              help="plot device bytes after each sync")
+    @argument("--device", type=int, default=0, metavar="N", help="xla:N (default 0)")
+    @line_magic
+    def xla_memory(self, line: str = ""):
+        """Device memory: a summary (live tensors, every buffer xlanb holds, the peak, the
+        limit, the platform's own figures), the largest lines, one graph's analysis, or a
+        plot of bytes after each sync."""
+        args = parse_argstring(self.xla_memory, line)
+        if args.graph is not None:
+            gs = list(xlanb.graphs())
+            if not -len(gs) <= args.graph < len(gs):
+                raise UsageError(f"there is no graph #{args.graph}: {len(gs)} graphs were "
+                                 "compiled (see %xla_graphs)")
+            self._show(xd.GraphMemoryReport(gs[args.graph], args.graph % len(gs), self.resolver))
+            return
+        if args.timeline:
+            tl = xlanb.memory_timeline()
+            if not tl:
+                print("no syncs yet: the timeline samples device memory after each sync")
+                return
+            if "image/png" in self._rich():
+                display(Image(data=xd.figure_png(xd.memory_timeline_figure(tl, args.device))))
+            else:
+                print(tl)
+            return
+        if args.by_line:
+            self._show(xd.MemoryText(xlanb.memory_by_line(args.device)))
+            return
+        self._show(xd.MemoryText(xlanb.memory_summary(args.device)))
+
     # ------------------------------------------------------------------ %%xla_explain
 
     @cell_magic
@@ -388,6 +426,7 @@ class XlaMagics(Magics):
         if line.strip():
             raise UsageError("%%xla_explain takes no arguments")
         probe = xd.Probe()
+        before = xlanb.memory_reserved()
         t0 = time.perf_counter()
         try:
             return self._run_cell_body(cell)
@@ -398,8 +437,9 @@ class XlaMagics(Magics):
                     pending = xd.pending_count()
                 except Exception:
                     pending = 0
-                self._show(xd.ExplainReport(activity, pending, xlanb.get_mode(),
-                                            self.resolver, wall=time.perf_counter() - t0))
+                wall = time.perf_counter() - t0
+                self._show(xd.ExplainReport(activity, pending, xlanb.get_mode(), self.resolver,
+                                            wall=wall, memory=(before, xlanb.memory_reserved())))
             except Exception as e:
                 print(f"xla explain: no report ({type(e).__name__}: {e})")
 

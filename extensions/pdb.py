@@ -3,7 +3,7 @@
     import xlanb; xlanb.set_trace()            # stop here
     PYTHONBREAKPOINT=xlanb.set_trace python train.py   # breakpoint() opens XlaPdb
 
-``XlaPdb`` is ``pdb.Pdb`` plus seven commands (``help <command>`` for each):
+``XlaPdb`` is ``pdb.Pdb`` plus these commands (``help <command>`` for each):
 
     xla                        mode, pending op count, compiles so far
     xpeek EXPR                 the value, computed op by op; the pending graph is untouched
@@ -13,6 +13,7 @@
     xmode [lazy|eager|opbyop]  show or switch the execution mode
     xgraphs                    every compiled graph: hash, size, cause, source, times
     xnans                      the frame's xla tensors holding NaN/Inf, and where made
+    xmem [--by-line | --graph I]   device memory: what holds it, from which line
 
 Looking never cuts the lazy graph: ``p``/``pp``/a bare expression/``display``/``xpeek``
 peek, and so do ``.cpu()``/``.item()``/``.tolist()`` while a debugger is stopped. Only
@@ -37,6 +38,8 @@ import time
 import torch
 
 import xlanb
+
+from . import display as xd
 
 __all__ = ["XlaPdb", "set_trace", "DEFAULT_SKIP"]
 
@@ -374,6 +377,30 @@ class XlaPdb(pdb.Pdb):
             raise _BadInput("takes no arguments")
         gs = xlanb.graphs()
         self.message(str(gs) if gs else "no compiled graphs yet")
+
+    @_command
+    def do_xmem(self, arg):
+        """xmem [--by-line] [--graph I]
+        Device memory, without running anything: live tensors, every buffer xlanb holds,
+        the sampled peak and the limit; --by-line: the lines holding the most; --graph I:
+        compiled graph #I's memory analysis and its largest buffers.
+        """
+        words = arg.split()
+        if not words:
+            self.message(xlanb.memory_summary())
+        elif words == ["--by-line"]:
+            self.message(str(xlanb.memory_by_line()))
+        elif len(words) == 2 and words[0] == "--graph":
+            try:
+                i = int(words[1])
+            except ValueError:
+                raise _BadInput(f"--graph takes a graph number, got {words[1]!r}") from None
+            gs = list(xlanb.graphs())
+            if not -len(gs) <= i < len(gs):
+                raise _BadInput(f"there is no graph #{i}: {len(gs)} graphs were compiled")
+            self.message(xd.GraphMemoryReport(gs[i], i % len(gs)).text())
+        else:
+            raise _BadInput("usage: xmem [--by-line | --graph I]")
 
     # ------------------------------------------------------------------------------
     # Tab completion

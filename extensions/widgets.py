@@ -58,6 +58,7 @@ _STATUS_COLOUR = {"changed": CHANGED, "follows": FOLLOWS, "added": ADDED, "remov
 # Chart colours: one per kind of work, the same in every chart.
 C_COMPILE, C_OPCOMPILE, C_EXECUTE = "#e74c3c", "#f39c12", "#3498db"
 C_TO_DEV, C_FROM_DEV, C_HIT, C_FALLBACK = "#9b59b6", "#8e44ad", "#27ae60", "#7f8c8d"
+C_MEMORY = "#16a085"
 
 _MONO = "font-family: var(--jp-code-font-family, monospace); font-size: 12px;"
 _BOX = "overflow:auto; max-height:620px; border:1px solid #ddd; padding:4px; background:white;"
@@ -1194,6 +1195,14 @@ class MetricsDashboard(W.VBox):
                        f"{xd.fmt_time(t_to)} to, {xd.fmt_time(t_from)} from device", C_TO_DEV),
             self._card("CPU fallbacks", str(fallbacks), "ops with no lowering", C_FALLBACK),
         ]
+        mem = self._memory_stats()
+        if mem is not None:
+            limit = mem["limit_bytes"]
+            cards.append(self._card(
+                "device memory", xd.fmt_bytes(mem["device_bytes.current"]),
+                f"peak {xd.fmt_bytes(mem['device_bytes.peak'])}"
+                + (f" · limit {xd.fmt_bytes(limit)}" if limit else "")
+                + f" · tensors {xd.fmt_bytes(mem['allocated_bytes.current'])}", C_MEMORY))
         p_hit, p_miss = _num(d, "PersistentCacheHit"), _num(d, "PersistentCacheMiss")
         if p_hit or p_miss:
             cards.append(self._card("disk cache", f"{p_hit}/{p_hit + p_miss}",
@@ -1225,6 +1234,7 @@ class MetricsDashboard(W.VBox):
         slow = self._slowest_graphs()
         if slow:
             charts.append(slow)
+        charts.extend(self._memory_charts())
         falls = sorted(((k, v) for k, v in d.get("counters", {}).items()
                         if k.startswith("aten::") and v > 0), key=lambda kv: -kv[1])
         if falls:
@@ -1232,6 +1242,37 @@ class MetricsDashboard(W.VBox):
                                         "CPU fallbacks (ops with no lowering)"))
         return "<div style='display:flex; flex-wrap:wrap; gap:24px'>" + "".join(
             f"<div>{c}</div>" for c in charts) + "</div>"
+
+    @staticmethod
+    def _memory_stats() -> dict | None:
+        try:
+            return xlanb.memory_stats()
+        except Exception:  # a dashboard must never break the user's cell
+            return None
+
+    def _memory_charts(self) -> list[str]:
+        """The memory panel: the lines holding the most device memory, and device bytes
+        after each of the last syncs."""
+        out = []
+        try:
+            rows = xlanb.memory_by_line()[:8]
+            timeline = xlanb.memory_timeline()[-self._history.maxlen:]
+        except Exception:
+            return out
+        res = _resolver()
+        if rows:
+            out.append(bar_chart_svg(
+                [((res.label(r.loc) if r.loc is not None else r.source)
+                  + (f" [{r.scope}]" if r.scope else ""), r.bytes, C_MEMORY,
+                  xd.fmt_bytes(r.bytes), f"{r.count} tensors, {xd.fmt_bytes(r.bytes)}")
+                 for r in rows], "Memory by line (live tensors)"))
+        if timeline:
+            cols = [(str(s.index), [(s.device.get(0, 0), C_MEMORY)], "",
+                     f"sync {s.index} ({s.cause}): {xd.fmt_bytes(s.device.get(0, 0))}")
+                    for s in timeline]
+            out.append(column_chart_svg(cols, [("device bytes after the sync", C_MEMORY)],
+                                        "Device memory after each sync"))
+        return out
 
     def _cells_chart(self) -> str:
         cols = []

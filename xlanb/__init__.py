@@ -18,7 +18,7 @@ from .backend import register as _register
 from .base import metrics
 from .base import rng as _rng
 from .base.config import MODES, check_mode, config
-from .base.tables import format_table
+from .base.tables import format_bytes, format_table
 from .base.frames import SourceLoc, debugger_active, set_location_labeler
 from .base.scopes import install_scope_hooks as _install_scope_hooks
 from .base.session import session as _session, starting_mode as _starting_mode
@@ -32,6 +32,7 @@ from .execute.resident import ExecutableLimitError
 from .execute.memory import (DeviceMemoryError, GraphMemory, MemoryByLine, MemoryLimit,
                              MemoryRow, MemorySample, MemoryTimeline, max_memory_allocated,
                              memory_allocated, memory_by_line, memory_limit, memory_stats,
+                             memory_reserved, max_memory_reserved,
                              memory_summary, memory_timeline, reset_peak_memory_stats,
                              set_line_bytes as memory_lines)
 from .execute.graphs import CompiledGraph, GraphList, RecompileWarning, graphs
@@ -60,11 +61,12 @@ __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "c
            "SummaryDiff",
            "RecompileWarning", "metrics", "config", "XlaTensor", "CompiledGraph",
            "manual_seed", "set_trace", "compile", "CompiledFunction", "debugger_active",
-           "format_table", "set_location_labeler", "debug_nans", "NonFiniteError",
+           "format_table", "format_bytes", "set_location_labeler", "debug_nans", "NonFiniteError",
            "ExecutableLimitError", "where_made",
            "compare_cpu", "CompareReport", "CompareRow", "profile", "Profile", "ProfileTable",
            "spmd", "distributed", "collectives",
            "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats",
+           "memory_reserved", "max_memory_reserved",
            "memory_stats", "memory_summary", "memory_by_line", "memory_limit",
            "memory_timeline", "memory_lines", "DeviceMemoryError", "GraphMemory",
            "MemoryByLine", "MemoryRow", "MemoryLimit", "MemorySample", "MemoryTimeline",
@@ -131,8 +133,8 @@ def unload_ipython_extension(ipython) -> None:
 
 
 def set_trace() -> None:
-    """A pdb with xla commands (xla, xpeek, xpending, xhlo, xsync, xmode, xgraphs), stopped
-    in the caller's frame. ``PYTHONBREAKPOINT=xlanb.set_trace`` makes ``breakpoint()`` use it."""
+    """A pdb with xla commands (xla, xpeek, xpending, xhlo, xsync, xmode, xgraphs, xnans,
+    xmem), stopped in the caller's frame. ``PYTHONBREAKPOINT=xlanb.set_trace`` makes ``breakpoint()`` use it."""
     import sys
     from .extensions.pdb import XlaPdb
     XlaPdb().set_trace(sys._getframe(1))

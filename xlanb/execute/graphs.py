@@ -20,6 +20,7 @@ from ..base.frames import SourceLoc, format_loc
 from ..base.session import session
 from ..base.tables import format_bytes, format_table
 from ..graph.collectives import CollectiveList, parse_collectives
+from ..graph.hlo_text import entry_buffers
 from ..graph.explain import explain
 from ..graph.render import render_dot, render_text
 from ..graph.summary import summarize
@@ -100,6 +101,13 @@ class CompiledGraph:
             return dict(self.executable.cost_analysis() or {})
         except Exception:  # not every backend implements it
             return {}
+
+    def largest_buffers(self, n: int = 10) -> list:
+        """The ``n`` largest buffers the executable allocates while it runs (results of
+        its optimized entry computation that are not its outputs), each an
+        ``HloBuffer`` with its aten op, scope and source line; XLA may reuse one buffer
+        for several of them, so they can add up to more than ``memory.temp_bytes``."""
+        return entry_buffers(self.executable.as_text())[:n]
 
     def memory_analysis(self):
         """XLA's memory use of the executable, where the backend provides it."""

@@ -371,6 +371,22 @@ def memory_allocated(device=None) -> int:
     return sum(h.bytes for h in holdings() if h.kind == "tensor" and h.device == index)
 
 
+def memory_reserved(device=None) -> int:
+    """Bytes of every device buffer xlanb holds on ``device``: the tensors, plus eager
+    views' copies, values kept for peeks, inputs pending work needs and lifted scalars
+    (JAX's live arrays; cheap: no walk)."""
+    index = device_index(device)
+    now = device_bytes().get(index, 0)
+    _note_peak(index, now)
+    return now
+
+
+def max_memory_reserved(device=None) -> int:
+    """The peak of ``memory_reserved``, as sampled (see ``max_memory_allocated``)."""
+    index = device_index(device)
+    return max(_peaks.get(index, 0), memory_reserved(index))
+
+
 def max_memory_allocated(device=None) -> int:
     """The most device memory xlanb held on ``device`` since the start or the last
     ``reset_peak_memory_stats``: sampled at every sync, every graph run (with the graph's

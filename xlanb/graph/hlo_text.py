@@ -146,18 +146,27 @@ def entry_buffers(text: str) -> list[HloBuffer]:
     (``memory_analysis().temp_size_in_bytes``) can be less than their sum, because XLA
     reuses a buffer once the value in it is dead."""
     tables = stack_tables(text)
-    out = []
-    in_entry = False
+    entry = []
     for line in text.splitlines():
         if line.startswith("ENTRY"):
-            in_entry = True
-            continue
-        if not in_entry:
-            continue
-        if line.startswith("}"):
-            break
+            entry.append(line)
+        elif entry:
+            if line.startswith("}"):
+                break
+            entry.append(line)
+    # the outputs: the root, or the operands of a root tuple
+    outputs = set()
+    for line in entry:
         m = _INSTR.match(line)
-        if m is None or m.group("root") or m.group("opcode") in _NOT_BUFFERS:
+        if m is not None and m.group("root"):
+            outputs.add(m.group("name"))
+            if m.group("opcode") == "tuple":
+                args = line[m.end():].split(")", 1)[0]
+                outputs.update(a.strip().lstrip("%") for a in args.split(",") if a.strip())
+    out = []
+    for line in entry:
+        m = _INSTR.match(line)
+        if m is None or m.group("name") in outputs or m.group("opcode") in _NOT_BUFFERS:
             continue
         sizes = array_sizes(m.group("shape"))
         if not sizes:
