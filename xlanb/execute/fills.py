@@ -9,6 +9,7 @@ from ..base.dtypes import to_jax_dtype
 from ..ir import Node
 from ..runtime.devices import jax_device
 from ..runtime.mesh import is_sharded, place
+from .memory import device_oom, is_device_oom
 
 # Fills: nodes whose value does not depend on their inputs' values. Zeros, ones and
 # fill_/zero_ (what torch.zeros(..., device="xla") records: empty, then zero_) are made
@@ -52,7 +53,13 @@ def settle_fill(node: Node, value=0) -> None:
             # a small host buffer is the CPU device's own: nothing to compile
             arr = jax.device_put(np.full(meta.shape, value, dtype), device)
         else:  # made on the device: no host copy, no transfer (one fill per shape)
-            arr = jax.numpy.full(meta.shape, value, dtype, device=device)
+            try:
+                arr = jax.numpy.full(meta.shape, value, dtype, device=device)
+            except Exception as e:
+                if is_device_oom(e):
+                    raise device_oom(e, node.info.device,
+                                     f"{node.info.name} of shape {tuple(meta.shape)}") from e
+                raise
     src = node.inputs[0].data if node.inputs else None
     if src is not None and not isinstance(src, tuple) and is_sharded(src) \
             and tuple(src.shape) == tuple(meta.shape):
