@@ -809,16 +809,10 @@ class GraphMemoryReport(Rich):
             self.buffers = []
 
     def _rows(self) -> list[tuple]:
-        return [(fmt_bytes(b.bytes), b.opcode, b.op or "?", b.scope, self._where(b.source),
-                 b.shape) for b in self.buffers]
-
-    def _where(self, source: str) -> str:
-        """``file:line`` from the HLO's metadata, named as the reader knows it (``In[3]
-        line 2`` for a notebook cell)."""
-        file, _, line = source.rpartition(":")
-        if not file or not line.isdigit():
-            return os.path.basename(source)
-        return self.resolver.label(xlanb.SourceLoc(file, int(line), "")) or os.path.basename(source)
+        return [(fmt_bytes(b.bytes), b.opcode, b.op or "?", b.scope,
+                 (self.resolver.label(b.loc) or "") if b.loc is not None else "",
+                 b.shape if b.shape.count(",") < 6 else b.shape.split(", ")[0] + ", ...")
+                for b in self.buffers]
 
     def text(self) -> str:
         g = self.g
@@ -838,21 +832,27 @@ def memory_timeline_figure(timeline, device: int = 0, title: str | None = None):
     with the memory limit as a line when one is set."""
     import matplotlib
     from matplotlib.figure import Figure
-    fig = Figure(figsize=(7, 2.8), dpi=100)
+    fig = Figure(figsize=(7, 3.2), dpi=100)
     ax = fig.add_subplot()
     xs = [s.index for s in timeline]
-    ys = [s.device.get(device, 0) / 2**20 for s in timeline]
-    ax.plot(xs, ys, marker="o" if len(xs) <= 60 else None, markersize=3, color="#4878d0",
+    ys = [b / 2**20 for b in timeline.bytes(device)]
+    peaks = [b / 2**20 for b in timeline.peaks(device)]
+    marker = "o" if len(xs) <= 60 else None
+    if any(p > y for p, y in zip(peaks, ys)):
+        ax.fill_between(xs, ys, peaks, step="pre", color="#ee854a", alpha=0.25, linewidth=0)
+        ax.step(xs, peaks, where="pre", color="#ee854a",
+                label="peak while the step ran (graph temporaries)")
+    ax.plot(xs, ys, marker=marker, markersize=3, color="#4878d0",
             label="device bytes after the sync")
     limit = xlanb.config.memory_limit
-    if limit and ys and limit / 2**20 < 4 * max(ys):
+    if limit and ys and limit / 2**20 < 4 * max(peaks):
         ax.axhline(limit / 2**20, color="#d65f5f", linestyle="--", label="memory limit")
     ax.set_xlabel("sync")
     ax.set_ylabel("MiB on xla:%d" % device)
     ax.set_title(title or "Device memory after each sync")
     ax.grid(alpha=0.3)
     ax.set_ylim(bottom=0)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, fontsize=8, frameon=False)
     fig.tight_layout()
     del matplotlib
     return fig

@@ -332,3 +332,20 @@ def test_timeline_plot_renders():
         xlanb.sync()
     png = figure_png(memory_timeline_figure(xlanb.memory_timeline()))
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_pending_memory_forecasts_without_running():
+    xlanb.set_mode("lazy")
+    a = torch.randn(256, 256, device="xla")
+    xlanb.sync()
+    b = (a @ a).relu()
+    f = xlanb.pending_memory()
+    assert f.graph.memory.output_bytes == 256 * 256 * 4
+    assert f.projected == f.live + f.graph.memory.extra_bytes
+    assert f.fits is None and f.fits_in("1GiB") and not f.fits_in(f.live)
+    assert xlanb.pending_count() > 0  # nothing ran
+    hits = xlanb.metrics.counter_value("CachedCompile") or 0
+    xlanb.sync()  # the forecast's compile is the sync's
+    assert (xlanb.metrics.counter_value("CachedCompile") or 0) == hits + 1
+    assert torch.allclose(b.cpu(), (a.cpu() @ a.cpu()).relu(), atol=1e-3)
+    assert xlanb.pending_memory() is None

@@ -110,6 +110,17 @@ def test_notebook_runs(path, kernel_dirs):
         assert "BertForMaskedLM.bert.encoder.layer.0" in all_text
         assert re.search(r"modeling_bert\.py:\d+ \w+", all_text)
         assert "trace written to" in all_text
+    if path.stem == "06_memory":
+        errors = "".join(o.get("evalue", "") for c in code for o in _outputs(c)
+                         if o.get("output_type") == "error")
+        assert re.search(r"batch   8 x 128: projected peak .* -> fits in 16GiB", all_text)
+        assert re.search(r"batch 512 x 512: projected peak .* GiB  -> does NOT fit in 16GiB", all_text)
+        assert re.search(r"the line holding the most: In\[\d+\]:\d+ train_step", all_text)
+        assert "would not fit in device memory" in errors and "limit 16.0 GiB" in errors
+        assert "graph temp: aten::" in errors and "Nothing ran" in errors
+        assert "first losses, still readable" in all_text
+        pngs = [o for c in code for o in _outputs(c) if "image/png" in o.get("data", {})]
+        assert pngs, "no timeline plot"
     if path.stem == "05_reading_hlo":
         assert "same module for 0.1 and 0.2: True" in all_text
     if path.stem == "sharding":

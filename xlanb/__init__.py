@@ -29,7 +29,9 @@ from .profile import Profile, ProfileTable, profile
 from .execute.background import compiles_in_flight as _compiles_in_flight
 from .execute.nans import NonFiniteError
 from .execute.resident import ExecutableLimitError
-from .execute.memory import (DeviceMemoryError, GraphMemory, MemoryByLine, MemoryLimit,
+from .execute.memory import (DeviceMemoryError, GraphBuffer, GraphMemory, MemoryByLine,
+                             MemoryForecast,
+                             MemoryLimit,
                              MemoryRow, MemorySample, MemoryTimeline, max_memory_allocated,
                              memory_allocated, memory_by_line, memory_limit, memory_stats,
                              memory_reserved, max_memory_reserved,
@@ -40,7 +42,8 @@ from .graph.explain import SummaryDiff, diff_summaries, explain
 from .graph.render import render_dot, render_svg, render_text
 from .graph.summary import GraphSummary, OpRecord
 from .inspect import repr as _repr  # noqa: F401  (installs how tensors print)
-from .inspect.pending import collectives, hlo, pending_count, pending_ir, pending_summary
+from .inspect.pending import (collectives, hlo, pending_count, pending_ir, pending_memory,
+                             pending_summary)
 from .modes import get_mode, mode, set_mode
 from .reads import peek_host as _peek_host
 from .realize import sync
@@ -68,7 +71,8 @@ __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "c
            "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats",
            "memory_reserved", "max_memory_reserved",
            "memory_stats", "memory_summary", "memory_by_line", "memory_limit",
-           "memory_timeline", "memory_lines", "DeviceMemoryError", "GraphMemory",
+           "memory_timeline", "memory_lines", "pending_memory", "MemoryForecast",
+           "DeviceMemoryError", "GraphMemory", "GraphBuffer",
            "MemoryByLine", "MemoryRow", "MemoryLimit", "MemorySample", "MemoryTimeline",
            "load_ipython_extension", "unload_ipython_extension"]
 

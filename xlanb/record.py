@@ -172,6 +172,9 @@ def value_node(t: XlaTensor) -> Node:
 def write(t: XlaTensor, node: Node) -> None:
     """Make ``node`` the new value of ``t``, writing through to its base if it is a view."""
     s = t._storage
+    if not s.version:  # its first write: remember what made it (xlanb.memory_by_line)
+        n = s.node if s.node.src is not None else node  # empty_like + copy_: the copy's line
+        s.born = (n.src, n.scope, n.info.name)
     if session.spmd:  # remember where the value being replaced lay (execute/graphs.py)
         old = s.node.data
         if old is not None and not isinstance(old, tuple):

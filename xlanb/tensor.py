@@ -55,7 +55,10 @@ def sig_key(meta: TensorMeta, device: int) -> SigKey:
 class Storage:
     """The current value of a base tensor, shared by all of its views."""
 
-    __slots__ = ("node", "version", "device", "meta", "placed", "__weakref__")
+    # ``born``: (line, scope, op) of the value it was made with, set at its first write
+    # (record.write), so memory_by_line credits a weight to the line that made it, not
+    # to the optimizer step that last updated it. Unset until then: no cost per op.
+    __slots__ = ("node", "version", "device", "meta", "placed", "born", "__weakref__")
 
     def __init__(self, node: Node, meta: TensorMeta, device: int):
         self.node = node

@@ -133,6 +133,7 @@ class Session:
         self.op_memory: dict = {}      # OpInfo uid -> its single-op executable's analysis
         self.memory_timeline: list = []  # MemorySample per sync
         self.memory_peaks: dict = {}   # xla index -> the most device bytes sampled
+        self.memory_step_peaks: dict = {}  # the same, since the last sync's sample
 
         # -- where ops come from (base/frames.py, base/scopes.py)
         self.scope_stack: list = []    # nn.Module paths being run

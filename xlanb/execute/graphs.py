@@ -20,7 +20,6 @@ from ..base.frames import SourceLoc, format_loc
 from ..base.session import session
 from ..base.tables import format_bytes, format_table
 from ..graph.collectives import CollectiveList, parse_collectives
-from ..graph.hlo_text import entry_buffers
 from ..graph.explain import explain
 from ..graph.render import render_dot, render_text
 from ..graph.summary import summarize
@@ -29,7 +28,8 @@ from ..runtime import store
 from ..runtime.jit import compile_lowered, jax_context, lower_jitted
 from ..runtime.mesh import common_mesh, on_mesh, sharding_text
 from .compile import add_op_note, load_stored, scalar_spec, store_key, tensor_spec
-from .memory import GraphMemory, check_graph, device_oom, graph_memory, is_device_oom
+from .memory import (GraphMemory, check_graph, device_oom, graph_buffers, graph_memory,
+                     is_device_oom)
 
 @dataclass
 class CompiledGraph:
@@ -104,10 +104,10 @@ class CompiledGraph:
 
     def largest_buffers(self, n: int = 10) -> list:
         """The ``n`` largest buffers the executable allocates while it runs (results of
-        its optimized entry computation that are not its outputs), each an
-        ``HloBuffer`` with its aten op, scope and source line; XLA may reuse one buffer
-        for several of them, so they can add up to more than ``memory.temp_bytes``."""
-        return entry_buffers(self.executable.as_text())[:n]
+        its optimized entry computation that are not its outputs), each a
+        ``GraphBuffer`` with its aten op, scope and the user's line; XLA may reuse one
+        buffer for several of them, so they can add up to more than ``memory.temp_bytes``."""
+        return graph_buffers(self.executable, self.summary, n)
 
     def memory_analysis(self):
         """XLA's memory use of the executable, where the backend provides it."""
@@ -488,7 +488,7 @@ def run_graph(plan: GraphPlan, device: int, cause: str, src, placed=None) -> lis
         except Exception as e:
             if is_device_oom(e):
                 raise device_oom(e, device, f"the graph {rec.hash[:12]} ({cause} at "
-                                 f"{format_loc(src) or '?'})", rec.executable) from e
+                                 f"{format_loc(src) or '?'})", rec) from e
             raise
     dt = time.perf_counter() - t0
     rec.run_time += dt

@@ -20,6 +20,7 @@ Eager results remember their user's line only when they are at least
 from __future__ import annotations
 
 import gc
+import os
 import time
 from typing import NamedTuple
 
@@ -185,9 +186,10 @@ def holdings() -> list[Holding]:
     for s in storages:
         node = s.node
         data = node.data
+        # credited to what made the storage, not to the last in-place update of it
+        src, scope, op = getattr(s, "born", None) or (node.src, node.scope, node.info.name)
         if data is None:
-            out.append(Holding("pending", s.device, result_bytes(s.meta), node.src, node.scope,
-                               node.info.name))
+            out.append(Holding("pending", s.device, result_bytes(s.meta), src, scope, op))
             continue
         if id(data) in seen:
             continue
@@ -195,7 +197,7 @@ def holdings() -> list[Holding]:
         per: dict = {}
         array_bytes_by_device(data, per, where)
         for i, n in per.items():
-            out.append(Holding("tensor", i, n, node.src, node.scope, node.info.name))
+            out.append(Holding("tensor", i, n, src, scope, op))
     for v in views:
         node = v._node
         if node is None or v._ver != v._storage.version or node.data is None:
@@ -311,9 +313,12 @@ def memory_by_line(device=None) -> MemoryByLine:
 class MemorySample(NamedTuple):
     """Device bytes after one sync (``xlanb.memory_timeline()``)."""
     index: int        # the sync's number in this session
-    time: float       # seconds since the first sample
-    device: dict      # xla index -> bytes of live device buffers
+    time: float       # perf_counter seconds when sampled
+    device: dict      # xla index -> bytes of live device buffers after the sync
     cause: str
+    # xla index -> the most bytes seen since the previous sync: the projected peaks of
+    # the graphs (and checked ops) that ran, temporaries included, and the samples
+    peak: dict = {}
 
 
 _timeline = session.memory_timeline
@@ -321,9 +326,14 @@ _peaks = session.memory_peaks       # xla index -> the peak sampled
 TIMELINE_MAX = 100_000
 
 
+_step_peaks = session.memory_step_peaks  # xla index -> the most since the last sample
+
+
 def _note_peak(index: int, nbytes: int) -> None:
     if nbytes > _peaks.get(index, 0):
         _peaks[index] = nbytes
+    if nbytes > _step_peaks.get(index, 0):
+        _step_peaks[index] = nbytes
 
 
 def sample(cause: str) -> dict:
@@ -335,7 +345,8 @@ def sample(cause: str) -> dict:
         del _timeline[:TIMELINE_MAX // 2]
     t = time.perf_counter()
     idx = _timeline[-1].index + 1 if _timeline else 0
-    _timeline.append(MemorySample(idx, t, now, cause))
+    _timeline.append(MemorySample(idx, t, now, cause, dict(_step_peaks)))
+    _step_peaks.clear()
     return now
 
 
@@ -343,7 +354,12 @@ class MemoryTimeline(list):
     """``xlanb.memory_timeline()``: a ``MemorySample`` per sync, oldest first."""
 
     def bytes(self, device: int = 0) -> list[int]:
+        """Device bytes after each sync."""
         return [s.device.get(device, 0) for s in self]
+
+    def peaks(self, device: int = 0) -> list[int]:
+        """The most device bytes between each sync and the one before (graph peaks)."""
+        return [max(s.peak.get(device, 0), s.device.get(device, 0)) for s in self]
 
     def seconds(self) -> list[float]:
         return [s.time - self[0].time for s in self] if self else []
@@ -548,21 +564,59 @@ def _live_contributors(index: int) -> list[Contributor]:
     return out
 
 
-def _graph_contributors(executable, n: int = 5) -> list[Contributor]:
-    try:
-        text = executable.as_text()
-    except Exception:
-        return []
+_XLANB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+class GraphBuffer(NamedTuple):
+    """One of the largest buffers a compiled graph allocates while it runs, with where its
+    op was recorded (``CompiledGraph.largest_buffers``)."""
+    name: str                 # the HLO instruction
+    opcode: str               # fusion, dot, custom-call, ...
+    shape: str                # its result type
+    bytes: int
+    op: str                   # the aten op it came from, "" if unknown
+    scope: str                # module scope path, "/"-separated
+    loc: SourceLoc | None     # the user's line, where known
+
+
+def graph_buffers(executable, summary, n: int = 10) -> list[GraphBuffer]:
+    """The ``n`` largest buffers of ``executable``'s entry computation, each with its
+    user's line: the HLO's own, unless that is missing or inside xlanb or JAX (an op
+    recorded without a line, such as a backward op, or a fusion named after one); then
+    the line of the recorded op with the same aten op and scope, when just one has one."""
     out = []
-    for b in entry_buffers(text)[:n]:
-        where = f"{b.op or b.opcode}" + (f" at {_short(b.source)}" if b.source else "") \
-            + (f" [{b.scope}]" if b.scope else "")
-        out.append(Contributor("graph temp", f"{where} {b.shape}", b.bytes))
+    for b in entry_buffers(executable.as_text())[:n]:
+        loc = None
+        file, _, line = b.source.rpartition(":")
+        if file and line.isdigit() and not file.startswith(_XLANB_DIR) \
+                and f"{os.sep}jax{os.sep}" not in file:
+            loc = SourceLoc(file, int(line), "")
+        elif summary is not None:
+            locs = {o.src for o in summary.ops
+                    if o.name == b.op and o.scope.replace(".", "/") == b.scope}
+            if len(locs) == 1:
+                loc = next(iter(locs))
+        out.append(GraphBuffer(b.name, b.opcode, b.shape, b.bytes, b.op, b.scope, loc))
     return out
 
 
-def _short(source: str) -> str:
-    return source.rsplit("/", 1)[-1]
+def _shape_text(shape: str) -> str:
+    parts = shape.split(", ")
+    return shape if len(parts) <= 2 else f"{parts[0]}, ... ({len(parts)} results)"
+
+
+def _graph_contributors(rec, n: int = 5) -> list[Contributor]:
+    try:
+        buffers = graph_buffers(rec.executable, rec.summary, n)
+    except Exception:  # an executable that prints no HLO
+        return []
+    out = []
+    for b in buffers:
+        src = format_loc(b.loc).strip()
+        where = f"{b.op or b.opcode}" + (f" at {src}" if src else "") \
+            + (f" [{b.scope}]" if b.scope else "")
+        out.append(Contributor("graph temp", f"{where} {_shape_text(b.shape)}", b.bytes))
+    return out
 
 
 def _message(head: str, index: int, limit, projected, live, extra_text, contributors) -> str:
@@ -580,19 +634,55 @@ def _message(head: str, index: int, limit, projected, live, extra_text, contribu
     return "\n".join(lines)
 
 
+class MemoryForecast(NamedTuple):
+    """``xlanb.pending_memory()``: what running the pending graph would need, before it
+    runs: the device bytes live now plus what the graph adds (``GraphMemory.extra_bytes``)."""
+    graph: object          # the CompiledGraph the next sync will run
+    live: int              # device bytes live now (its arguments among them)
+    projected: int         # live + what running it adds
+    limit: int | None      # xlanb.memory_limit, if one is set
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether ``projected`` stays under the limit (None with no limit)."""
+        return None if self.limit is None else self.projected <= self.limit
+
+    def fits_in(self, limit) -> bool:
+        """Whether it stays under ``limit`` (bytes or ``"16GiB"``)."""
+        return self.projected <= (parse_bytes(limit) if isinstance(limit, str) else limit)
+
+    def __str__(self) -> str:
+        mem = self.graph.memory
+        verdict = "" if self.limit is None else (
+            f"; fits under the limit of {format_bytes(self.limit)}" if self.fits
+            else f"; does NOT fit under the limit of {format_bytes(self.limit)}")
+        return (f"projected peak {format_bytes(self.projected)} = {format_bytes(self.live)} live + "
+                f"{format_bytes(mem.extra_bytes)} to run graph {self.graph.hash[:12]} ({mem}){verdict}")
+
+    __repr__ = __str__
+
+
+def forecast(rec, index: int) -> MemoryForecast | None:
+    """The projected peak of running ``rec`` (a CompiledGraph) on xla:``index`` now."""
+    mem = rec.memory
+    if mem is None:
+        return None
+    live = device_bytes().get(index, 0)
+    return MemoryForecast(rec, live, live + mem.extra_bytes, config.memory_limit)
+
+
 def check_graph(rec, index: int, what: str) -> None:
     """Before ``rec`` (a CompiledGraph) runs on xla:``index``: raise DeviceMemoryError if
     the live buffers plus what it adds would pass the limit. Notes the projected peak."""
-    mem = rec.memory
-    if mem is None:
+    f = forecast(rec, index)
+    if f is None:
         return
-    live = device_bytes().get(index, 0)
-    projected = live + mem.extra_bytes
+    mem, live, projected = rec.memory, f.live, f.projected
     _note_peak(index, projected)
     limit = config.memory_limit
     if limit is None or projected <= limit:
         return
-    contributors = sorted(_live_contributors(index) + _graph_contributors(rec.executable),
+    contributors = sorted(_live_contributors(index) + _graph_contributors(rec),
                           key=lambda c: -c.bytes)[:5]
     extra = (f"{format_bytes(mem.extra_bytes)} to run the graph (outputs "
              f"{format_bytes(mem.output_bytes)}, temps {format_bytes(mem.temp_bytes)}, less "
@@ -632,13 +722,13 @@ def is_device_oom(e: BaseException) -> bool:
             and ("memory" in str(e).lower() or "allocat" in str(e).lower()))
 
 
-def device_oom(e: BaseException, index: int, what: str, executable=None) -> DeviceMemoryError:
+def device_oom(e: BaseException, index: int, what: str, graph=None) -> DeviceMemoryError:
     """XLA's own out-of-memory error ``e`` as a DeviceMemoryError, with the largest live
     tensors by line and, for a graph, its largest temporaries by op and line."""
     live = device_bytes().get(index, 0)
     contributors = _live_contributors(index)
-    if executable is not None:
-        contributors += _graph_contributors(executable)
+    if graph is not None:
+        contributors += _graph_contributors(graph)
     contributors = sorted(contributors, key=lambda c: -c.bytes)[:5]
     platform = platform_stats(index) or {}
     limit = platform.get("bytes_limit")

@@ -6,6 +6,7 @@ import torch
 
 from ..base.frames import user_frame
 from ..execute.graphs import find_graph, lower_graph, mesh_leaves
+from ..execute.memory import forecast
 from ..realize import placed
 from ..graph.render import render_dot, render_text
 from ..graph.summary import GraphSummary, summarize
@@ -111,3 +112,18 @@ def collectives(*tensors):
     device = plan.roots[0].info.device
     rec, _, _ = find_graph(plan, device, "xlanb.collectives()", user_frame(), placed(plan.roots))
     return rec.collectives or CollectiveList(parse_collectives(rec.executable.as_text()), rec.hash)
+
+
+def pending_memory(*tensors):
+    """Will the next sync fit? The graph it would run, compiled now (through the graph
+    cache, so the sync reuses it) but not run, as a ``MemoryForecast``: the device bytes
+    live now plus what the graph adds (its outputs and temporaries, less what it writes
+    into donated buffers), against ``xlanb.memory_limit``. None with nothing pending."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    plan = _plan(tensors)
+    if not plan.steps:
+        return None
+    device = plan.roots[0].info.device
+    rec, _, _ = find_graph(plan, device, "xlanb.pending_memory()", user_frame(),
+                           placed(plan.roots))
+    return forecast(rec, device)
