@@ -1195,7 +1195,8 @@ class MetricsDashboard(W.VBox):
                        f"{xd.fmt_time(t_to)} to, {xd.fmt_time(t_from)} from device", C_TO_DEV),
             self._card("CPU fallbacks", str(fallbacks), "ops with no lowering", C_FALLBACK),
         ]
-        mem = self._memory_stats()
+        self._memory = self._memory_walk()
+        mem = self._memory.stats if self._memory is not None else None
         if mem is not None:
             limit = mem["limit_bytes"]
             cards.append(self._card(
@@ -1244,9 +1245,10 @@ class MetricsDashboard(W.VBox):
             f"<div>{c}</div>" for c in charts) + "</div>"
 
     @staticmethod
-    def _memory_stats() -> dict | None:
+    def _memory_walk():
+        """``memory_by_line()``, with ``.stats``: one walk of live objects per refresh."""
         try:
-            return xlanb.memory_stats()
+            return xlanb.memory_by_line()
         except Exception:  # a dashboard must never break the user's cell
             return None
 
@@ -1254,11 +1256,10 @@ class MetricsDashboard(W.VBox):
         """The memory panel: the lines holding the most device memory, and device bytes
         after each of the last syncs."""
         out = []
-        try:
-            rows = xlanb.memory_by_line()[:8]
-            timeline = xlanb.memory_timeline()[-self._history.maxlen:]
-        except Exception:
+        if getattr(self, "_memory", None) is None:
             return out
+        rows = self._memory[:8]
+        timeline = xlanb.memory_timeline()[-self._history.maxlen:]
         res = _resolver()
         if rows:
             out.append(bar_chart_svg(

@@ -349,3 +349,12 @@ def test_pending_memory_forecasts_without_running():
     assert (xlanb.metrics.counter_value("CachedCompile") or 0) == hits + 1
     assert torch.allclose(b.cpu(), (a.cpu() @ a.cpu()).relu(), atol=1e-3)
     assert xlanb.pending_memory() is None
+
+
+def test_the_error_pickles():
+    import pickle
+    e = xlanb.DeviceMemoryError("over", device=0, limit=10, projected=20, live=5,
+                                contributors=[])
+    back = pickle.loads(pickle.dumps(e))
+    assert isinstance(back, torch.OutOfMemoryError) and str(back) == "over"
+    assert (back.limit, back.projected, back.live) == (10, 20, 5)
