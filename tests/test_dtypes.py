@@ -181,3 +181,20 @@ print(json.dumps({"int": str(jnp.zeros(2, dtype="int64").dtype),
     import json
     got = json.loads(out.strip().splitlines()[-1])
     assert got == {"int": "int32", "float": "float32", "x64": False}
+
+
+def test_default_dtype_change_reaches_cached_signatures(mode):
+    # torch's default dtype decides these results; signatures seen under float32 must
+    # not answer for float64 (PyTorch's test_div_promotion runs under both)
+    a = torch.arange(1, 6, device="xla")
+    assert (a / 2).dtype == torch.float32 and (a * 2.5).dtype == torch.float32
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert (a / 2).dtype == torch.float64
+        assert (a * 2.5).dtype == torch.float64
+        assert torch.arange(0, 1, 0.5, device="xla").dtype == torch.float64
+        assert torch.allclose((a / 2).cpu(), torch.arange(1, 6) / 2)
+    finally:
+        torch.set_default_dtype(prev)
+    assert (a / 2).dtype == torch.float32

@@ -51,7 +51,24 @@ def _plan(op) -> OpPlan:
     return plan
 
 
+# torch's default dtype decides result dtypes (an int tensor divided, an int tensor times
+# a Python float, a factory without dtype=), and op signatures do not hold it: every
+# signature is forgotten when it changes (once per change; programs rarely change it).
+_get_default_dtype = torch.get_default_dtype
+_signed_under = [torch.get_default_dtype()]
+
+
+def _default_dtype_changed() -> None:
+    _signed_under[0] = _get_default_dtype()
+    _infos.clear()
+    for plan in _plans.values():
+        if plan.fast is not None:
+            plan.fast.clear()
+
+
 def dispatch(func, args, kwargs):
+    if _get_default_dtype() is not _signed_under[0]:
+        _default_dtype_changed()
     plan = _plans.get(id(func)) or _plan(func)
     fast = plan.fast
     if fast is not None and not session.direct:

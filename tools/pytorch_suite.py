@@ -1,0 +1,221 @@
+"""Run PyTorch's device-generic test files on ``xla`` and write ``docs/pytorch-suite.md``.
+
+    python -m tools.pytorch_suite                        # four files x three modes
+    python -m tools.pytorch_suite --modes eager --files test_view_ops
+    python -m tools.pytorch_suite --report-only          # rewrite the page from saved results
+
+The files are PyTorch's own, in ``../shared/pytorch-tests`` (``XLANB_PYTORCH_TESTS``);
+nothing is copied here. Each file runs in its own pytest process per mode, through
+``tests/pytorch_suite/xla_device.py``; its JUnit XML is kept in ``--results``
+(default ``.pytorch-suite/``), and the page is written from every result there. Failures
+are grouped by root cause: the exception type and its message with numbers, shapes and
+names of tests taken out.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FILES = ("test_view_ops", "test_indexing", "test_type_promotion", "test_shape_ops")
+MODES = ("eager", "lazy-sync", "opbyop")
+PLUGIN = os.path.join(ROOT, "tests", "pytorch_suite", "xla_device.py")
+PAGE = os.path.join(ROOT, "docs", "pytorch-suite.md")
+BASELINE_REASON = "fails on CPU torch 2.13 too"
+
+
+def tests_dir() -> str:
+    return os.environ.get("XLANB_PYTORCH_TESTS") or os.path.join(os.path.dirname(ROOT), "shared",
+                                                                   "pytorch-tests")
+
+
+def run_file(name: str, mode: str, results: str, timeout: int = 3600) -> str:
+    """Run one file in one mode; returns the path of its JUnit XML."""
+    xml = os.path.join(results, f"{mode}__{name}.xml")
+    env = dict(os.environ, TORCH_TEST_DEVICES=PLUGIN, PYTORCH_TESTING_DEVICE_ONLY_FOR="xla",
+               XLANB_SUITE_MODE=mode, XLANB_CACHE_DIR="", PYTHONWARNINGS="ignore")
+    env.pop("XLANB_MODE", None)
+    t0 = time.time()
+    subprocess.run([sys.executable, "-m", "pytest", os.path.join(tests_dir(), name + ".py"),
+                    "-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
+                    f"--junitxml={xml}"], env=env, cwd=ROOT, timeout=timeout,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(xml + ".json", "w") as f:
+        json.dump({"seconds": time.time() - t0}, f)
+    return xml
+
+
+class Outcome(dict):
+    """Counts for one file in one mode, and its failures."""
+
+
+def outcomes(xml: str) -> tuple[dict, list]:
+    """``(counts, failures)`` of one JUnit XML: counts of passed / failed / error /
+    skipped / baseline / xfailed / xpassed; failures as (test, kind, message)."""
+    counts = collections.Counter()
+    failures = []
+    for tc in ET.parse(xml).iter("testcase"):
+        name = f"{tc.get('classname', '').rsplit('.', 1)[-1]}::{tc.get('name')}"
+        kids = {c.tag: c for c in tc}
+        if "skipped" in kids:
+            msg = kids["skipped"].get("message") or ""
+            typ = kids["skipped"].get("type") or ""
+            if "xfail" in typ or "expected" in msg.lower() and "fail" in msg.lower():
+                counts["xfailed"] += 1
+            elif BASELINE_REASON in msg:
+                counts["baseline"] += 1
+            else:
+                counts["skipped"] += 1
+        elif "failure" in kids or "error" in kids:
+            node = kids.get("failure", kids.get("error"))
+            msg = node.get("message") or ""
+            if "Unexpected success" in msg or "unexpected success" in (node.text or ""):
+                counts["xpassed"] += 1
+                failures.append((name, "xpassed", "listed as xfail but passed"))
+                continue
+            kind = "failed" if "failure" in kids else "error"
+            counts[kind] += 1
+            failures.append((name, kind, _first_error(node)))
+        else:
+            counts["passed"] += 1
+    return dict(counts), failures
+
+
+def _first_error(node) -> str:
+    """The exception line of a failure: ``TypeError: ...`` (its last such line)."""
+    text = node.text or node.get("message") or ""
+    lines = [ln.strip() for ln in text.splitlines()]
+    for ln in reversed(lines):
+        m = re.match(r"^(E\s+)?([\w.]+(Error|Exception|Failure)[\w]*): ?(.*)$", ln)
+        if m:
+            return f"{m.group(2).rsplit('.', 1)[-1]}: {m.group(4)}"
+    return (node.get("message") or "").split("\n")[0]
+
+
+_NOISE = [(re.compile(r"0x[0-9a-f]+"), "0x…"), (re.compile(r"\b\d+(\.\d+)?(e[-+]?\d+)?\b"), "N"),
+          (re.compile(r"\([^()]{0,80}\)"), "(…)"), (re.compile(r"\[[^\[\]]{0,80}\]"), "[…]"),
+          (re.compile(r"'[^']{0,60}'"), "'…'"), (re.compile(r"\s+"), " ")]
+
+
+def cause_key(message: str) -> str:
+    """A failure message with its particulars taken out, to group failures by cause."""
+    key = message.split(" xlanb:")[0] if message.startswith("AssertionError") else message
+    key = key[:160]
+    for rx, sub in _NOISE:
+        key = rx.sub(sub, key)
+    return key.strip()
+
+
+def write_page(results: str) -> str:
+    rows = []
+    groups: dict = collections.defaultdict(list)
+    totals: dict = collections.defaultdict(collections.Counter)
+    seconds: dict = {}
+    for mode in MODES:
+        for name in FILES:
+            xml = os.path.join(results, f"{mode}__{name}.xml")
+            if not os.path.exists(xml):
+                continue
+            counts, failures = outcomes(xml)
+            try:
+                with open(xml + ".json") as f:
+                    seconds[(mode, name)] = json.load(f)["seconds"]
+            except OSError:
+                pass
+            rows.append((mode, name, counts))
+            totals[mode].update(counts)
+            for test, kind, msg in failures:
+                groups[cause_key(msg)].append((mode, name, test, msg))
+    cpu = _cpu_model()
+    out = ["# PyTorch's device-generic tests on `xla`", "",
+           "Generated by `python -m tools.pytorch_suite` "
+           f"({datetime.date.today().isoformat()}, {cpu}, torch {_torch_version()}).",
+           "PyTorch's own files (version 2.1, `../shared/pytorch-tests`), run through "
+           "`tests/pytorch_suite/xla_device.py` at torch's default precision. "
+           "*baseline*: tests that fail on CPU torch 2.13 itself (API drift), which count "
+           "neither way. *rate*: passed ÷ (instantiated − baseline − skipped by the test's own "
+           "decorators), so every test that runs on `xla` counts.", "",
+           "| mode | file | passed | failed | error | skipped | baseline | xfail | xpass | rate | time |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for mode, name, c in rows:
+        out.append(_row(mode, name, c, seconds.get((mode, name))))
+    for mode in MODES:
+        if mode in totals:
+            out.append(_row(f"**{mode}**", "**all four**", totals[mode],
+                            sum(v for (m, _), v in seconds.items() if m == mode)))
+    out += ["", "## Failures grouped by cause", "",
+            "Each group: how many failures share the message (numbers, shapes and quoted "
+            "names taken out), in which modes, and up to three of the tests.", ""]
+    for key, items in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        modes = sorted({m for m, *_ in items})
+        files = sorted({f for _, f, *_ in items})
+        out.append(f"- **{len(items)}** ({', '.join(modes)}; {', '.join(files)}): `{_md(items[0][3][:200])}`")
+        for _, f, test, _ in items[:3]:
+            out.append(f"  - {f}::{test}")
+    text = "\n".join(out) + "\n"
+    with open(PAGE, "w") as f:
+        f.write(text)
+    return text
+
+
+def _md(s: str) -> str:
+    return s.replace("`", "'").replace("|", "\\|")
+
+
+def _row(mode, name, c, secs) -> str:
+    ran = c.get("passed", 0) + c.get("failed", 0) + c.get("error", 0) + c.get("xfailed", 0) \
+        + c.get("xpassed", 0)
+    rate = f"{100 * c.get('passed', 0) / ran:.1f}%" if ran else "-"
+    t = f"{secs / 60:.1f} min" if secs else ""
+    return (f"| {mode} | {name} | {c.get('passed', 0)} | {c.get('failed', 0)} | {c.get('error', 0)} "
+            f"| {c.get('skipped', 0)} | {c.get('baseline', 0)} | {c.get('xfailed', 0)} "
+            f"| {c.get('xpassed', 0)} | {rate} | {t} |")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip() + f", {os.cpu_count()} cores"
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores"
+
+
+def _torch_version() -> str:
+    import torch
+    return torch.__version__
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--files", nargs="*", default=list(FILES), choices=FILES)
+    ap.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES)
+    ap.add_argument("--results", default=os.path.join(ROOT, ".pytorch-suite"))
+    ap.add_argument("--report-only", action="store_true")
+    a = ap.parse_args(argv)
+    if not os.path.isdir(tests_dir()):
+        print(f"no PyTorch test files at {tests_dir()} (set XLANB_PYTORCH_TESTS)")
+        return 1
+    os.makedirs(a.results, exist_ok=True)
+    if not a.report_only:
+        for mode in a.modes:
+            for name in a.files:
+                t0 = time.time()
+                run_file(name, mode, a.results)
+                print(f"{mode:10} {name:22} {time.time() - t0:7.1f} s", flush=True)
+    print(write_page(a.results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
