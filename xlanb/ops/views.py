@@ -37,6 +37,12 @@ def view_scatter_info(base_meta: TensorMeta, view_meta: TensorMeta, chain, devic
             raws.append((raw, idx))
         shape = base_meta.shape
         size = int(np.prod(shape, dtype=np.int64))
+        if base_meta.dtype.is_complex and any(v.name == "aten::view_as_real" for v, _ in chain):
+            scatter = _real_space_scatter(shape, size, raws)
+            sig = ("view_scatter", base_meta, view_meta, tuple((i.sig, k) for i, k in chain), device)
+            info = _scatter_infos[key] = OpInfo("view_scatter", sig, scatter, base_meta, n_in=2,
+                                                device=device, in_metas=(base_meta, view_meta))
+            return info
 
         def scatter(ins, scs):
             # Which base elements does the view see? Run the same view chain on an iota.
@@ -55,3 +61,31 @@ def view_scatter_info(base_meta: TensorMeta, view_meta: TensorMeta, chain, devic
         info = _scatter_infos[key] = OpInfo("view_scatter", sig, scatter, base_meta, n_in=2,
                                             device=device, in_metas=(base_meta, view_meta))
     return info
+
+
+def _real_space_scatter(shape: tuple, size: int, raws: list):
+    """A write through a chain that reinterprets a complex base as real
+    (``view_as_real``, and so ``.real`` and ``.imag``): the positions live in the base's
+    real representation, shape + (2,), where element k's real part is 2k and its
+    imaginary part 2k + 1. The iota starts as complex numbers holding those two
+    positions (exact below 2**53), so the views before ``view_as_real`` move them as
+    they move complex elements, and ``view_as_real`` turns each into its two real
+    positions."""
+    def scatter(ins, scs):
+        base, value = ins
+        jnp = jax.numpy
+        even = 2 * jnp.arange(size, dtype=jnp.int64).reshape(shape)
+        idx = jax.lax.complex(even.astype(jnp.float64), (even + 1).astype(jnp.float64))
+        for raw, k in raws:
+            idx = raw(idx)
+            if k is not None:
+                idx = idx[k]
+        pos = jnp.real(idx).astype(jnp.int64)
+        flat = jnp.stack([jnp.real(base), jnp.imag(base)], axis=-1).reshape(-1)
+        if jnp.iscomplexobj(value):  # torch copies a complex value's real part into a real view
+            value = jnp.real(value)
+        flat = flat.at[pos.reshape(-1)].set(
+            jnp.broadcast_to(value.astype(flat.dtype), pos.shape).reshape(-1))
+        pairs = flat.reshape(shape + (2,))
+        return jax.lax.complex(pairs[..., 0], pairs[..., 1]).astype(base.dtype)
+    return scatter
