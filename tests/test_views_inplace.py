@@ -276,3 +276,16 @@ def test_writes_through_real_and_imag_views(mode, dtype):
     torch.view_as_real(cpu)[::2, 0].fill_(7)
     assert torch.equal(x.cpu(), cpu)
     assert x.dtype == dtype
+
+
+@pytest.mark.parametrize("src,dst", [(torch.complex64, torch.float32), (torch.complex128, torch.int16),
+                                     (torch.float64, torch.complex64), (torch.bool, torch.uint8),
+                                     (torch.int8, torch.bool), (torch.complex64, torch.complex128)])
+def test_view_dtype_reads_the_same_bytes(mode, src, dst):
+    # XLA bitcasts neither bool nor complex; torch's view(dtype) reads the bytes
+    cpu = torch.randint(0, 2, (3, 8)).to(src) if src in (torch.bool, torch.int8) \
+        else (torch.randn(3, 8) * 5).to(src)
+    want = cpu.view(dst)
+    got = cpu.to("xla").view(dst).cpu()
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))

@@ -32,10 +32,31 @@ def view(x, size, *stride):
 
 @register(aten.view.dtype, aten.view_copy.dtype, may_refuse=True)
 def view_dtype(x, dtype):
-    new = to_jax_dtype(dtype)
-    old_size, new_size = np.dtype(x.dtype).itemsize, np.dtype(new).itemsize
-    if jnp.bool_ in (x.dtype, new):
-        raise NotImplementedError("bitcast to or from bool")
+    return _bitcast(x, to_jax_dtype(dtype))
+
+
+_COMPONENT = {np.dtype(np.complex64): np.dtype(np.float32), np.dtype(np.complex128): np.dtype(np.float64)}
+
+
+def _bitcast(x, new):
+    """``x``'s bytes read as ``new``, as torch's ``Tensor.view(dtype)``: the last dim
+    scales by the size ratio. XLA bitcasts neither bool nor complex, so a bool is its
+    byte (0 or 1) and a complex number its two real halves."""
+    old, new = np.dtype(x.dtype), np.dtype(new)
+    if old == new:
+        return x
+    if old == np.bool_:
+        return _bitcast(x.astype(jnp.uint8), new)
+    if new == np.bool_:
+        return _bitcast(x, np.dtype(np.uint8)) != 0
+    if old in _COMPONENT:  # (..., n) complex -> (..., 2n) of its component type
+        pairs = jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+        return _bitcast(pairs.reshape(x.shape[:-1] + (2 * x.shape[-1],)), new)
+    if new in _COMPONENT:  # (..., 2m) of the component type -> (..., m) complex
+        y = _bitcast(x, _COMPONENT[new])
+        y = y.reshape(y.shape[:-1] + (y.shape[-1] // 2, 2))
+        return lax.complex(y[..., 0], y[..., 1])
+    old_size, new_size = old.itemsize, new.itemsize
     if new_size > old_size:  # fold the last dim: (..., n) -> (..., n/r, r) -> (..., n/r)
         x = x.reshape(x.shape[:-1] + (x.shape[-1] * old_size // new_size, new_size // old_size))
     y = lax.bitcast_convert_type(x, new)
