@@ -8,6 +8,8 @@ ops that move data between host and device, or need a value, are handled here to
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .base import rng
@@ -144,6 +146,8 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
             return res
     if not session.direct and _has_host_tensor(args, kwargs):
         args, kwargs = _host_operands(plan, args, kwargs)
+    if plan.name in _HOST_INDICES_OK and len(args) > 1:
+        args = _byte_masks(args)
     if plan.lowering is None and plan.decomp is None:
         if session.direct or plan.kind == "view":
             # A view computed on the host would stop aliasing its base: never fall back.
@@ -234,6 +238,20 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
 _HOST_INDICES_OK = frozenset(("aten::index", "aten::index_put", "aten::index_put_",
                               "aten::_index_put_impl_", "aten::_unsafe_index",
                               "aten::_unsafe_index_put"))
+
+
+def _byte_masks(args):
+    """uint8 index tensors are boolean masks, deprecated, as torch reads them (its meta
+    kernels refuse them, so they become bool here, with torch's warning)."""
+    indices = args[1]
+    if not isinstance(indices, (list, tuple)) or not any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.uint8 for i in indices):
+        return args
+    warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype "
+                  "torch.bool instead.", UserWarning, stacklevel=5)
+    fixed = type(indices)(i.to(torch.bool) if isinstance(i, torch.Tensor) and i.dtype == torch.uint8
+                          else i for i in indices)
+    return (args[0], fixed, *args[2:])
 
 
 def _has_host_tensor(args, kwargs) -> bool:
