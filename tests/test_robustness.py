@@ -71,3 +71,17 @@ def test_bad_mode_and_bad_device_are_clear_errors():
         torch.zeros(2, device="xla:9")
     assert xlanb.get_mode() in xlanb.MODES
     metrics.clear()
+
+
+def test_a_call_torch_refuses_raises_cpu_torchs_own_error(mode):
+    # torch's meta kernels often raise another type than its CPU kernels do; the user
+    # gets CPU torch's, and nothing pending runs for it
+    a = torch.ones((2, 3, 4), device="xla")
+    b = a * 2
+    with pytest.raises(IndexError, match="shape mismatch"):
+        a[False, [0, 1], ...]
+    with pytest.raises(RuntimeError, match="must match the size"):
+        a + torch.ones(5, device="xla")
+    if mode != "eager":
+        assert xlanb.pending_count() > 0  # b is still pending: nothing was synced
+    assert torch.equal(b.cpu(), torch.full((2, 3, 4), 2.0))

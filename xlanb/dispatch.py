@@ -183,6 +183,10 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
             if session.direct or plan.kind == "view":
                 raise
             return cpu_fallback(func, args, kwargs)
+        except (RuntimeError, IndexError, ValueError, TypeError) as e:
+            if session.direct or plan.kind == "view":
+                raise
+            return _meta_refused(func, args, kwargs, e)
         _infos[sig] = info
         if plan.fast is not None:
             plan.fast[sig_args if not kwargs else (_KW, sig_args, sig_kwargs)] = info
@@ -238,6 +242,44 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
 _HOST_INDICES_OK = frozenset(("aten::index", "aten::index_put", "aten::index_put_",
                               "aten::_index_put_impl_", "aten::_unsafe_index",
                               "aten::_unsafe_index_put"))
+
+
+_CPU_CHECK_BYTES = 64 << 20
+
+
+def _meta_refused(func, args, kwargs, err: Exception):
+    """torch's meta kernel refused a call. CPU torch decides, as a user expects: on
+    zeros of the same shapes and dtypes (nothing pending runs, no value moves), where
+    its kernel raises its own error, with torch's type and message (meta kernels often
+    raise another: a RuntimeError where CPU raises IndexError). Where CPU accepts the
+    call, the meta kernel was stricter than torch: the op falls back to CPU torch on the
+    real values. Inputs too big to copy as zeros keep the meta kernel's error."""
+    total = 0
+
+    def zeros(x):
+        nonlocal total
+        if isinstance(x, XlaTensor):
+            total += x.numel() * x.element_size()
+            with torch._C._DisableTorchDispatch():
+                return torch.zeros(tuple(x.shape), dtype=x.dtype)
+        if isinstance(x, (list, tuple)):
+            return type(x)(zeros(e) for e in x)
+        if isinstance(x, torch.device) and x.type == "xla":
+            return torch.device("cpu")
+        if isinstance(x, str) and x.startswith("xla"):
+            return "cpu"
+        return x
+    cpu_args = [zeros(a) for a in args]
+    cpu_kwargs = {k: zeros(v) for k, v in kwargs.items()}
+    if total > _CPU_CHECK_BYTES:
+        raise err
+    try:
+        with torch._C._DisableTorchDispatch(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            func(*cpu_args, **cpu_kwargs)
+    except Exception as cpu_err:
+        raise cpu_err from None
+    return cpu_fallback(func, args, kwargs)
 
 
 def _byte_masks(args):
