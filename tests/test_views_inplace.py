@@ -283,12 +283,13 @@ def test_writes_through_real_and_imag_views(mode, dtype):
                                      (torch.int8, torch.bool), (torch.complex64, torch.complex128)])
 def test_view_dtype_reads_the_same_bytes(mode, src, dst):
     # XLA bitcasts neither bool nor complex; torch's view(dtype) reads the bytes
-    cpu = torch.randint(0, 2, (3, 8)).to(src) if src in (torch.bool, torch.int8) \
-        else (torch.randn(3, 8) * 5).to(src)
-    want = cpu.view(dst)
-    got = cpu.to("xla").view(dst).cpu()
-    assert got.dtype == want.dtype and got.shape == want.shape
-    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    for shape in ((3, 8), (0, 2, 8)):  # an empty one too
+        cpu = torch.randint(0, 2, shape).to(src) if src in (torch.bool, torch.int8) \
+            else (torch.randn(shape) * 5).to(src)
+        want = cpu.view(dst)
+        got = cpu.to("xla").view(dst).cpu()
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
 
 def test_uint8_index_tensors_are_masks(mode):

@@ -60,8 +60,8 @@ def _bitcast(x, new):
     if new_size > old_size:  # fold the last dim: (..., n) -> (..., n/r, r) -> (..., n/r)
         x = x.reshape(x.shape[:-1] + (x.shape[-1] * old_size // new_size, new_size // old_size))
     y = lax.bitcast_convert_type(x, new)
-    if new_size < old_size:  # (..., n, r) -> (..., n*r)
-        y = y.reshape(y.shape[:-2] + (-1,))
+    if new_size < old_size:  # (..., n, r) -> (..., n*r); no -1: n may be 0
+        y = y.reshape(y.shape[:-2] + (y.shape[-2] * y.shape[-1],))
     return y
 
 
