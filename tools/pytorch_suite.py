@@ -100,7 +100,7 @@ def _first_error(node) -> str:
     return (node.get("message") or "").split("\n")[0]
 
 
-_NOISE = [(re.compile(r"0x[0-9a-f]+"), "0x…"), (re.compile(r"\b\d+(\.\d+)?(e[-+]?\d+)?\b"), "N"),
+_NOISE = [(re.compile(r"0x[0-9a-f]+"), "0x…"), (re.compile(r"torch\.\w+"), "torch.…"), (re.compile(r"\b\d+(\.\d+)?(e[-+]?\d+)?\b"), "N"),
           (re.compile(r"\([^()]{0,80}\)"), "(…)"), (re.compile(r"\[[^\[\]]{0,80}\]"), "[…]"),
           (re.compile(r"'[^']{0,60}'"), "'…'"), (re.compile(r"\s+"), " ")]
 

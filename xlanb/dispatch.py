@@ -186,7 +186,7 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
         except (RuntimeError, IndexError, ValueError, TypeError) as e:
             if session.direct or plan.kind == "view":
                 raise
-            return _meta_refused(func, args, kwargs, e)
+            return _meta_refused(func, args, {**kwargs, **(out_args or {})}, e)
         _infos[sig] = info
         if plan.fast is not None:
             plan.fast[sig_args if not kwargs else (_KW, sig_args, sig_kwargs)] = info
@@ -289,8 +289,10 @@ def _byte_masks(args):
     if not isinstance(indices, (list, tuple)) or not any(
             isinstance(i, torch.Tensor) and i.dtype == torch.uint8 for i in indices):
         return args
-    warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype "
-                  "torch.bool instead.", UserWarning, stacklevel=5)
+    for i in indices:  # torch warns once per uint8 index tensor
+        if isinstance(i, torch.Tensor) and i.dtype == torch.uint8:
+            warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a "
+                          "dtype torch.bool instead.", UserWarning, stacklevel=5)
     fixed = type(indices)(i.to(torch.bool) if isinstance(i, torch.Tensor) and i.dtype == torch.uint8
                           else i for i in indices)
     return (args[0], fixed, *args[2:])
