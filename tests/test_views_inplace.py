@@ -306,3 +306,56 @@ def test_uint8_index_tensors_are_masks(mode):
         x[mask.to("xla")] = -1.0
     cpu[mask.bool()] = -1.0
     assert torch.equal(x.cpu(), cpu)
+
+
+def resize_scenarios(dev):
+    """out= tensors of another shape, resize_ and resize_as_: torch's resize semantics."""
+    x = _base(dev)
+    empty = torch.empty(0, device=dev)
+    torch.add(x, 1, out=empty)                    # an empty out= takes the result's shape
+    idx = torch.empty(0, dtype=torch.long, device=dev)
+    torch.nonzero(x > 0, out=idx)                 # resized by the CPU fallback's write back
+    grown = _base(dev, (2, 2))
+    grown.resize_(3, 3)                           # keeps its 4 elements; the rest are new
+    grown = grown.reshape(-1)[:4]
+    shrunk = _base(dev, (4, 4))
+    shrunk.resize_(2, 3)
+    last = _base(dev, (2, 3, 2, 2))
+    last.resize_(2, 3, 2, 2, memory_format=torch.channels_last)
+    like = _base(dev, (2, 3)).resize_as_(x)
+    view = _base(dev, (2, 6))[1]
+    view.resize_(2, 2)                             # a view resized stops being a view
+    return [x, empty, idx, grown, shrunk, last, like.reshape(-1)[:6], view]
+
+
+def test_resize_matches_cpu(mode):
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nonzero runs on CPU torch (xlanb's warning)
+        got = resize_scenarios("xla")
+    want = resize_scenarios("cpu")
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.stride() == w.stride() and g.dtype == w.dtype
+        torch.testing.assert_close(g.cpu(), w)
+
+
+def test_resizing_a_full_out_tensor_warns_as_torch_does(mode):
+    a = torch.ones(3, device="xla")
+    out = torch.zeros(2, device="xla")
+    for _ in range(2):  # every call warns, not only the one that saw the signature first
+        with pytest.warns(UserWarning, match="An output with one or more elements was resized"):
+            torch.add(a, 1, out=out)
+        assert out.shape == (3,)
+        out.resize_(2)
+    assert torch.equal(torch.add(a, 1, out=out).cpu(), torch.full((3,), 2.0))
+
+
+def test_out_casts_follow_cpu_torch(mode):
+    # torch's meta kernels accept these; its CPU kernels refuse them, and so does xla
+    t = torch.tensor(1, device="xla")
+    with pytest.raises(RuntimeError, match="Found dtype Double but expected Long"):
+        torch.neg(t, out=torch.empty(0, dtype=torch.float64, device="xla"))
+    with pytest.raises(RuntimeError, match="not supported for complex"):
+        torch.floor(torch.tensor(1 + 1j, device="xla"))
+    r = torch.neg(t, out=torch.empty(0, dtype=torch.int64, device="xla"))
+    assert r.cpu().item() == -1 and t.cpu().item() == 1  # nothing lost

@@ -17,14 +17,15 @@ from .base.frames import user_frame
 from .base.session import mode_state, session
 from .execute.fills import fill_value, settle_fill
 from .fallback import cpu_fallback
-from .ir import Node, OpInfo
+from .ir import Node, OpInfo, TensorMeta
 from .live import track, track_view
 from .ops.infos import new_info
 from .ops.plan import OpPlan, make_plan
 from .ops.leaves import from_host
 from .ops.signature import sig_of
 from .reads import to_host
-from .record import (cast_node, output_node, run_node, value_node, wrap_results, write)
+from .record import (cast_node, output_node, rebase, run_node, value_node, wrap_results,
+                     write)
 from .runtime.devices import device_index
 from .templates import readable_sig
 from .tensor import BaseLayout, XlaTensor, new_base, set_handler
@@ -187,6 +188,10 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
             if session.direct or plan.kind == "view":
                 raise
             return _meta_refused(func, args, {**kwargs, **(out_args or {})}, e)
+        if outs and _out_casts(outs, info):
+            # an out= of another dtype than the result: CPU torch's casting rules decide
+            # (its meta kernels accept casts its CPU kernels refuse: neg(int, out=float))
+            _cpu_accepts(func, args, {**kwargs, **out_args})
         _infos[sig] = info
         if plan.fast is not None:
             plan.fast[sig_args if not kwargs else (_KW, sig_args, sig_kwargs)] = info
@@ -206,8 +211,8 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
         metas = [info.out] if not info.multi else list(info.out)
         for o, n, m in zip(outs, results, metas):
             if tuple(o.shape) != m.shape:
-                raise RuntimeError(f"xlanb: {plan.name} out= tensor has shape {tuple(o.shape)}, "
-                                   f"result has {m.shape}; resizing out= tensors is not supported")
+                _resize_out(o, cast_node(n, m, o.dtype, device), m)
+                continue
             write(o, cast_node(n, m, o.dtype, device))
         if not func._schema.returns:
             return None
@@ -238,6 +243,24 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
     return res[0] if n_ret == 1 else res
 
 
+def _out_casts(outs: list, info: OpInfo) -> bool:
+    metas = [info.out] if not info.multi else list(info.out)
+    return any(isinstance(m, TensorMeta) and o.dtype != m.dtype for o, m in zip(outs, metas))
+
+
+def _resize_out(o: XlaTensor, node: Node, m) -> None:
+    """An out= tensor of another shape takes the result's, as torch's ``resize_output``
+    does: silently when it was empty, with torch's deprecation warning otherwise."""
+    if o.numel():
+        warnings.warn(f"An output with one or more elements was resized since it had shape "
+                      f"{list(o.shape)}, which does not match the required output shape "
+                      f"{list(m.shape)}. This behavior is deprecated, and in a future PyTorch "
+                      "release outputs will not be resized unless they have zero elements. "
+                      "You can explicitly reuse an out tensor t by resizing it, inplace, to "
+                      "zero elements with t.resize_(0).", UserWarning, stacklevel=5)
+    rebase(o, node, TensorMeta(m.shape, m.stride, o.dtype))
+
+
 # Ops that take CPU index tensors along with device tensors, as torch's do for cuda.
 _HOST_INDICES_OK = frozenset(("aten::index", "aten::index_put", "aten::index_put_",
                               "aten::_index_put_impl_", "aten::_unsafe_index",
@@ -254,6 +277,15 @@ def _meta_refused(func, args, kwargs, err: Exception):
     raise another: a RuntimeError where CPU raises IndexError). Where CPU accepts the
     call, the meta kernel was stricter than torch: the op falls back to CPU torch on the
     real values. Inputs too big to copy as zeros keep the meta kernel's error."""
+    if not _cpu_accepts(func, args, kwargs):
+        raise err
+    return cpu_fallback(func, args, kwargs)
+
+
+def _cpu_accepts(func, args, kwargs) -> bool:
+    """Whether CPU torch's kernel accepts the call, run on zeros of the same shapes and
+    dtypes (nothing pending runs, no value moves); raises CPU torch's own error where it
+    refuses. False where the inputs are too big to copy as zeros (not checked)."""
     total = 0
 
     def zeros(x):
@@ -272,14 +304,14 @@ def _meta_refused(func, args, kwargs, err: Exception):
     cpu_args = [zeros(a) for a in args]
     cpu_kwargs = {k: zeros(v) for k, v in kwargs.items()}
     if total > _CPU_CHECK_BYTES:
-        raise err
+        return False
     try:
         with torch._C._DisableTorchDispatch(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             func(*cpu_args, **cpu_kwargs)
     except Exception as cpu_err:
         raise cpu_err from None
-    return cpu_fallback(func, args, kwargs)
+    return True
 
 
 def _byte_masks(args):
@@ -464,6 +496,50 @@ def _to_copy(func, args, kwargs):
     return dispatch(aten._to_copy.default, args, kwargs)
 
 
+def _resize_(func, args, kwargs):
+    """``resize_`` / ``resize_as_``: the tensor keeps its storage's first elements, read in
+    storage order, and takes the new layout; elements beyond the old ones are zeros (torch
+    leaves them undefined). The tensor stops being a view: XLA arrays do not grow."""
+    t = args[0]
+    if func is aten.resize_as_.default:
+        tmpl = args[1]
+        size = tuple(tmpl.shape)
+        fmt = kwargs.get("memory_format", args[2] if len(args) > 2 else None)
+        if fmt is torch.preserve_format:
+            fmt = torch._prims_common.suggest_memory_format(tmpl)
+    else:
+        size = tuple(int(s) for s in args[1])
+        fmt = kwargs.get("memory_format", args[2] if len(args) > 2 else None)
+    if any(s < 0 for s in size):
+        raise RuntimeError(f"Trying to create tensor with negative dimension {min(size)}: {list(size)}")
+    last = fmt is torch.channels_last or fmt is torch.channels_last_3d
+    stride = (torch._prims_common.make_channels_last_strides_for(size) if last
+              else contiguous_strides(size))
+    if size == tuple(t.shape) and stride == tuple(t.stride()):
+        return t
+    n = 1
+    for s in size:
+        n *= s
+    flat = t.reshape(-1) if t.is_contiguous() else _storage_order(t)
+    if n > flat.numel():
+        flat = torch.cat([flat, torch.zeros(n - flat.numel(), dtype=t.dtype, device=t.device)])
+    else:
+        flat = flat[:n]
+    if last:  # storage order is N, spatial..., C
+        phys = (size[0],) + size[2:] + (size[1],)
+        new = flat.reshape(phys).permute(0, len(size) - 1, *range(1, len(size) - 1))
+    else:
+        new = flat.reshape(size)
+    rebase(t, value_node(new), TensorMeta(size, tuple(stride), t.dtype))
+    return t
+
+
+def _storage_order(t: XlaTensor):
+    """``t``'s elements in the order its strides lay them out (channels_last: N, H, W, C)."""
+    dims = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+    return t.permute(*dims).reshape(-1)
+
+
 def _local_scalar_dense(func, args, kwargs):
     return to_host(args[0], cause="value needed by .item()").item()
 
@@ -514,6 +590,8 @@ SPECIAL = {
     aten.as_strided.default: _as_strided,
     aten.allclose.default: _allclose,
     aten.is_nonzero.default: _is_nonzero,
+    aten.resize_.default: _resize_,
+    aten.resize_as_.default: _resize_,
 }
 
 

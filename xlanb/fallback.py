@@ -14,7 +14,9 @@ from .base.config import config
 from .base.frames import user_frame
 from .base.session import session
 from .ops.leaves import from_host
+from .ir import TensorMeta
 from .reads import to_host
+from .record import rebase, value_node
 from .tensor import XlaTensor, dispatch_op
 
 _warned = session.fallback_warned
@@ -89,7 +91,12 @@ def cpu_fallback(func, args, kwargs):
             x = args[i] if i < len(args) else kwargs.get(a.name)
             for t in (x if isinstance(x, (list, tuple)) else (x,)):
                 if isinstance(t, XlaTensor):
-                    dispatch_op(aten.copy_.default, (t, host_of[id(t)]), {})
+                    host = host_of[id(t)]
+                    if host.shape != t.shape:  # an out= tensor CPU torch resized: its layout too
+                        rebase(t, value_node(from_host(host, t._storage.device)),
+                               TensorMeta(tuple(host.shape), tuple(host.stride()), host.dtype))
+                    else:
+                        dispatch_op(aten.copy_.default, (t, host), {})
 
     def back(o):
         if isinstance(o, torch.Tensor) and o.layout in _UNSUPPORTED_LAYOUTS:

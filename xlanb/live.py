@@ -71,7 +71,7 @@ def pending_roots() -> list[Node]:
             roots.append(node)
     for ref in _waiting_views:
         t = ref()
-        if t is not None and t._ver == t._storage.version:
+        if t is not None and t._view and t._ver == t._storage.version:  # still a view
             node = t._node
             if node.data is None and id(node) not in seen:
                 seen.add(id(node))

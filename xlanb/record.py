@@ -192,6 +192,21 @@ def write(t: XlaTensor, node: Node) -> None:
         track(s)
 
 
+def rebase(t: XlaTensor, node: Node, meta: TensorMeta) -> None:
+    """Make ``t`` a fresh base tensor of another shape whose value is ``node``: how an
+    out= tensor is resized, and ``resize_``. torch's own metadata (sizes, strides) moves
+    with ``set_data``, the one Python-level way to change a wrapper tensor's sizes in
+    place; the tensor object, its autograd identity and its version counter stay."""
+    fresh = new_tensor(node, meta, t._storage.device)
+    with torch._C._DisableTorchDispatch():  # set_data asks the dispatcher about types
+        t.data = fresh
+    for name in ("_view", "_node", "_ver"):  # a view no more: back to the class defaults
+        t.__dict__.pop(name, None)
+    t._storage, t._meta, t._key = fresh._storage, fresh._meta, fresh._key
+    if node.data is None and not session.direct:
+        track(t._storage)
+
+
 def wrap_results(node: Node, info: OpInfo, device: int):
     """New base tensors for an op's result(s)."""
     out = info.out

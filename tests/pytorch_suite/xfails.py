@@ -11,10 +11,6 @@ from __future__ import annotations
 import fnmatch
 
 # Causes, each written once.
-OUT_RESIZE = ("an out= tensor of another shape must be resized in place, and torch offers "
-              "no way to change a wrapper tensor's sizes from Python (resize_, set_ and "
-              "as_strided_ need a storage of the device)")
-RESIZE = "resize_/resize_as_ of an xla tensor: the same missing in-place resize"
 NO_STORAGE = ("an xla tensor has no host storage: data_ptr() and storage().data_ptr() cannot "
               "tell a view from a copy")
 SET_STORAGE = "Tensor.set_ to another tensor's storage: xla tensors have no storage to share"
@@ -32,17 +28,6 @@ RESHAPE_VIEW = ("reshape of an expanded tensor must copy, and the test checks it
 
 WAITS = "issue 23 (PyTorch suite) follow-up"
 XFAILS: dict[str, tuple[str, str, tuple | None]] = {
-    # out= resize
-    "TestShapeOpsXLA::test_nonzero_xla_*": (OUT_RESIZE, WAITS, None),
-    "TestShapeOpsXLA::test_nonzero_astuple_out_xla": (OUT_RESIZE, WAITS, None),
-    "TestShapeOpsXLA::test_diag_xla_*": (OUT_RESIZE, WAITS, None),
-    "TestTypePromotionXLA::test_unary_op_out_casting_xla_*": (OUT_RESIZE, WAITS, None),
-    "TestTypePromotionXLA::test_comparison_ops_with_type_promotion_xla": (OUT_RESIZE, WAITS, None),
-    "TestTypePromotionXLA::test_computation_ignores_out_xla": (OUT_RESIZE, WAITS, None),
-    "TestOldViewOpsXLA::test_resize_all_dtypes_and_devices_xla": (RESIZE, WAITS, None),
-    "TestOldViewOpsXLA::test_resize_as_all_dtypes_and_devices_xla": (RESIZE, WAITS, None),
-    "TestOldViewOpsXLA::test_memory_format_resize__xla": (RESIZE, WAITS, None),
-    "TestOldViewOpsXLA::test_memory_format_resize_as_xla": (RESIZE, WAITS, None),
     # storage and data pointers
     "TestOldViewOpsXLA::test_reshape_view_semantics_xla_*": (NO_STORAGE, WAITS, None),
     "TestIndexingXLA::test_index_getitem_copy_bools_slices_xla": (NO_STORAGE, WAITS, None),

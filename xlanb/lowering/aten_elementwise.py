@@ -49,14 +49,20 @@ def logit(x, eps=None):
 
 
 def _int_identity(fn):
-    # Rounding is the identity on integers (jnp would go through float).
-    return lambda x: x if not is_float(x) else fn(x)
+    # Rounding is the identity on integers (jnp would go through float). Complex numbers
+    # have no rounding in torch: refusing sends the call to CPU torch, which raises its
+    # own error (torch's meta kernels accept complex here).
+    def rounded(x):
+        if jnp.iscomplexobj(x):
+            raise TypeError("rounding is not defined for complex inputs")
+        return x if not is_float(x) else fn(x)
+    return rounded
 
 
-register(aten.ceil.default)(_int_identity(jnp.ceil))
-register(aten.floor.default)(_int_identity(jnp.floor))
-register(aten.trunc.default, aten.fix.default)(_int_identity(jnp.trunc))
-register(aten.round.default)(_int_identity(jnp.round))  # half to even, like torch
+register(aten.ceil.default, may_refuse=True)(_int_identity(jnp.ceil))
+register(aten.floor.default, may_refuse=True)(_int_identity(jnp.floor))
+register(aten.trunc.default, aten.fix.default, may_refuse=True)(_int_identity(jnp.trunc))
+register(aten.round.default, may_refuse=True)(_int_identity(jnp.round))  # half to even
 register(aten.round.decimals)(lambda x, *, decimals=0: jnp.round(x, decimals))
 register(aten.frac.default)(lambda x: x - jnp.trunc(x))
 register(aten.abs.default)(jnp.abs)

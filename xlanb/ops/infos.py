@@ -8,6 +8,8 @@ this module and installs itself with ``set_decomposition_runner``.
 """
 from __future__ import annotations
 
+import warnings
+
 import jax
 import numpy as np
 import torch
@@ -97,7 +99,9 @@ def check_traceable(fn, tensors, scalars, random) -> None:
     try:
         with jax.enable_x64(True):
             jax.eval_shape(lambda *a: fn(a, scs), *specs)
-    except NotImplementedError:
+    except (NotImplementedError, TypeError):
+        # TypeError: the lowering refuses the call's dtypes (rounding a complex number);
+        # the dispatcher lets CPU torch decide, and raise its own error
         raise
     except Exception as e:
         raise NotImplementedError(f"torch's decomposition does not lower: {e}") from e
@@ -119,7 +123,10 @@ def new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device, out_
     tkwargs = {k: v for k, v in tkwargs.items() if k not in ("device", "pin_memory")}
     template = (targs, tkwargs)
     try:
-        with torch._C._DisableTorchDispatch():
+        with torch._C._DisableTorchDispatch(), warnings.catch_warnings():
+            # an out= resized is the dispatcher's to warn about, on every call, not only
+            # on the first call of a signature
+            warnings.filterwarnings("ignore", message="An output with one or more elements")
             meta_res = op(*margs, **mkwargs)
             # ...and the functional op that nodes record gives the result shapes and dtypes.
             if plan.fop is not op:
