@@ -97,6 +97,32 @@ def test_device_trace_merges_jax_events(tmp_path):
     assert jax_events and any("Execute" in e.get("name", "") for e in jax_events)
     ours = [e for e in events if e.get("cat") == "step"]
     assert len(ours) == 1
+    # XLA's own per-instruction times (XLA:CPU reports each thunk with its module and
+    # name), attributed through the graph's HLO metadata to aten ops, scopes and lines
+    assert p.device_kind == "measured"
+    instrs = p.device_instrs
+    assert instrs and all(m.startswith("jit_xlanb_graph_") for m, *_ in instrs)
+    ops = {r[0]: r for r in p.by_op(limit=None).rows}
+    assert p.by_op().head[-1] == "device (s)"
+    assert sum(t for (_s, _c, op), t in p.device_ops.items() if op == "aten::addmm") > 0
+    assert "aten::addmm" in ops  # the forward matmuls ran as instructions
+    layers = {k: r for k, r in zip(p.by_scope(limit=None).keys, p.by_scope(limit=None).rows)
+              if k.startswith("BertForMaskedLM.bert.encoder.layer.")}
+    assert layers, p.by_scope(limit=None)
+    # (the figures themselves: a tiny model's instructions can print as 0.0000 s)
+    assert any(src is not None and src.file.endswith("modeling_bert.py") and t > 0
+               for (src, _scope, _op), t in p.device_ops.items()), p.device_ops
+    assert any(k is not None and k.file.endswith("modeling_bert.py")
+               for k in p.by_line(limit=None).keys)
+    # in the trace, a graph's instructions carry the user's names
+    named = [e for e in jax_events if "aten_op" in e.get("args", {})]
+    assert any(e["args"]["aten_op"] == "aten::addmm" and "encoder" in e["args"]["scope"]
+               and e["name"].startswith("aten::addmm") for e in named), named[:5]
+    # the graph's wall execute time and the instructions' measured time are the same
+    # order of magnitude (instructions may overlap on XLA:CPU's thread pool)
+    total = sum(p.device_ops.values())
+    execute = sum(g.execute_s for g in p.graphs)
+    assert 0.2 * execute < total < 5 * execute, (total, execute)
     p.close()
 
 

@@ -15,12 +15,17 @@ What is recorded, only while a profile is open:
 - each sync's graph (lazy) or op-by-op run, with the line that synced;
 - JAX's own trace (``jax.profiler``), when ``device=True``, merged into the export.
 
-Device time per op. XLA:CPU reports no per-instruction device time (its trace shows one
-event per executable), so in lazy mode a graph's execution is one event at the line that
-synced. ``replay=True`` (or ``p.replay()``) runs each profiled graph op by op through the
-single-op cache, timing each op alone, and spreads the graph's measured execute time over
-its ops in proportion: those figures are labelled ``device (replayed)`` and are an
-estimate, not a measurement of the fused graph. Eager and opbyop time each op directly.
+Device time per op. With ``device=True``, XLA's own profiler times every instruction of
+each lazy graph as it runs (XLA:CPU reports each thunk, GPU each kernel, TPU each op, with
+its module and instruction name), and each instruction's HLO metadata names the aten op,
+module scope and line xlanb traced it from: ``device (s)`` columns, measured. Each graph
+compiles to a module of its own name (``jit_xlanb_graph_<hash>``), so the events find
+their graph. A fusion counts at the op it was built around (its metadata's). Where no
+such events come (another backend, or ``device=False``), ``replay=True`` (or
+``p.replay()``) runs each profiled graph op by op through the single-op cache, timing
+each op alone, and spreads the graph's measured execute time over its ops in
+proportion: ``device, replayed (s)``, an estimate, not a measurement of the fused graph.
+Eager and opbyop time each op directly.
 
 Nothing is added while no profile is open: one empty-list test per metrics sample and
 per sync.
@@ -48,7 +53,9 @@ from .base.scopes import current_scope
 from .base.session import mode_state, session
 from .base.tables import format_table
 from .debug import backward_origin, note_forward
+from .execute.graphs import graph_log
 from .execute.opbyop import time_op_by_op
+from .graph.hlo_text import instruction_origins
 from . import realize
 from .tensor import XlaTensor
 
@@ -142,6 +149,11 @@ class Profile:
         self.graphs: list[Graph] = []
         self.steps: list[tuple[float, float]] = []   # (start, end) perf_counter
         self.replayed: dict = {}    # (src, scope, op) -> replayed device seconds
+        # (src, scope, op) -> device seconds of lazy graphs' instructions: "measured" from
+        # XLA's profiler trace (device=True), else "replayed" op by op (an estimate)
+        self.device_ops: dict = {}
+        self.device_kind = ""
+        self.device_instrs: list = []  # (module, instruction, op, scope, src, seconds)
         self.t0 = self.t1 = 0.0
         self._tid = threading.get_ident()
         self._local = threading.local()  # .open: the op running on this thread
@@ -185,6 +197,8 @@ class Profile:
                 jax.profiler.stop_trace()
         if any(e.step == self._step for e in self.ops):  # ops after the last sync
             self.steps.append((self._step_start, self.t1))
+        if self.device and self.graphs:
+            self._measure_device()
         if self.replay_on_exit and exc_type is None:
             self.replay()
         return False
@@ -217,14 +231,67 @@ class Profile:
             self._step_start = now
             self._step += 1
 
+    # -- device time per op, measured by XLA's profiler
+
+    def _measure_device(self) -> None:
+        """Device time per (line, scope, aten op) of the profiled lazy graphs, from XLA's
+        own trace: XLA:CPU, GPU and TPU report each instruction (thunk, kernel or op)
+        they run with its module and name (``hlo_module``, ``hlo_op``), and each
+        instruction of a graph's optimized module carries the metadata xlanb put in
+        (aten op, scope, the user's line). Fills ``device_ops`` (kind ``measured``) when
+        the trace has such events for the profiled graphs."""
+        events = self._raw_jax_events()
+        per_instr: dict = defaultdict(float)
+        for e in events:
+            a = e.get("args")
+            if e.get("ph") == "X" and a and "hlo_op" in a and "dur" in e:
+                per_instr[(a.get("hlo_module", ""), a["hlo_op"])] += e["dur"] * 1e-6
+        if not per_instr:
+            return
+        modules = {rec.module: rec for rec in graph_log if rec.module}
+        locs: dict = {}  # "file:line" -> the SourceLoc the graph's ops were recorded at
+        recorded: dict = {}  # (aten op, scope) -> the line of the first such op recorded
+        for g in self.graphs:
+            for n in g.plan.op_nodes:
+                if n.src is not None:
+                    locs.setdefault(f"{n.src.file}:{n.src.line}", n.src)
+                    recorded.setdefault((n.info.name, n.scope), n.src)
+        origins: dict = {}
+        found = defaultdict(float)
+        self.device_instrs = []
+        for (module, instr), secs in per_instr.items():
+            rec = modules.get(module)
+            if rec is None:
+                continue
+            table = origins.get(module)
+            if table is None:
+                try:
+                    table = origins[module] = instruction_origins(rec.executable.as_text())
+                except Exception:  # an executable that cannot print its module
+                    table = origins[module] = {}
+            o = table.get(instr)
+            op = (o.op or f"xla::{o.opcode}") if o else f"xla::{instr}"
+            scope = o.scope.replace("/", ".") if o else ""
+            # the innermost frame that is a line the graph's ops were recorded at (the
+            # frames inside it are xlanb's lowering and JAX's)
+            src = next((locs[f] for f in o.sources if f in locs), None) if o else None
+            if src is None:  # no user frame kept (XLA merged or moved it): the op's line
+                src = recorded.get((op, scope))
+            found[(src, scope, op)] += secs
+            self.device_instrs.append((module, instr, op, scope, src, secs))
+        if found:
+            self.device_ops = dict(found)
+            self.device_kind = "measured"
+
     # -- device time per op, by replay
 
     def replay(self, repeats: int = 3) -> None:
         """Time each profiled lazy graph op by op through the single-op cache and spread
         its measured execute time over its ops in proportion (``device (replayed)``
-        columns). XLA:CPU reports no per-instruction device time; these are estimates.
+        columns): estimates, for a backend whose trace has no per-instruction events (a
+        ``device=True`` measurement, where there is one, stays what the tables show).
         Each distinct graph is replayed once."""
-        self.replayed = defaultdict(float)
+        replayed = self.replayed = defaultdict(float)
         by_key: dict = {}
         for g in self.graphs:
             key = (g.mode, g.plan.key)
@@ -238,7 +305,9 @@ class Profile:
             scale = execute_s / total
             for (info, _), node, t in zip(plan.steps, plan.op_nodes, times):
                 if t:
-                    self.replayed[(node.src, node.scope, info.name)] += t * scale
+                    replayed[(node.src, node.scope, info.name)] += t * scale
+        if self.device_kind != "measured":  # a measurement beats an estimate
+            self.device_ops, self.device_kind = dict(replayed), "replayed"
 
     # -- views
 
@@ -254,13 +323,13 @@ class Profile:
             r[0] += 1
             r[1] += e.self_s
             r[2] += e.dur
-        for g in self.graphs:  # a sync's run counts at the line that synced (until a
-            if g.execute_s and not self.replayed:  # replay spreads it over its ops)
+        for g in self.graphs:  # a sync's run counts at the line that synced (until
+            if g.execute_s and not self.device_ops:  # device time spreads it over its ops)
                 r = acc[key(g.src, "", "xla::graph")]
                 r[0] += 1
                 r[1] += g.execute_s
                 r[2] += g.execute_s
-        for (src, scope, name), t in self.replayed.items():
+        for (src, scope, name), t in self.device_ops.items():
             acc[key(src, scope, name)][3] += t
         return acc
 
@@ -270,16 +339,21 @@ class Profile:
         if limit is not None:
             items = items[:limit]
         replayed = any(v[3] for _, v in items)
+        device_head = "device (s)" if self.device_kind == "measured" else "device, replayed (s)"
         head = ("where", "calls", "self (s)", "total (s)", "share") + \
-            (("device, replayed (s)",) if replayed else ())
+            ((device_head,) if replayed else ())
         rows = []
         for k, (calls, self_s, total, rep) in items:
             row = (label(k), str(calls), f"{self_s:.4f}", f"{total:.4f}",
                    f"{100 * (total + rep) / wall:.1f}%")
             rows.append(row + ((f"{rep:.4f}",) if replayed else ()))
-        note = "" if self.replayed or not self.graphs else (
+        note = "" if self.device_ops or not self.graphs else (
             "lazy graphs ran fused: their execute time is one row at the line that synced "
-            "(XLA:CPU reports no per-instruction time; p.replay() estimates it per op)")
+            "(xlanb.profile(device=True) measures it per instruction through XLA's "
+            "profiler; p.replay() estimates it op by op)")
+        if self.device_kind == "measured":
+            note = ("device: each lazy graph's instructions as XLA's profiler timed them, "
+                    "by the aten op, scope and line in their HLO metadata")
         return ProfileTable(title, head, rows, note, [k for k, _ in items])
 
     def by_line(self, limit: int | None = 20) -> "ProfileTable":
@@ -370,7 +444,8 @@ class Profile:
                    "args": {"name": "steps"}})
         return ev + self._jax_events()
 
-    def _jax_events(self) -> list[dict]:
+    def _raw_jax_events(self) -> list[dict]:
+        """JAX's trace events as its profiler wrote them ([] without device=True)."""
         if not self._jax_dir:
             return []
         found = [os.path.join(d, f) for d, _, fs in os.walk(self._jax_dir) for f in fs
@@ -379,14 +454,29 @@ class Profile:
             return []
         with gzip.open(found[0]) as f:
             data = json.load(f)
-        events = data["traceEvents"] if isinstance(data, dict) else data
+        return data["traceEvents"] if isinstance(data, dict) else data
+
+    def _jax_events(self) -> list[dict]:
         shift = (self._jax_t0 - self.t0) * 1e6  # JAX's clock starts at its start_trace
+        names: dict = {}  # (module, instruction) -> what the user calls it
+        modules = {rec.module for rec in graph_log if rec.module}
+        for module, instr, op, scope, src, _ in self.device_instrs:
+            names[(module, instr)] = (op, scope, src)
         out = []
-        for e in events:
+        for e in self._raw_jax_events():
             e = dict(e)
             if "ts" in e:
                 e["ts"] = round(e["ts"] + shift, 3)
             e["pid"] = f"jax {e.get('pid', '')}"
+            a = e.get("args")
+            if a and "hlo_op" in a:
+                user = names.get((a.get("hlo_module", ""), a["hlo_op"]))
+                if user is not None:  # an instruction of a profiled graph: its user name
+                    op, scope, src = user
+                    e["name"] = f"{op} {scope}".strip()
+                    e["args"] = dict(a, aten_op=op, scope=scope, line=format_loc(src))
+                elif a.get("hlo_module") in modules:
+                    e["args"] = dict(a, graph=a["hlo_module"])
             out.append(e)
         return out
 

@@ -56,6 +56,8 @@ class CompiledGraph:
     out_shardings: tuple | None = field(default=None, repr=False)
     collectives: CollectiveList = field(default_factory=CollectiveList, repr=False)
     _memory: object = field(default=False, repr=False)  # False: not asked yet
+    # its HLO module's name, as XLA's profiler trace names it (``hlo_module``)
+    module: str = ""
 
     @property
     def memory(self) -> GraphMemory | None:
@@ -262,7 +264,13 @@ def _lower_annotated(fn, specs, names, lower_metric: str):
     return lowered
 
 
-def _graph_fn(plan: GraphPlan, out_shardings=None):
+def module_name(graph_hash: str) -> str:
+    """The HLO module name of the graph with ``graph_hash``: one per graph, so that
+    XLA's profiler events (which name their module) find the graph they ran in."""
+    return "jit_xlanb_graph_" + graph_hash[:16]
+
+
+def _graph_fn(plan: GraphPlan, out_shardings=None, name: str = "run"):
     steps = plan.steps
     root_pos = plan.root_pos
     # where each op was recorded, to name the one whose lowering fails and to put in the
@@ -286,6 +294,7 @@ def _graph_fn(plan: GraphPlan, out_shardings=None):
             return [vals[p] if sh is None else jax.lax.with_sharding_constraint(vals[p], sh)
                     for p, sh in zip(root_pos, out_shardings)]
         return [vals[p] for p in root_pos]
+    run.__name__ = run.__qualname__ = name  # jit names the module jit_<name>
     return run
 
 
@@ -353,13 +362,14 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
     rec = _graph_cache.get(key)
     if rec is None:
         specs = graph_specs(plan, device, shardings, mesh)
-        fn = _graph_fn(plan, keep)
         graph_hash = stable_hash(plan, device)
         if shardings is not None:
             graph_hash = hashlib.blake2b(
                 (graph_hash + repr([sharding_text(s) for s in shardings])
                  + repr([s and sharding_text(s) for s in keep or ()])).encode(),
                 digest_size=16).hexdigest()
+        module = module_name(graph_hash)
+        fn = _graph_fn(plan, keep, module.removeprefix("jit_"))
         key_in_store = store_key(graph_hash.encode(), device, None) if shardings is None else None
         t0 = time.perf_counter()
         lowered = None
@@ -386,7 +396,8 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
                             explanation=explain(prev.summary, summary) if prev else "",
                             summary=summary, lowered=lowered,
                             relower=functools.partial(_lower_graph_fn, fn, specs,
-                                                      _op_names(plan)))
+                                                      _op_names(plan)),
+                            module=module)
         if shardings is not None:
             rec.in_shardings = shardings
             try:

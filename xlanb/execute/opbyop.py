@@ -78,9 +78,8 @@ def run_op_by_op(plan: GraphPlan, keep=None) -> list:
 def time_op_by_op(plan: GraphPlan, repeats: int = 3) -> list:
     """Seconds each op of ``plan`` takes run alone through the single-op cache (the best
     of ``repeats``, each run to completion), from its leaves; 0 for GETITEM steps.
-    Compiles what is missing first, so no compile is timed. For a profile on a backend
-    that reports no per-instruction device time (XLA:CPU): an estimate, not a measure
-    of the fused graph."""
+    Compiles what is missing first, so no compile is timed. For a profile whose trace
+    has no per-instruction events: an estimate, not a measure of the fused graph."""
     vals = [n.data for n in plan.leaves]
     times = []
     k = 0

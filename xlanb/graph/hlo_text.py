@@ -178,3 +178,46 @@ def entry_buffers(text: str) -> list[HloBuffer]:
                              op_type, scope_of(op_name, op_type), source))
     out.sort(key=lambda b: -b.bytes)
     return out
+
+
+class InstrOrigin(NamedTuple):
+    """Where one instruction of an optimized module came from."""
+    op: str       # the aten op ("" if none: a copy or layout change XLA added)
+    scope: str    # module scope path, "/"-separated as in op_name
+    sources: tuple  # ``file:line`` of its stack frames, innermost first (may be xlanb's)
+    opcode: str   # fusion, dot, copy, ...
+
+
+def frame_chain(tables: dict, frame_id: int) -> tuple:
+    """``file:line`` of a stack frame and of each frame it was called from."""
+    out = []
+    seen = set()
+    while frame_id and frame_id not in seen:
+        seen.add(frame_id)
+        src = _frame_source(tables, frame_id)
+        if src:
+            out.append(src)
+        frame = tables.get("StackFrames", {}).get(frame_id, "")
+        m = re.search(r"parent_frame_id=(\d+)", frame)
+        frame_id = int(m.group(1)) if m else 0
+    return tuple(out)
+
+
+def instruction_origins(text: str) -> dict[str, InstrOrigin]:
+    """Every instruction of an optimized module (any computation), by name: what XLA's
+    profiler calls a thunk (``hlo_op``) is one of them. A fusion carries the metadata of
+    the op it was built around."""
+    tables = stack_tables(text)
+    out = {}
+    for line in text.splitlines():
+        m = _INSTR.match(line)
+        if m is None:
+            continue
+        op_type, op_name, source = origin(line, tables)
+        op_type = op_type or aten_of(op_name)
+        frame = re.search(r"stack_frame_id=(\d+)", attr(line, "metadata"))
+        sources = frame_chain(tables, int(frame.group(1))) if frame else (
+            (source,) if source else ())
+        out[m.group("name")] = InstrOrigin(op_type, scope_of(op_name, op_type), sources,
+                                           m.group("opcode"))
+    return out
