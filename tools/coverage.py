@@ -209,7 +209,6 @@ _DATA_DEPENDENT_BACKWARD = ("the backward uses an op whose result shape depends 
                             "(unique / boolean-mask indexing), which runs on CPU torch")
 _LSTSQ = ("linalg_lstsq has no meta kernel, and its residuals' shape depends on the "
           "matrix rank (data)")
-_RESIZE = "resizing a tensor in place (resize_/resize_as_) is not supported (core)"
 _SPARSE = "sparse layouts are not supported on the xla device: a clear error, by design"
 _COMPLEX32 = "complex32 (chalf) has no XLA dtype"
 _STORAGE = ("as_strided reaches outside its input view, into the base's storage; the "
@@ -245,12 +244,6 @@ EXPECTED_FAILURES: dict[tuple, str] = {
     ('chalf', 'int64'): _COMPLEX32,
     ('chalf', 'bool'): _COMPLEX32,
     ('bincount', 'int64'): _DATA_DEPENDENT,
-    ('resize_', 'float32'): _RESIZE,
-    ('resize_', 'int64'): _RESIZE,
-    ('resize_', 'bool'): _RESIZE,
-    ('resize_as_', 'float32'): _RESIZE,
-    ('resize_as_', 'int64'): _RESIZE,
-    ('resize_as_', 'bool'): _RESIZE,
     ('to_sparse', 'float32'): _SPARSE,
     ('to_sparse', 'int64'): _SPARSE,
     ('to_sparse', 'bool'): _SPARSE,
