@@ -293,6 +293,16 @@ def test_view_dtype_reads_the_same_bytes(mode, src, dst):
             assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
 
+@pytest.mark.parametrize("src,dst", [(torch.complex64, torch.float64), (torch.float64, torch.complex64),
+                                     (torch.int64, torch.float64), (torch.int32, torch.float32)])
+def test_view_dtype_of_a_0d_tensor(mode, src, dst):
+    # a 0-d tensor views as a type of its own size; torch refuses other sizes
+    cpu = (torch.randn(()) * 5).to(src)
+    want, got = cpu.view(dst), cpu.to("xla").view(dst).cpu()
+    assert got.shape == () and got.dtype == dst
+    assert torch.equal(got.reshape(1).view(torch.uint8), want.reshape(1).view(torch.uint8))
+
+
 def test_uint8_index_tensors_are_masks(mode):
     # deprecated in torch, still a mask there (with a warning); torch's meta kernel
     # refuses them, so xlanb reads them as bool

@@ -41,7 +41,7 @@ def run_file(name: str, mode: str, results: str, timeout: int = 3600) -> str:
     """Run one file in one mode; returns the path of its JUnit XML."""
     xml = os.path.join(results, f"{mode}__{name}.xml")
     env = dict(os.environ, TORCH_TEST_DEVICES=PLUGIN, PYTORCH_TESTING_DEVICE_ONLY_FOR="xla",
-               XLANB_SUITE_MODE=mode, XLANB_CACHE_DIR="", PYTHONWARNINGS="ignore")
+               XLANB_SUITE_MODE=mode, XLANB_CACHE_DIR="")
     env.pop("XLANB_MODE", None)
     t0 = time.time()
     subprocess.run([sys.executable, "-m", "pytest", os.path.join(tests_dir(), name + ".py"),

@@ -45,6 +45,8 @@ def _bitcast(x, new):
     old, new = np.dtype(x.dtype), np.dtype(new)
     if old == new:
         return x
+    if x.ndim == 0:  # a 0-d tensor views as a type of its own size (torch refuses others)
+        return _bitcast(x.reshape(1), new).reshape(())
     if old == np.bool_:
         return _bitcast(x.astype(jnp.uint8), new)
     if new == np.bool_:
