@@ -367,5 +367,27 @@ def test_out_casts_follow_cpu_torch(mode):
         torch.neg(t, out=torch.empty(0, dtype=torch.float64, device="xla"))
     with pytest.raises(RuntimeError, match="not supported for complex"):
         torch.floor(torch.tensor(1 + 1j, device="xla"))
+    with pytest.raises(RuntimeError, match="alpha must not be a floating point"):
+        torch.add(t, t, alpha=1.1)
+    a = torch.ones(5, 2, dtype=torch.double, device="xla")
+    with pytest.raises(RuntimeError, match="Index put requires the source and destination dtypes"):
+        a[:, [1]] = torch.zeros(5, 1, dtype=torch.int, device="xla")
     r = torch.neg(t, out=torch.empty(0, dtype=torch.int64, device="xla"))
     assert r.cpu().item() == -1 and t.cpu().item() == 1  # nothing lost
+    assert a.cpu().sum().item() == 10 and torch.add(t, 2.5, alpha=2).cpu().item() == 6.0
+
+
+def test_data_ptr_tells_views_from_copies(mode):
+    # the same answers as CPU torch's pointers: views share their base's address (plus
+    # their offset in bytes), copies and other tensors have their own
+    for dev in ("cpu", "xla"):
+        x = torch.arange(12.0, device=dev).reshape(3, 4)
+        y = torch.zeros(3, 4, device=dev)
+        views = [x.view(-1), x[None], x[...], x.reshape(12), x.t()]
+        copies = [x.t().reshape(-1), x[torch.tensor([0, 1], device=dev)], x.clone(), y]
+        got = ([v.data_ptr() == x.data_ptr() for v in views]
+               + [c.data_ptr() != x.data_ptr() for c in copies]
+               + [x[1].data_ptr() - x.data_ptr(), x[:, 2].data_ptr() - x.data_ptr()])
+        if dev == "cpu":
+            want = got
+    assert got == want and x.data_ptr() != 0

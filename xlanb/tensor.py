@@ -58,7 +58,7 @@ class Storage:
     # ``born``: (line, scope, op) of the value it was made with, set at its first write
     # (record.write), so memory_by_line credits a weight to the line that made it, not
     # to the optimizer step that last updated it. Unset until then: no cost per op.
-    __slots__ = ("node", "version", "device", "meta", "placed", "born", "__weakref__")
+    __slots__ = ("node", "version", "device", "meta", "placed", "born", "address", "__weakref__")
 
     def __init__(self, node: Node, meta: TensorMeta, device: int):
         self.node = node
@@ -138,6 +138,19 @@ class XlaTensor(torch.Tensor):
             return torch.empty_strided(outer_size, outer_stride, dtype=dtype,
                                        device=torch_device(device))
 
+    def data_ptr(self) -> int:
+        """Where this tensor starts in its storage, as an address: equal for tensors that
+        share a storage at the same offset (a view and its base), different across
+        storages, as torch's pointers compare. Like a CUDA pointer it cannot be read
+        from the host (an XLA buffer has no fixed address, and a pending tensor none at
+        all): each storage gets a range of its own in an address space xlanb keeps."""
+        s = self._storage
+        try:
+            base = s.address
+        except AttributeError:
+            base = s.address = _storage_address(s.meta)
+        return base + self.storage_offset() * self.element_size()
+
     def __bool__(self) -> bool:
         __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
         # Its own cause: "if loss > 0:" cuts the graph, and the user should see it was bool.
@@ -166,6 +179,20 @@ class XlaTensor(torch.Tensor):
             new = torch.nn.Parameter(new, requires_grad=self.requires_grad)
         memo[id(self)] = new
         return new
+
+
+_next_address = [1 << 40]  # far from 0: no storage starts at the null pointer
+
+
+def _storage_address(meta: TensorMeta) -> int:
+    """A fresh range for a storage of ``meta``'s bytes (never reused, 64-byte aligned)."""
+    n = 1
+    for d, st in zip(meta.shape, meta.stride):
+        n += (d - 1) * st if d else 0
+    size = (meta.offset + n) * torch._utils._element_size(meta.dtype)
+    addr = _next_address[0]
+    _next_address[0] += (size + 127) // 64 * 64
+    return addr
 
 
 class _Handlers:

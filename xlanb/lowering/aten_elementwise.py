@@ -94,13 +94,29 @@ def nan_to_num(x, nan=None, posinf=None, neginf=None):
 
 # ---- arithmetic -----------------------------------------------------------
 
-@register(aten.add.Tensor, aten.add.Scalar)
+def _floating(v) -> bool:
+    dtype = getattr(v, "dtype", None)
+    if dtype is None:
+        return isinstance(v, (float, complex))
+    return jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.complexfloating)
+
+
+def _check_alpha(x, y, alpha):
+    # torch's CPU kernels refuse a floating alpha for integral or bool results (its meta
+    # kernels accept it): refusing sends the call to CPU torch, which raises its error
+    if _floating(alpha) and not _floating(x) and not _floating(y):
+        raise TypeError("a floating point alpha for integral tensors")
+
+
+@register(aten.add.Tensor, aten.add.Scalar, may_refuse=True)
 def add(x, y, alpha=1):
+    _check_alpha(x, y, alpha)
     return x + _scaled(y, alpha)
 
 
-@register(aten.sub.Tensor, aten.sub.Scalar)
+@register(aten.sub.Tensor, aten.sub.Scalar, may_refuse=True)
 def sub(x, y, alpha=1):
+    _check_alpha(x, y, alpha)
     return x - _scaled(y, alpha)
 
 

@@ -54,6 +54,10 @@ def _masked_put(x, indices, values, accumulate):
 
 @register(aten.index_put.default, aten._unsafe_index_put.default, may_refuse=True)
 def index_put(x, indices, values, accumulate=False):
+    if values.dtype != x.dtype:
+        # torch's CPU kernel requires the dtypes to match (its meta kernel does not):
+        # refusing sends the call to CPU torch, which raises its own error
+        raise TypeError("index_put with values of another dtype")
     if any(_is_mask(i) for i in indices):
         out = _masked_put(x, indices, values, accumulate)
         if out is None:
