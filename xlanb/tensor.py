@@ -151,6 +151,16 @@ class XlaTensor(torch.Tensor):
             base = s.address = _storage_address(s.meta)
         return base + self.storage_offset() * self.element_size()
 
+    def untyped_storage(self) -> torch.UntypedStorage:
+        """torch's storage object of this tensor (``.storage()`` wraps it), whose
+        ``data_ptr()`` is the address of xlanb's storage (see ``data_ptr``): a view's and
+        its base's are equal. It holds no bytes a host could read."""
+        st = super().untyped_storage()
+        if type(st) is not XlaUntypedStorage:
+            st.__class__ = XlaUntypedStorage  # the same object, one method more
+        st._xlanb_address = self.data_ptr() - self.storage_offset() * self.element_size()
+        return st
+
     def __bool__(self) -> bool:
         __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
         # Its own cause: "if loss > 0:" cuts the graph, and the user should see it was bool.
@@ -179,6 +189,14 @@ class XlaTensor(torch.Tensor):
             new = torch.nn.Parameter(new, requires_grad=self.requires_grad)
         memo[id(self)] = new
         return new
+
+
+class XlaUntypedStorage(torch.UntypedStorage):
+    """The storage object torch keeps for an xla tensor, with the address of xlanb's
+    storage as its ``data_ptr()`` (torch's own has none: a wrapper holds no memory)."""
+
+    def data_ptr(self) -> int:
+        return self._xlanb_address
 
 
 _next_address = [1 << 40]  # far from 0: no storage starts at the null pointer

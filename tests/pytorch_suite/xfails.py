@@ -11,8 +11,6 @@ from __future__ import annotations
 import fnmatch
 
 # Causes, each written once.
-NO_STORAGE = ("an xla tensor has no host storage: data_ptr() and storage().data_ptr() cannot "
-              "tell a view from a copy")
 SET_STORAGE = "Tensor.set_ to another tensor's storage: xla tensors have no storage to share"
 SPARSE = "xla tensors are dense: XLA has no sparse layout (torch_xla has none either)"
 COMPLEX32 = "the result would be complex32 (torch.chalf), which XLA lacks"
@@ -21,17 +19,10 @@ CONJ_BITS = ("torch's lazy conj/neg bits: xla computes the conjugate, so .imag o
              "flagged is_neg()")
 CLAMPED_INDEX = ("XLA clamps out-of-range indices: raising IndexError needs the index values on "
                  "the host (a sync per indexing op); CUDA skips the same test")
-PUT_DTYPE = ("index_put_ with values of another dtype: torch's CPU kernel refuses, its meta "
-             "kernel does not, and xla casts")
-RESHAPE_VIEW = ("reshape of an expanded tensor must copy, and the test checks it through "
-                "data_ptr, which xla tensors do not have")
 
 WAITS = "issue 23 (PyTorch suite) follow-up"
 XFAILS: dict[str, tuple[str, str, tuple | None]] = {
-    # storage and data pointers
-    "TestOldViewOpsXLA::test_reshape_view_semantics_xla_*": (NO_STORAGE, WAITS, None),
-    "TestIndexingXLA::test_index_getitem_copy_bools_slices_xla": (NO_STORAGE, WAITS, None),
-    "TestOldViewOpsXLA::test_reshape_xla": (RESHAPE_VIEW, WAITS, None),
+    # storage
     "TestOldViewOpsXLA::test_contiguous_xla": (SET_STORAGE, WAITS, None),
     "TestIndexingXLA::test_advancedindex_xla_float64": (SET_STORAGE, WAITS, None),
     # what XLA or xla tensors lack
@@ -47,10 +38,6 @@ XFAILS: dict[str, tuple[str, str, tuple | None]] = {
     "TestViewOpsXLA::test_conj_imag_view_xla_*": (CONJ_BITS, WAITS, None),
     # raising where CPU torch raises
     "NumpyTestsXLA::test_trivial_fancy_out_of_bounds_xla": (CLAMPED_INDEX, "a debug-mode bounds check", None),
-    "TestTypePromotionXLA::test_indexing_fail_xla": (PUT_DTYPE, WAITS, None),
-    "TestTypePromotionXLA::test_alpha_mismatch_xla": (
-        "add(bool, bool, alpha=1.1): torch's CPU kernel refuses a float alpha for bool tensors, "
-        "its meta kernel (which xla's signatures are checked with) accepts it", WAITS, None),
 }
 
 
