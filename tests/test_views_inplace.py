@@ -394,3 +394,40 @@ def test_data_ptr_tells_views_from_copies(mode):
         if dev == "cpu":
             want = got
     assert got == want and x.data_ptr() != 0
+
+
+def set_storage_scenarios(dev):
+    """Tensor.set_: a tensor becomes a view of another's storage and writes through."""
+    x = _base(dev, (1, 16, 5))
+    x.set_(x.untyped_storage(), 0, x.size(), (20, 5, 1))  # still contiguous: size[0] is 1
+    ref = _base(dev, (8,))
+    s = torch.empty(0, device=dev)
+    s.set_(ref.untyped_storage(), storage_offset=1, size=torch.Size([3]), stride=[2])
+    s.mul_(10)
+    alias = torch.empty(0, device=dev)
+    alias.set_(ref)
+    alias.add_(1)
+    return [x, s, ref, alias]
+
+
+def test_set_shares_storage_as_cpu_does(mode):
+    got, want = set_storage_scenarios("xla"), set_storage_scenarios("cpu")
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.stride() == w.stride() and g.storage_offset() == w.storage_offset()
+        torch.testing.assert_close(g.cpu(), w)
+    assert got[0].is_contiguous() and got[1].data_ptr() - got[2].data_ptr() == 4
+    with pytest.raises(RuntimeError, match="not an xla tensor's"):
+        torch.empty(0, device="xla").set_(torch.zeros(3).untyped_storage())
+
+
+def test_out_of_range_indices_the_host_knows_raise(mode):
+    # XLA would clamp them; torch raises. Index values from the host are checked, free
+    r = torch.arange(10.0, device="xla")
+    m = torch.zeros(3, 4, device="xla")
+    y = r * 2  # pending in lazy mode: nothing of it may be lost
+    for bad in (lambda: r[[10]], lambda: r[torch.tensor([-11])], lambda: m[:, [4]],
+                lambda: r.__setitem__([12], 1.0), lambda: r[torch.LongTensor([10]).to("xla")]):
+        with pytest.raises(IndexError, match="out of bounds"):
+            bad()
+    assert r[[9, -10]].cpu().tolist() == [9.0, 0.0] and m[[2], [3]].cpu().tolist() == [0.0]
+    assert y.cpu().tolist() == [2.0 * i for i in range(10)]

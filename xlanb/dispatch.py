@@ -49,7 +49,8 @@ def _plan(op) -> OpPlan:
         elif plan.special is None and plan.kind == "functional" and not op._schema.returns:
             plan.special = _no_result
         if plan.special is None and plan.kind == "functional" \
-                and (plan.lowering is not None or plan.decomp is not None):
+                and (plan.lowering is not None or plan.decomp is not None) \
+                and plan.name not in _HOST_INDICES_OK:  # indexing checks its indices
             plan.fast = {}
     return plan
 
@@ -145,6 +146,9 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
         res = plan.special(func, args, kwargs)
         if res is not NotImplemented:
             return res
+    if plan.name in _HOST_INDICES_OK and not session.direct and len(args) > 1 \
+            and isinstance(args[1], (list, tuple)):
+        _check_known_indices(args[0], args[1])
     if not session.direct and _has_host_tensor(args, kwargs):
         args, kwargs = _host_operands(plan, args, kwargs)
     if plan.name in _HOST_INDICES_OK and len(args) > 1:
@@ -370,6 +374,33 @@ def _host_operands(plan: OpPlan, args, kwargs):
     return tuple(move(a) for a in args), {k: move(v) for k, v in kwargs.items()}
 
 
+def _check_known_indices(t, indices) -> None:
+    """XLA clamps an out-of-range index where torch raises. Index values the host has
+    (a CPU tensor, or a Python list torch moved to the device, whose values from_host
+    kept) are checked here for free, with torch's IndexError; index tensors computed on
+    the device are not (reading them would cost a sync)."""
+    if not isinstance(t, torch.Tensor):
+        return
+    dim = 0
+    for idx in indices:
+        if idx is None:
+            dim += 1
+            continue
+        if idx.dtype in (torch.bool, torch.uint8):  # a mask covers idx.dim() dims
+            dim += idx.dim()
+            continue
+        if type(idx) is XlaTensor:
+            idx = None if idx._view else session.host_values.get(idx._storage.node)
+        if idx is not None and idx.numel() and dim < t.dim():
+            n = t.shape[dim]
+            lo, hi = int(idx.min()), int(idx.max())
+            if hi >= n or lo < -n:
+                where = f"dimension {dim}" if n else "dimension"  # torch's two messages
+                raise IndexError(f"index {hi if hi >= n else lo} is out of bounds for "
+                                 f"{where} with size {n}")
+        dim += 1
+
+
 def _settle_written_fills(func, plan: OpPlan, args, kwargs, outs) -> None:
     # State made on a training step's first call (optimizer moments from zeros_like,
     # caches from zeros) and written in place enters later steps' graphs as device data.
@@ -540,6 +571,56 @@ def _storage_order(t: XlaTensor):
     return t.permute(*dims).reshape(-1)
 
 
+def _set_(func, args, kwargs):
+    """``t.set_(source)``: ``t`` becomes a view of another xla tensor's storage (with
+    the geometry given, or the source tensor's), as torch's tensors share storages."""
+    t, source = args[0], args[1]
+    if isinstance(source, XlaTensor):  # set_(tensor[, offset, size, stride])
+        if len(args) == 2 and not kwargs:
+            v = _identity_view(None, (source,), {})
+            return _become(t, v)
+        source = source.untyped_storage()
+    st = getattr(source, "_untyped_storage", source)  # a TypedStorage wraps one
+    xs = getattr(st, "_xlanb_storage", None)
+    if xs is None:
+        raise RuntimeError("xlanb: set_ to a storage that is not an xla tensor's: xla tensors "
+                           "can share only each other's storages")
+    if xs.meta.dtype != t.dtype:
+        raise RuntimeError(f"xlanb: set_ of a {t.dtype} tensor to a storage of "
+                           f"{xs.meta.dtype}: reading its bytes as another type is not supported")
+    if len(args) == 2 and not kwargs:  # the whole storage, flat
+        n = 1
+        for d in xs.meta.shape:
+            n *= d
+        offset, size, stride = 0, (n,), (1,)
+    else:
+        rest = list(args[2:]) + [None] * 3
+        offset = kwargs.get("storage_offset", rest[0])
+        size = tuple(kwargs.get("size", rest[1]))
+        stride = kwargs.get("stride", rest[2])
+        stride = tuple(stride) if stride else contiguous_strides(size)
+    base = XlaTensor(xs.meta, xs)
+    return _become(t, dispatch(aten.as_strided.default, (base, size, stride, offset), {}))
+
+
+def _become(t: XlaTensor, v: XlaTensor) -> XlaTensor:
+    """``t`` takes ``v``'s place: its sizes, strides and offset (torch's, through
+    set_data) and its storage and view chain (xlanb's)."""
+    with torch._C._DisableTorchDispatch():
+        t.data = v
+    t.__dict__.pop("_view", None), t.__dict__.pop("_node", None), t.__dict__.pop("_ver", None)
+    t._storage, t._meta, t._key = v._storage, v._meta, v._key
+    if v._view:
+        t._view, t._node, t._ver = v._view, v._node, v._ver
+    return t
+
+
+def _lift_fresh(func, args, kwargs):
+    # torch.tensor(data, device="xla") marks its fresh result: the tensor itself (torch's
+    # kernel returns self), not a copy, which would lose the host values from_host kept
+    return args[0]
+
+
 def _local_scalar_dense(func, args, kwargs):
     return to_host(args[0], cause="value needed by .item()").item()
 
@@ -590,7 +671,12 @@ SPECIAL = {
     aten.as_strided.default: _as_strided,
     aten.allclose.default: _allclose,
     aten.is_nonzero.default: _is_nonzero,
+    aten.lift_fresh.default: _lift_fresh,
     aten.resize_.default: _resize_,
+    aten.set_.source_Storage: _set_,
+    aten.set_.source_Storage_storage_offset: _set_,
+    aten.set_.source_Tensor: _set_,
+    aten.set_.source_Tensor_storage_offset: _set_,
     aten.resize_as_.default: _resize_,
 }
 

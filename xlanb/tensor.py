@@ -159,6 +159,7 @@ class XlaTensor(torch.Tensor):
         if type(st) is not XlaUntypedStorage:
             st.__class__ = XlaUntypedStorage  # the same object, one method more
         st._xlanb_address = self.data_ptr() - self.storage_offset() * self.element_size()
+        st._xlanb_storage = self._storage  # for set_(storage, ...)
         return st
 
     def __bool__(self) -> bool:

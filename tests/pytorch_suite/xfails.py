@@ -11,20 +11,18 @@ from __future__ import annotations
 import fnmatch
 
 # Causes, each written once.
-SET_STORAGE = "Tensor.set_ to another tensor's storage: xla tensors have no storage to share"
 SPARSE = "xla tensors are dense: XLA has no sparse layout (torch_xla has none either)"
 COMPLEX32 = "the result would be complex32 (torch.chalf), which XLA lacks"
 QUANTIZED = "quantized tensors on xla: XLA has no quantized types torch's kernels accept"
 CONJ_BITS = ("torch's lazy conj/neg bits: xla computes the conjugate, so .imag of it is not "
              "flagged is_neg()")
-CLAMPED_INDEX = ("XLA clamps out-of-range indices: raising IndexError needs the index values on "
-                 "the host (a sync per indexing op); CUDA skips the same test")
+CLAMPED_INDEX = ("XLA clamps out-of-range indices: xlanb raises torch's IndexError for index "
+                 "values the host knows (lists, CPU tensors, tensors moved from the host), "
+                 "but an index tensor computed on the device would need a sync per "
+                 "indexing op to check; CUDA skips the same test")
 
 WAITS = "issue 23 (PyTorch suite) follow-up"
 XFAILS: dict[str, tuple[str, str, tuple | None]] = {
-    # storage
-    "TestOldViewOpsXLA::test_contiguous_xla": (SET_STORAGE, WAITS, None),
-    "TestIndexingXLA::test_advancedindex_xla_float64": (SET_STORAGE, WAITS, None),
     # what XLA or xla tensors lack
     "TestTypePromotionXLA::test_sparse_*": (SPARSE, "none: by design", None),
     "TestTypePromotionXLA::test_complex_half_xla": (COMPLEX32, "none: XLA has no complex32", None),

@@ -117,6 +117,9 @@ class Session:
         self.live: list = []           # weakrefs of storages, in write order
         self.waiting_views: list = []  # eager: weakrefs of views waiting on a compile
         self.peek_values = PeekCache()  # node id -> array computed by a peek
+        # small integer tensors moved from the host (index lists): their host values, so
+        # indexing can check bounds with no transfer back (dispatch.py)
+        self.host_values = weakref.WeakKeyDictionary()  # Node -> CPU tensor
 
         # -- compiles (execute/)
         self.in_flight: list = []      # Futures of background single-op compiles

@@ -54,18 +54,18 @@ def _masked_put(x, indices, values, accumulate):
 
 @register(aten.index_put.default, aten._unsafe_index_put.default, may_refuse=True)
 def index_put(x, indices, values, accumulate=False):
-    if values.dtype != x.dtype:
-        # torch's CPU kernel requires the dtypes to match (its meta kernel does not):
-        # refusing sends the call to CPU torch, which raises its own error
-        raise TypeError("index_put with values of another dtype")
     if any(_is_mask(i) for i in indices):
         out = _masked_put(x, indices, values, accumulate)
         if out is None:
             raise NotImplementedError("index_put with this boolean mask")
-        return out
-    ref = x.at[_index_tuple(indices)]
-    values = values.astype(x.dtype)
-    return _add(ref, values) if accumulate else ref.set(values)
+    else:
+        ref = x.at[_index_tuple(indices)]
+        out = _add(ref, values.astype(x.dtype)) if accumulate else ref.set(values.astype(x.dtype))
+    if values.dtype != x.dtype:
+        # torch's CPU kernel requires the dtypes to match (its meta kernel does not), after
+        # its shape checks: refusing sends the call to CPU torch, which raises its error
+        raise TypeError("index_put with values of another dtype")
+    return out
 
 
 @register(aten.index_select.default)

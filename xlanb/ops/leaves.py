@@ -65,8 +65,15 @@ def from_host(cpu: torch.Tensor, device: int) -> XlaTensor:
     data = host_to_device(cpu, device)
     shape = tuple(cpu.shape)
     meta = TensorMeta(shape, contiguous_strides(shape), cpu.dtype)
-    return new_tensor(Node(data_info(meta, device), data=data, src=user_frame(),
-                           scope=current_scope()), meta, device)
+    node = Node(data_info(meta, device), data=data, src=user_frame(), scope=current_scope())
+    if cpu.dtype in _INDEX_DTYPES and cpu.numel() <= _HOST_VALUES_MAX:
+        # an index list's values: bounds checks read them here, with no transfer
+        session.host_values[node] = cpu.clone()
+    return new_tensor(node, meta, device)
+
+
+_INDEX_DTYPES = frozenset((torch.int64, torch.int32))
+_HOST_VALUES_MAX = 4096
 
 
 def from_array(array, device: int = 0) -> XlaTensor:
