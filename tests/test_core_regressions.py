@@ -146,3 +146,16 @@ def test_eager_keyword_scalars_and_signed_zero():
         assert not torch.signbit(pos).any() and torch.signbit(neg).all()
         assert torch.isnan((x * float("nan")).cpu()).all()
         assert torch.equal((1.0 / (x * -0.0)).cpu(), torch.full((3,), float("-inf")))
+
+
+def test_complex_random_draws_both_parts(mode):
+    # torch: real and imaginary parts each N(0, 1/2) for randn, each U[0, 1) for rand;
+    # the imaginary parts were zero
+    n = torch.randn(20000, dtype=torch.complex64, device="xla").cpu()
+    u = torch.rand(20000, dtype=torch.complex128, device="xla").cpu()
+    filled = torch.empty(20000, dtype=torch.complex64, device="xla").normal_().cpu()
+    assert n.dtype == torch.complex64 and u.dtype == torch.complex128
+    for part in (n.real, n.imag, filled.real, filled.imag):
+        assert abs(part.var().item() - 0.5) < 0.05 and abs(part.mean().item()) < 0.05
+    for part in (u.real, u.imag):
+        assert 0 <= part.min() and part.max() < 1 and abs(part.mean().item() - 0.5) < 0.05

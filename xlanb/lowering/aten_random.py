@@ -17,13 +17,24 @@ def _float(dtype):
     return dtype if jnp.issubdtype(dtype, jnp.floating) else default_float()
 
 
+def _complex(dtype) -> bool:
+    return jnp.issubdtype(dtype, jnp.complexfloating)
+
+
 def _uniform(rng, shape, dtype, low=0.0, high=1.0):
+    if _complex(dtype):  # torch draws the real and the imaginary part each
+        part = jnp.finfo(dtype).dtype
+        re, im = jax.random.split(rng)
+        return jax.lax.complex(_uniform(re, shape, part, low, high),
+                               _uniform(im, shape, part, low, high)).astype(dtype)
     u = jax.random.uniform(rng, shape, upcast(jnp.zeros((), _float(dtype))).dtype)
     return (low + u * (high - low)).astype(dtype)
 
 
 def _normal(rng, shape, dtype, mean=0.0, std=1.0):
-    n = jax.random.normal(rng, shape, upcast(jnp.zeros((), _float(dtype))).dtype)
+    # complex: real and imaginary parts each N(0, 1/2), as torch's randn (and JAX's) draw
+    n = jax.random.normal(rng, shape, dtype if _complex(dtype)
+                          else upcast(jnp.zeros((), _float(dtype))).dtype)
     return (mean + n * std).astype(dtype)
 
 
