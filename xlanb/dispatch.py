@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import torch
 
 from .base import rng
+from .base.config import config
 from .base.frames import user_frame
 from .base.session import mode_state, session
 from .execute.fills import fill_value, settle_fill
@@ -374,6 +376,30 @@ def _host_operands(plan: OpPlan, args, kwargs):
     return tuple(move(a) for a in args), {k: move(v) for k, v in kwargs.items()}
 
 
+def _known_index_values(idx: XlaTensor):
+    """The values of a device index tensor the host can have without a sync: kept from
+    the host (from_host), or, with ``config.check_device_indices``, read back when it is
+    small and already computed. None otherwise (pending: reading it would cut the graph)."""
+    node = idx._storage.node if not idx._view else idx._node
+    if node is None:
+        return None
+    if not idx._view:
+        host = session.host_values.get(node)
+        if host is not None:
+            return host
+    if not config.check_device_indices or idx.numel() > _CHECKED_INDEX_MAX:
+        return None
+    data = node.data
+    if data is not None and not isinstance(data, tuple) and not idx._view:
+        return torch.from_numpy(np.array(data))
+    if mode_state().mode == "eager":  # computed, or waiting on its op's compile: eager's
+        return to_host(idx, cause="index bounds check")  # values exist, or will at once
+    return None
+
+
+_CHECKED_INDEX_MAX = 4096
+
+
 def _check_known_indices(t, indices) -> None:
     """XLA clamps an out-of-range index where torch raises. Index values the host has
     (a CPU tensor, or a Python list torch moved to the device, whose values from_host
@@ -390,7 +416,7 @@ def _check_known_indices(t, indices) -> None:
             dim += idx.dim()
             continue
         if type(idx) is XlaTensor:
-            idx = None if idx._view else session.host_values.get(idx._storage.node)
+            idx = _known_index_values(idx)
         if idx is not None and idx.numel() and dim < t.dim():
             n = t.shape[dim]
             lo, hi = int(idx.min()), int(idx.max())

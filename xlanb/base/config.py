@@ -79,6 +79,10 @@ class Config:
         self.inspect = os.environ.get("XLANB_INSPECT", "peek")
         # Warn once per op that falls back to CPU torch.
         self.warn_fallbacks = True
+        # XLA clamps an out-of-range index where torch raises IndexError. Index values the
+        # host has are always checked (free); with this on, so are small index tensors
+        # already on the device (read back: a transfer, never a sync of pending work).
+        self.check_device_indices = os.environ.get("XLANB_CHECK_DEVICE_INDICES", "1") not in ("", "0")
         # Print every recompile with its explanation (XLANB_DEBUG=1).
         self.debug = os.environ.get("XLANB_DEBUG", "") not in ("", "0")
         # Eager mode: compile new ops' executables on background threads (dispatch.py).
