@@ -198,3 +198,27 @@ def test_default_dtype_change_reaches_cached_signatures(mode):
     finally:
         torch.set_default_dtype(prev)
     assert (a / 2).dtype == torch.float32
+
+
+def test_eager_ops_on_threads_leave_x64_off_on_each():
+    # the eager hot path reuses one x64 context object per thread: threads running ops
+    # at once must each find JAX's setting as they left it
+    import threading
+    import jax
+    import jax.numpy as jnp
+    results = []
+
+    def work():
+        with xlanb.mode("eager"):
+            x = torch.tensor([2**40, 3], device="xla")
+            for _ in range(200):
+                x = x + 1
+        results.append((x.tolist()[0], str(jnp.arange(2).dtype), bool(jax.config.jax_enable_x64)))
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [(2**40 + 200, "int32", False)] * 4
+    assert str(jnp.arange(2).dtype) == "int32"

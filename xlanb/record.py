@@ -8,6 +8,7 @@ in the background); inside a decomposition ("direct" mode) it evaluates on JAX v
 from __future__ import annotations
 
 import functools
+import threading
 
 import jax
 import torch
@@ -85,8 +86,12 @@ def run_node(info: OpInfo, inputs: tuple, scalars: tuple) -> Node:
     if config.memory_limit is not None:  # xlanb.memory_limit: checked before it runs
         check_op(info, user_frame())
     # x64 on, as when it compiled: lifted floats are float64, and a call that misses
-    # JAX's C++ fast path checks its arguments under the current setting.
-    with _x64():
+    # JAX's C++ fast path checks its arguments under the current setting. The context
+    # object is this thread's, made once (nothing in the block re-enters it).
+    cm = getattr(_x64_here, "cm", None)
+    if cm is None:
+        cm = _x64_here.cm = jax.enable_x64(True)
+    with cm:
         if scalars:
             scalars = _scalar_arrays(scalars, info.device)
         try:
@@ -102,6 +107,9 @@ def run_node(info: OpInfo, inputs: tuple, scalars: tuple) -> Node:
     return Node(info, (), (), data)
 
 
+# Per thread: one x64 context object for the eager hot path. JAX's context object keeps
+# the value it replaced on itself, so it must not be shared between threads.
+_x64_here = threading.local()
 _device_scalars = session.scalar_arrays
 
 
