@@ -58,7 +58,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     ("reads", "host reads of tensors, with their cause",
      ("xlanb.reads",)),
     ("dispatch", "CPU fallback, __torch_dispatch__ and the special ops, device registration",
-     ("xlanb.fallback", "xlanb.dispatch", "xlanb.backend")),
+     ("xlanb.fallback", "xlanb.inplace_meta", "xlanb.dispatch", "xlanb.backend")),
     ("modes", "lazy / eager / opbyop switching",
      ("xlanb.modes",)),
     ("debug", "numerics: the first op that made a NaN/Inf (debug_nans), op-by-op CPU "

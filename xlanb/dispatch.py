@@ -26,8 +26,8 @@ from .ops.plan import OpPlan, make_plan
 from .ops.leaves import from_host
 from .ops.signature import sig_of
 from .reads import to_host
-from .record import (cast_node, output_node, rebase, run_node, value_node, wrap_results,
-                     write)
+from .inplace_meta import resize_, resize_out, set_
+from .record import (cast_node, output_node, run_node, value_node, wrap_results, write)
 from .runtime.devices import device_index
 from .templates import readable_sig
 from .tensor import BaseLayout, XlaTensor, new_base, set_handler
@@ -217,7 +217,7 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
         metas = [info.out] if not info.multi else list(info.out)
         for o, n, m in zip(outs, results, metas):
             if tuple(o.shape) != m.shape:
-                _resize_out(o, cast_node(n, m, o.dtype, device), m)
+                resize_out(o, cast_node(n, m, o.dtype, device), m)
                 continue
             write(o, cast_node(n, m, o.dtype, device))
         if not func._schema.returns:
@@ -252,19 +252,6 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
 def _out_casts(outs: list, info: OpInfo) -> bool:
     metas = [info.out] if not info.multi else list(info.out)
     return any(isinstance(m, TensorMeta) and o.dtype != m.dtype for o, m in zip(outs, metas))
-
-
-def _resize_out(o: XlaTensor, node: Node, m) -> None:
-    """An out= tensor of another shape takes the result's, as torch's ``resize_output``
-    does: silently when it was empty, with torch's deprecation warning otherwise."""
-    if o.numel():
-        warnings.warn(f"An output with one or more elements was resized since it had shape "
-                      f"{list(o.shape)}, which does not match the required output shape "
-                      f"{list(m.shape)}. This behavior is deprecated, and in a future PyTorch "
-                      "release outputs will not be resized unless they have zero elements. "
-                      "You can explicitly reuse an out tensor t by resizing it, inplace, to "
-                      "zero elements with t.resize_(0).", UserWarning, stacklevel=5)
-    rebase(o, node, TensorMeta(m.shape, m.stride, o.dtype))
 
 
 # Ops that take CPU index tensors along with device tensors, as torch's do for cuda.
@@ -402,9 +389,8 @@ _CHECKED_INDEX_MAX = 4096
 
 def _check_known_indices(t, indices) -> None:
     """XLA clamps an out-of-range index where torch raises. Index values the host has
-    (a CPU tensor, or a Python list torch moved to the device, whose values from_host
-    kept) are checked here for free, with torch's IndexError; index tensors computed on
-    the device are not (reading them would cost a sync)."""
+    or can read without a sync (``_known_index_values``) are checked here, with torch's
+    IndexError; a pending index tensor is not (reading it would cut the graph)."""
     if not isinstance(t, torch.Tensor):
         return
     dim = 0
@@ -553,94 +539,6 @@ def _to_copy(func, args, kwargs):
     return dispatch(aten._to_copy.default, args, kwargs)
 
 
-def _resize_(func, args, kwargs):
-    """``resize_`` / ``resize_as_``: the tensor keeps its storage's first elements, read in
-    storage order, and takes the new layout; elements beyond the old ones are zeros (torch
-    leaves them undefined). The tensor stops being a view: XLA arrays do not grow."""
-    t = args[0]
-    if func is aten.resize_as_.default:
-        tmpl = args[1]
-        size = tuple(tmpl.shape)
-        fmt = kwargs.get("memory_format", args[2] if len(args) > 2 else None)
-        if fmt is torch.preserve_format:
-            fmt = torch._prims_common.suggest_memory_format(tmpl)
-    else:
-        size = tuple(int(s) for s in args[1])
-        fmt = kwargs.get("memory_format", args[2] if len(args) > 2 else None)
-    if any(s < 0 for s in size):
-        raise RuntimeError(f"Trying to create tensor with negative dimension {min(size)}: {list(size)}")
-    last = fmt is torch.channels_last or fmt is torch.channels_last_3d
-    stride = (torch._prims_common.make_channels_last_strides_for(size) if last
-              else contiguous_strides(size))
-    if size == tuple(t.shape) and stride == tuple(t.stride()):
-        return t
-    n = 1
-    for s in size:
-        n *= s
-    flat = t.reshape(-1) if t.is_contiguous() else _storage_order(t)
-    if n > flat.numel():
-        flat = torch.cat([flat, torch.zeros(n - flat.numel(), dtype=t.dtype, device=t.device)])
-    else:
-        flat = flat[:n]
-    if last:  # storage order is N, spatial..., C
-        phys = (size[0],) + size[2:] + (size[1],)
-        new = flat.reshape(phys).permute(0, len(size) - 1, *range(1, len(size) - 1))
-    else:
-        new = flat.reshape(size)
-    rebase(t, value_node(new), TensorMeta(size, tuple(stride), t.dtype))
-    return t
-
-
-def _storage_order(t: XlaTensor):
-    """``t``'s elements in the order its strides lay them out (channels_last: N, H, W, C)."""
-    dims = sorted(range(t.dim()), key=lambda d: -t.stride(d))
-    return t.permute(*dims).reshape(-1)
-
-
-def _set_(func, args, kwargs):
-    """``t.set_(source)``: ``t`` becomes a view of another xla tensor's storage (with
-    the geometry given, or the source tensor's), as torch's tensors share storages."""
-    t, source = args[0], args[1]
-    if isinstance(source, XlaTensor):  # set_(tensor[, offset, size, stride])
-        if len(args) == 2 and not kwargs:
-            v = _identity_view(None, (source,), {})
-            return _become(t, v)
-        source = source.untyped_storage()
-    st = getattr(source, "_untyped_storage", source)  # a TypedStorage wraps one
-    xs = getattr(st, "_xlanb_storage", None)
-    if xs is None:
-        raise RuntimeError("xlanb: set_ to a storage that is not an xla tensor's: xla tensors "
-                           "can share only each other's storages")
-    if xs.meta.dtype != t.dtype:
-        raise RuntimeError(f"xlanb: set_ of a {t.dtype} tensor to a storage of "
-                           f"{xs.meta.dtype}: reading its bytes as another type is not supported")
-    if len(args) == 2 and not kwargs:  # the whole storage, flat
-        n = 1
-        for d in xs.meta.shape:
-            n *= d
-        offset, size, stride = 0, (n,), (1,)
-    else:
-        rest = list(args[2:]) + [None] * 3
-        offset = kwargs.get("storage_offset", rest[0])
-        size = tuple(kwargs.get("size", rest[1]))
-        stride = kwargs.get("stride", rest[2])
-        stride = tuple(stride) if stride else contiguous_strides(size)
-    base = XlaTensor(xs.meta, xs)
-    return _become(t, dispatch(aten.as_strided.default, (base, size, stride, offset), {}))
-
-
-def _become(t: XlaTensor, v: XlaTensor) -> XlaTensor:
-    """``t`` takes ``v``'s place: its sizes, strides and offset (torch's, through
-    set_data) and its storage and view chain (xlanb's)."""
-    with torch._C._DisableTorchDispatch():
-        t.data = v
-    t.__dict__.pop("_view", None), t.__dict__.pop("_node", None), t.__dict__.pop("_ver", None)
-    t._storage, t._meta, t._key = v._storage, v._meta, v._key
-    if v._view:
-        t._view, t._node, t._ver = v._view, v._node, v._ver
-    return t
-
-
 def _lift_fresh(func, args, kwargs):
     # torch.tensor(data, device="xla") marks its fresh result: the tensor itself (torch's
     # kernel returns self), not a copy, which would lose the host values from_host kept
@@ -698,12 +596,12 @@ SPECIAL = {
     aten.allclose.default: _allclose,
     aten.is_nonzero.default: _is_nonzero,
     aten.lift_fresh.default: _lift_fresh,
-    aten.resize_.default: _resize_,
-    aten.set_.source_Storage: _set_,
-    aten.set_.source_Storage_storage_offset: _set_,
-    aten.set_.source_Tensor: _set_,
-    aten.set_.source_Tensor_storage_offset: _set_,
-    aten.resize_as_.default: _resize_,
+    aten.resize_.default: resize_,
+    aten.resize_as_.default: resize_,
+    aten.set_.source_Storage: set_,
+    aten.set_.source_Storage_storage_offset: set_,
+    aten.set_.source_Tensor: set_,
+    aten.set_.source_Tensor_storage_offset: set_,
 }
 
 

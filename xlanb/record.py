@@ -200,17 +200,25 @@ def write(t: XlaTensor, node: Node) -> None:
         track(s)
 
 
-def rebase(t: XlaTensor, node: Node, meta: TensorMeta) -> None:
-    """Make ``t`` a fresh base tensor of another shape whose value is ``node``: how an
-    out= tensor is resized, and ``resize_``. torch's own metadata (sizes, strides) moves
-    with ``set_data``, the one Python-level way to change a wrapper tensor's sizes in
-    place; the tensor object, its autograd identity and its version counter stay."""
-    fresh = new_tensor(node, meta, t._storage.device)
+def become(t: XlaTensor, v: XlaTensor) -> XlaTensor:
+    """``t`` takes ``v``'s place, in place: torch's sizes, strides and offset (through
+    ``set_data``, the one Python-level way to change a wrapper tensor's sizes; the tensor
+    object, its autograd identity and its version counter stay) and xlanb's storage and
+    view chain."""
     with torch._C._DisableTorchDispatch():  # set_data asks the dispatcher about types
-        t.data = fresh
-    for name in ("_view", "_node", "_ver"):  # a view no more: back to the class defaults
+        t.data = v
+    for name in ("_view", "_node", "_ver"):  # back to the class defaults (a base) ...
         t.__dict__.pop(name, None)
-    t._storage, t._meta, t._key = fresh._storage, fresh._meta, fresh._key
+    t._storage, t._meta, t._key = v._storage, v._meta, v._key
+    if v._view:  # ... or v's view chain
+        t._view, t._node, t._ver = v._view, v._node, v._ver
+    return t
+
+
+def rebase(t: XlaTensor, node: Node, meta: TensorMeta) -> None:
+    """Make ``t`` a fresh base tensor of another layout whose value is ``node``: how an
+    out= tensor is resized, and ``resize_``."""
+    become(t, new_tensor(node, meta, t._storage.device))
     if node.data is None and not session.direct:
         track(t._storage)
 
