@@ -212,7 +212,9 @@ def write_page(results: str) -> str:
         out.append(_row(mode, name, c, seconds.get((mode, name))))
     for mode in MODES:
         if mode in totals:
-            out.append(_row(f"**{mode}**", "**all four**", totals[mode],
+            n = sum(1 for m, _, _ in rows if m == mode)
+            label = "all four" if n == len(FILES) else f"{n} of {len(FILES)} files"
+            out.append(_row(f"**{mode}**", f"**{label}**", totals[mode],
                             sum(v for (m, _), v in seconds.items() if m == mode)))
     out += ["", "## Failures grouped by cause", "",
             "Each group: how many failures share the message (numbers, shapes and quoted "
