@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import warnings
 
-import numpy as np
 import torch
 
 from .base import rng
@@ -214,8 +213,7 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
     node = run_node(info, tuple([value_node(t) for t in tensors]), tuple(scalars))
     if kind == "out":
         results = [node] if not info.multi else [output_node(node, info, i) for i in range(len(info.out))]
-        metas = [info.out] if not info.multi else list(info.out)
-        for o, n, m in zip(outs, results, metas):
+        for o, n, m in zip(outs, results, _out_metas(info)):
             if tuple(o.shape) != m.shape:
                 resize_out(o, cast_node(n, m, o.dtype, device), m)
                 continue
@@ -249,9 +247,14 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
     return res[0] if n_ret == 1 else res
 
 
+def _out_metas(info: OpInfo) -> list:
+    """The result layouts an out= op writes into its out tensors, in order."""
+    return [info.out] if not info.multi else list(info.out)
+
+
 def _out_casts(outs: list, info: OpInfo) -> bool:
-    metas = [info.out] if not info.multi else list(info.out)
-    return any(isinstance(m, TensorMeta) and o.dtype != m.dtype for o, m in zip(outs, metas))
+    return any(isinstance(m, TensorMeta) and o.dtype != m.dtype
+               for o, m in zip(outs, _out_metas(info)))
 
 
 # Ops that take CPU index tensors along with device tensors, as torch's do for cuda.
@@ -366,21 +369,16 @@ def _host_operands(plan: OpPlan, args, kwargs):
 def _known_index_values(idx: XlaTensor):
     """The values of a device index tensor the host can have without a sync: kept from
     the host (from_host), or, with ``config.check_device_indices``, read back when it is
-    small and already computed. None otherwise (pending: reading it would cut the graph)."""
-    node = idx._storage.node if not idx._view else idx._node
-    if node is None:
-        return None
+    small and computed (eager mode) or already materialized. None otherwise (pending:
+    reading it would cut the graph)."""
     if not idx._view:
-        host = session.host_values.get(node)
+        host = session.host_values.get(idx._storage.node)
         if host is not None:
             return host
     if not config.check_device_indices or idx.numel() > _CHECKED_INDEX_MAX:
         return None
-    data = node.data
-    if data is not None and not isinstance(data, tuple) and not idx._view:
-        return torch.from_numpy(np.array(data))
-    if mode_state().mode == "eager":  # computed, or waiting on its op's compile: eager's
-        return to_host(idx, cause="index bounds check")  # values exist, or will at once
+    if (not idx._view and idx._storage.node.data is not None) or mode_state().mode == "eager":
+        return to_host(idx, cause="index bounds check")  # a transfer, never a graph
     return None
 
 

@@ -7,6 +7,7 @@ The dispatcher (dispatch.py) calls them; they run their own ops through ``dispat
 """
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -52,9 +53,7 @@ def resize_(func, args, kwargs):
                    else contiguous_strides(size))
     if size == tuple(t.shape) and stride == tuple(t.stride()):
         return t
-    n = 1
-    for s in size:
-        n *= s
+    n = math.prod(size)
     flat = t.reshape(-1) if t.is_contiguous() else _storage_order(t)
     if n > flat.numel():
         flat = torch.cat([flat, torch.zeros(n - flat.numel(), dtype=t.dtype, device=t.device)])
@@ -93,10 +92,7 @@ def set_(func, args, kwargs):
         raise RuntimeError(f"xlanb: set_ of a {t.dtype} tensor to a storage of "
                            f"{xs.meta.dtype}: reading its bytes as another type is not supported")
     if len(args) == 2 and not kwargs:  # the whole storage, flat
-        n = 1
-        for d in xs.meta.shape:
-            n *= d
-        offset, size, stride = 0, (n,), (1,)
+        offset, size, stride = 0, (math.prod(xs.meta.shape),), (1,)
     else:
         rest = list(args[2:]) + [None] * 3
         offset = kwargs.get("storage_offset", rest[0])

@@ -94,17 +94,11 @@ def nan_to_num(x, nan=None, posinf=None, neginf=None):
 
 # ---- arithmetic -----------------------------------------------------------
 
-def _floating(v) -> bool:
-    dtype = getattr(v, "dtype", None)
-    if dtype is None:
-        return isinstance(v, (float, complex))
-    return jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.complexfloating)
-
-
 def _check_alpha(x, y, alpha):
     # torch's CPU kernels refuse a floating alpha for integral or bool results (its meta
     # kernels accept it): refusing sends the call to CPU torch, which raises its error
-    if _floating(alpha) and not _floating(x) and not _floating(y):
+    inexact = [jnp.issubdtype(jnp.result_type(v), jnp.inexact) for v in (alpha, x, y)]
+    if inexact == [True, False, False]:
         raise TypeError("a floating point alpha for integral tensors")
 
 
