@@ -87,6 +87,9 @@ class Config:
         self.debug = os.environ.get("XLANB_DEBUG", "") not in ("", "0")
         # Eager mode: compile new ops' executables on background threads (dispatch.py).
         self.background_compile = os.environ.get("XLANB_BACKGROUND_COMPILE", "1") not in ("", "0")
+        # Peeks (a look in pdb) first compile missing single-op executables quickly, with
+        # LLVM's optimizations off, and the optimized ones after, in the background.
+        self.quick_peeks = os.environ.get("XLANB_QUICK_PEEKS", "1") not in ("", "0")
         # Warn when one source line compiles this many graphs in at most twice as many syncs.
         self.frequent_compiles = 3
         # Check every sync (and every eager op) for NaN/Inf and name the first op that

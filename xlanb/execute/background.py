@@ -6,48 +6,91 @@ each other and the Python that follows."""
 from __future__ import annotations
 
 import concurrent.futures
+import functools
+import threading
 import time
 
 from ..base import metrics
 from ..base.session import session
 from ..ir import OpInfo
 from ..runtime.jit import background
-from .compile import compile_op, load_stored, lower_op, op_store_key
+from .checks import DivisorChecked, integer_division
+from .compile import compile_op, load_stored, lower_op, op_store_key, quick_op_options
 from .resident import admit
 
 _in_flight = session.in_flight  # Futures of background compiles not yet seen done
 
 
-def compile_op_ahead(info: OpInfo):
+# Guards the hand-over from a quick executable to its optimized one: the compile thread
+# that finishes the optimized one and op_executable collecting the quick one agree here.
+tier_lock = threading.Lock()
+
+
+def compile_op_ahead(info: OpInfo, quick: bool = False):
     """Start compiling ``info``'s single-op executable; returns its Future. Lowering
     happens here, so an op without a working lowering fails at its own line; XLA's
-    compile runs on a background thread. An executable in the store is loaded now."""
+    compile runs on a background thread. An executable in the store is loaded now.
+
+    ``quick`` (someone waits for the value): the Future's executable is compiled with
+    LLVM's optimizations off, and the optimized one compiles after every compile that
+    someone waits for, then takes its place (``_tier_up``)."""
     if info.compiling is None:
         key = op_store_key(info)
         exe = load_stored(key, info.device, "OpCompileTime")
+        quick_options = quick_op_options(info.device) if quick else None
+        better = None
         if exe is not None:
             future = concurrent.futures.Future()
             future.set_result(exe)
         else:
             t0 = time.perf_counter()
             lowered = lower_op(info)
-            future = background(_compile_off_thread, lowered, info.device, key,
-                                time.perf_counter() - t0)
+            lower_s = time.perf_counter() - t0
+            if quick_options is None:
+                future = background(_compile_off_thread, lowered, info.device, key, lower_s)
+            else:
+                future = background(_compile_off_thread, lowered, info.device, None, lower_s,
+                                    options=quick_options)
+                metrics.counter("OpQuickCompile")
+                better = background(_compile_off_thread, lowered, info.device, key, 0.0,
+                                    later=True, metric="OpTierUpCompileTime")
             # Eager mode asks compiles_in_flight only while ops wait, so finished ones
             # also leave here: a finished Future holds its executable (with its code
             # mappings) after the info has dropped it.
             _drop_finished()
             _in_flight.append(future)
         info.compiling = future
+        if better is not None:  # after the line above: _tier_up looks for this Future
+            better.add_done_callback(functools.partial(_tier_up, info, future))
         admit(info)
         metrics.counter("OpCompile")
     return info.compiling
 
 
-def _compile_off_thread(lowered, device: int, key: str | None, lower_s: float):
+def _tier_up(info: OpInfo, quick, better) -> None:
+    """On the compile thread, once ``info``'s optimized executable is ready: it takes the
+    quick one's place, as the compile to collect if nobody collected the quick one yet,
+    else as the executable (its fast call cleared, so eager's next call picks it up).
+    Nothing changes if the compile failed (the quick one stays) or the executable was
+    dropped meanwhile (the next use loads the optimized one from the store)."""
+    if better.cancelled() or better.exception() is not None:
+        return
+    with tier_lock:
+        if info.compiling is quick:
+            info.compiling = better
+        elif info.exe is not None:
+            exe = better.result()
+            info.exe = DivisorChecked(exe, info) if integer_division(info) else exe
+            info.call = None
+        else:
+            return
+    metrics.counter("OpTierUp")
+
+
+def _compile_off_thread(lowered, device: int, key: str | None, lower_s: float, **how):
     t0 = time.perf_counter()
     try:
-        return compile_op(lowered, device, key, lower_s)
+        return compile_op(lowered, device, key, lower_s, **how)
     finally:
         metrics.record("OpBackgroundCompileTime", time.perf_counter() - t0)
 

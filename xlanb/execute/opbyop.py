@@ -26,10 +26,12 @@ def run_op_by_op(plan: GraphPlan, keep=None) -> list:
         # Every missing executable starts compiling now, on the compile threads, while
         # the main thread lowers the next: the first peek at a layer's output or the
         # first op-by-op sync waits for the slowest compile, not for all of them in turn.
+        # A peek waits for quickly compiled ones (the optimized ones follow).
+        quick = keep is not None and config.quick_peeks
         for (info, _), node in zip(plan.steps, plan.op_nodes):
             if info.exe is None and info.name != GETITEM:
                 try:
-                    compile_op_ahead(info)  # lowers here: a lowering error is raised now
+                    compile_op_ahead(info, quick)  # lowers here: a lowering error is raised now
                 except Exception as e:
                     add_op_note(e, "lowering failed in", info, node.src, node.scope)
                     raise

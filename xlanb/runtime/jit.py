@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import heapq
+import itertools
 import os
 import threading
 import time
@@ -73,10 +75,18 @@ def compile_jitted(fn, arg_specs, *, metric: str, lower_metric: str):
 
 
 _pool: list = []
+# Work waiting for a compile thread, most urgent first: (rank, order, future, fn, args,
+# kwargs). The pool's own queue is FIFO, so each submitted job runs whichever task is most
+# urgent when a thread frees up.
+_tasks: list = []
+_order = itertools.count()
+_tasks_lock = threading.Lock()
 
 
-def background(fn, *args, **kwargs) -> concurrent.futures.Future:
-    """Run ``fn`` on xlanb's compile threads (one per core, made on first use)."""
+def background(fn, *args, later: bool = False, **kwargs) -> concurrent.futures.Future:
+    """Run ``fn`` on xlanb's compile threads (one per core, made on first use).
+    ``later``: after every task asked for without it, even ones asked for afterwards (a
+    compile nobody waits for must not delay one somebody does)."""
     if not _pool:
         _pool.append(concurrent.futures.ThreadPoolExecutor(
             max_workers=os.cpu_count() or 1, thread_name_prefix="xlanb-compile"))
@@ -86,7 +96,24 @@ def background(fn, *args, **kwargs) -> concurrent.futures.Future:
         register = getattr(threading, "_register_atexit", None)
         if register is not None:
             register(_pool[0].shutdown, wait=False, cancel_futures=True)
-    return _pool[0].submit(fn, *args, **kwargs)
+    future = concurrent.futures.Future()
+    with _tasks_lock:
+        heapq.heappush(_tasks, (1 if later else 0, next(_order), future, fn, args, kwargs))
+    _pool[0].submit(_run_most_urgent)
+    return future
+
+
+def _run_most_urgent() -> None:
+    with _tasks_lock:
+        _, _, future, fn, args, kwargs = heapq.heappop(_tasks)
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as e:  # noqa: BLE001 - the Future carries it to whoever waits
+        future.set_exception(e)
+    else:
+        future.set_result(result)
 
 
 _event_lock = threading.Lock()
