@@ -108,3 +108,50 @@ def test_complex_sums_match_cpu(mode, dtype):
     torch.testing.assert_close(d.sum().cpu(), x.sum())
     torch.testing.assert_close(d.sum(0).cpu(), x.sum(0))
     torch.testing.assert_close(d.prod(1).cpu(), x.prod(1))
+
+
+@pytest.fixture
+def few_graphs():
+    old = xlanb.config.max_graphs
+    xlanb.config.max_graphs = 3
+    yield 3
+    xlanb.config.max_graphs = old
+
+
+def _distinct_graphs(start: int, stop: int):
+    """One new lazy graph per size, each synced and checked against CPU torch."""
+    for n in range(start, stop):
+        x = torch.arange(n, dtype=torch.float32) / 5
+        y = (x.to("xla").cos() + 2) * x.to("xla")
+        xlanb.sync()
+        torch.testing.assert_close(y.cpu(), (x.cos() + 2) * x)
+
+
+@pytest.mark.parametrize("store", [True, False])
+def test_graph_executables_are_bounded_and_come_back_when_needed(few_graphs, store, monkeypatch):
+    """Lazy syncs of many distinct graphs (PyTorch's tests with a sync after each op)
+    keep the last few used loaded; a dropped graph stays listed, runs again from the
+    store (or compiles again with the store off) and still shows its HLO."""
+    if not store:
+        monkeypatch.setattr(xlanb.config, "cache_dir", None)
+    xlanb.set_mode("lazy")
+    first = len(xlanb.graphs())
+    base = 600 if store else 700  # signatures no other test compiles
+    _distinct_graphs(base, base + 10)
+    assert len(session.resident_graphs) <= few_graphs
+    assert metrics.counter_value("GraphExecutableEvicted") >= 7
+    recs = xlanb.graphs()[first:]
+    assert len(recs) == 10 and recs[0]._exe is None  # listed, executable dropped
+    metrics.clear()
+    _distinct_graphs(base, base + 1)  # the first graph again: reloaded, not a new graph
+    assert metrics.counter_value("GraphReload") == 1
+    assert not metrics.counter_value("UncachedCompile")
+    assert metrics.counter_value("CachedCompile") == 1
+    if store:
+        assert metrics.counter_value("PersistentCacheHit") >= 1
+    else:
+        assert metrics.metric_data("CompileTime").count == 1  # compiled again
+    dropped = next(r for r in recs if r._exe is None)
+    assert "cosine" in dropped.hlo(optimized=True)  # inspection loads it back too
+    assert dropped.memory is not None
+    assert len(xlanb.graphs()) == first + 10

@@ -101,6 +101,9 @@ class Config:
         # Single-op executables kept loaded (execute/resident.py); 0: derived from the
         # kernel's limit on memory mappings, which XLA's executables use up.
         self.max_executables = int(os.environ.get("XLANB_MAX_EXECUTABLES") or 0)
+        # Graph executables kept loaded (execute/resident.py); a dropped one comes back
+        # from the executable store, or compiles again, when its graph runs again.
+        self.max_graphs = int(os.environ.get("XLANB_MAX_GRAPHS") or 256)
         # Device bytes a graph (or an eager op) may take, checked before it runs
         # (execute/memory.py; xlanb.memory_limit); None: no check.
         try:

@@ -127,6 +127,8 @@ class Session:
         # (execute/resident.py keeps it bounded)
         self.resident: OrderedDict = OrderedDict()
         self.graph_cache: dict = {}    # (device, structural key) -> CompiledGraph
+        # id -> CompiledGraph whose executable is loaded, least recently used first
+        self.resident_graphs: OrderedDict = OrderedDict()
         self.graph_log: list = []      # every CompiledGraph, in compile order
         self.syncs_at: dict = {}       # source location -> lazy syncs from there
         self.compiles_at: dict = {}    # source location -> new graphs from there

@@ -30,6 +30,7 @@ from ..runtime.mesh import common_mesh, on_mesh, sharding_text
 from .compile import add_op_note, load_stored, scalar_spec, store_key, tensor_spec
 from .memory import (GraphMemory, check_graph, device_oom, graph_buffers, graph_memory,
                      is_device_oom)
+from .resident import admit_graph
 
 @dataclass
 class CompiledGraph:
@@ -42,7 +43,9 @@ class CompiledGraph:
     cause: str
     src: SourceLoc | None  # the user's line whose sync compiled it
     compile_time: float
-    executable: object = field(repr=False)
+    # the executable while it is loaded (execute/resident.py may drop it; ``executable``
+    # gets it back)
+    _exe: object = field(repr=False)
     hits: int = 0
     run_time: float = 0.0
     explanation: str = ""  # why it compiled: how it differs from the last graph from here
@@ -58,6 +61,25 @@ class CompiledGraph:
     _memory: object = field(default=False, repr=False)  # False: not asked yet
     # its HLO module's name, as XLA's profiler trace names it (``hlo_module``)
     module: str = ""
+    # gets a dropped executable back: from the executable store, or compiled again
+    reload: object = field(default=None, repr=False)
+
+    @property
+    def executable(self):
+        """The compiled executable (loaded again, and counted as ``GraphReload``, if it
+        was dropped to keep the process's loaded graphs bounded)."""
+        exe = self._exe
+        if exe is None:
+            exe = self._exe = self.reload()
+            metrics.counter("GraphReload")
+        admit_graph(self)
+        return exe
+
+    def drop_executable(self) -> None:
+        """Let go of the executable and the lowered module (both come back on use)."""
+        if self.reload is not None:
+            self._exe = None
+            self.lowered = None
 
     @property
     def memory(self) -> GraphMemory | None:
@@ -389,15 +411,17 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
             if key_in_store is not None:
                 store.store(key_in_store, exe)
         metrics.counter("UncachedCompile")
+        relower = functools.partial(_lower_graph_fn, fn, specs, _op_names(plan))
         summary = summarize(plan)
         prev = next((g for g in reversed(graph_log) if g.src == src and g.device == device), None)
         rec = CompiledGraph(graph_hash[:16], device, len(plan.steps), len(plan.leaves),
                             len(plan.roots), cause, src, time.perf_counter() - t0, exe,
                             explanation=explain(prev.summary, summary) if prev else "",
                             summary=summary, lowered=lowered,
-                            relower=functools.partial(_lower_graph_fn, fn, specs,
-                                                      _op_names(plan)),
-                            module=module)
+                            relower=relower, module=module,
+                            reload=functools.partial(_reload_graph, key_in_store, device,
+                                                     relower))
+        admit_graph(rec)
         if shardings is not None:
             rec.in_shardings = shardings
             try:
@@ -416,6 +440,16 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
         graph_log.append(rec)
         return rec, True
     return rec, False
+
+
+def _reload_graph(key: str | None, device: int, relower):
+    """A dropped graph executable: from the executable store, else compiled again."""
+    exe = load_stored(key, device, "CompileTime")
+    if exe is None:
+        exe = compile_lowered(relower(), metric="CompileTime")
+        if key is not None:
+            store.store(key, exe)
+    return exe
 
 
 class RecompileWarning(UserWarning):
@@ -517,6 +551,7 @@ def graphs() -> GraphList:
 
 
 def clear_graph_cache() -> None:
+    session.resident_graphs.clear()
     _graph_cache.clear()
     graph_log.clear()
     _syncs_at.clear()

@@ -22,6 +22,7 @@ from ..base.session import session
 from ..runtime import maps
 
 _resident = session.resident  # OpInfo uid -> OpInfo with an executable loaded or compiling
+_graphs = session.resident_graphs  # id -> CompiledGraph with its executable loaded
 
 # Measured 3.2 mappings per XLA:CPU single-op executable; a graph's can take more.
 _MAPS_PER_EXECUTABLE = 4
@@ -103,6 +104,35 @@ def _shrink(target: int) -> int:
     return dropped
 
 
+# ---------------------------------------------------------------------------------------
+# Graph executables: fewer, but each larger (its code, and the lowered module kept for
+# its HLO). A long session that syncs many distinct graphs (PyTorch's tests with a sync
+# after every op make thousands) keeps the last ``config.max_graphs`` used; the record
+# of a dropped one stays in xlanb.graphs(), and its executable comes back when needed.
+
+def admit_graph(rec) -> None:
+    """``rec``'s executable was loaded or used: it is the most recently used graph."""
+    with _lock:
+        _graphs[id(rec)] = rec
+        _graphs.move_to_end(id(rec))
+        if len(_graphs) > max(1, config.max_graphs):
+            shrink_graphs(max(1, config.max_graphs * 9 // 10))
+
+
+def shrink_graphs(target: int) -> int:
+    """Drop graph executables, least recently used first, until at most ``target`` stay
+    loaded; returns how many were dropped."""
+    dropped = 0
+    with _lock:
+        while len(_graphs) > target:
+            _, rec = _graphs.popitem(last=False)
+            rec.drop_executable()
+            dropped += 1
+    if dropped:
+        metrics.counter("GraphExecutableEvicted", dropped)
+    return dropped
+
+
 class _Check:
     calls = 0       # reserve() calls so far
     next_at = 0     # the call that reads the mapping count again
@@ -123,6 +153,7 @@ def reserve() -> None:
     used = maps.count()
     if used > lim * _SHRINK_AT:
         shrink(len(_resident) // 2)
+        shrink_graphs(len(_graphs) // 2)
         gc.collect()  # executables held only by reference cycles
         used = maps.count()
         if used > lim * _REFUSE_AT:
