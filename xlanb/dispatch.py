@@ -71,7 +71,11 @@ def _default_dtype_changed() -> None:
             plan.fast.clear()
 
 
-def dispatch(func, args, kwargs):
+def torch_dispatch(cls, func, types, args=(), kwargs=None):
+    """``XlaTensor.__torch_dispatch__`` (installed by ``set_handler``): torch calls it
+    for every aten op on an xla tensor, so the fast path below is the hot path, one
+    Python frame deep."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     if _get_default_dtype() is not _signed_under[0]:
         _default_dtype_changed()
     plan = _plans.get(id(func)) or _plan(func)
@@ -96,7 +100,12 @@ def dispatch(func, args, kwargs):
                 info = fast.get(_fast_kw_key(tuple(sig_args), kwargs, tensors, scalars, plan.lift))
             if info is not None:
                 return _functional(plan, info, tensors, scalars)
-    return _dispatch_general(plan, func, args, kwargs)
+    return _dispatch_general(plan, func, args, kwargs if kwargs is not None else {})
+
+
+def dispatch(func, args, kwargs):
+    """Run the aten op ``func`` on xla tensors, as torch's dispatcher would."""
+    return torch_dispatch(None, func, None, args, kwargs)
 
 
 # Marks a fast-path key with keyword arguments: (_KW, positional sig, keyword sig).
@@ -126,7 +135,7 @@ def _functional(plan: OpPlan, info: OpInfo, tensors: list, scalars: list):
         inputs.append(value_node(t) if t._view else t._storage.node)
     if (session.default if not session.scoped else mode_state()).recording:
         # run_node's recording, inlined: this is the hot path
-        # the walk starts at dispatch's caller (__torch_dispatch__, or xlanb's own code)
+        # the walk starts at torch_dispatch's caller (the user's line, or xlanb's own code)
         node = Node(info, tuple(inputs), tuple(scalars), None, user_frame(3),
                     _scope_stack[-1] if _scope_stack else "")
     else:
@@ -604,3 +613,4 @@ SPECIAL = {
 
 
 set_handler("dispatch", dispatch)
+set_handler("torch_dispatch", torch_dispatch)

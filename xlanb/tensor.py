@@ -103,6 +103,8 @@ class XlaTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        # replaced at import by dispatch.py's (set_handler("torch_dispatch", ...)), which
+        # is one Python frame less on every op
         __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
         return _dispatch(func, args, kwargs or {})
 
@@ -217,7 +219,7 @@ def _storage_address(meta: TensorMeta) -> int:
 class _Handlers:
     """What the tensor calls into the layers above it for. Each is installed at import by
     the module that implements it, through ``set_handler``."""
-    __slots__ = ("dispatch", "repr", "scalar_value", "to_host")
+    __slots__ = ("dispatch", "torch_dispatch", "repr", "scalar_value", "to_host")
 
     def __init__(self):
         for name in self.__slots__:
@@ -242,7 +244,7 @@ def dispatch_op(func, args, kwargs):
 
 def set_handler(name: str, fn) -> None:
     """Install ``fn`` as the tensor's ``name`` handler: ``dispatch(func, args, kwargs)``
-    (dispatch.py), ``repr(t)`` and ``scalar_value(t)`` (inspect/repr.py), or
+    and ``torch_dispatch`` (``__torch_dispatch__`` itself; dispatch.py), ``repr(t)`` and ``scalar_value(t)`` (inspect/repr.py), or
     ``to_host(t, cause=...)`` (reads.py)."""
     if name not in _Handlers.__slots__:
         raise ValueError(f"unknown tensor handler {name!r}")
@@ -250,6 +252,8 @@ def set_handler(name: str, fn) -> None:
     if name == "dispatch":
         global _dispatch
         _dispatch = fn
+    elif name == "torch_dispatch":  # torch looks it up on the class for every op
+        XlaTensor.__torch_dispatch__ = classmethod(fn)
 
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
