@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import threading
 import time
 
 from ..base import metrics
@@ -17,13 +16,9 @@ from ..runtime.jit import background
 from .checks import DivisorChecked, integer_division
 from .compile import compile_op, load_stored, lower_op, op_store_key, quick_op_options
 from .resident import admit
+from .single_op import tier_lock
 
 _in_flight = session.in_flight  # Futures of background compiles not yet seen done
-
-
-# Guards the hand-over from a quick executable to its optimized one: the compile thread
-# that finishes the optimized one and op_executable collecting the quick one agree here.
-tier_lock = threading.Lock()
 
 
 def compile_op_ahead(info: OpInfo, quick: bool = False):

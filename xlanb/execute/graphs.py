@@ -293,12 +293,20 @@ def module_name(graph_hash: str) -> str:
 
 
 def _graph_fn(plan: GraphPlan, out_shardings=None, name: str = "run"):
-    steps = plan.steps
-    root_pos = plan.root_pos
-    # where each op was recorded, to name the one whose lowering fails and to put in the
-    # HLO's metadata (not the nodes: the function lives as long as its graph, the nodes
-    # should not)
-    places = [(node.src, node.scope) for node in plan.op_nodes]
+    """The JAX function of ``plan``'s graph."""
+    return _graph_fn_of(_recipe(plan), out_shardings, name)
+
+
+def _recipe(plan: GraphPlan) -> tuple:
+    """What the graph function is built from: the steps, the roots' positions, and where
+    each op was recorded, to name the one whose lowering fails and to put in the HLO's
+    metadata (not the nodes: a recipe lives as long as its graph's record, the nodes
+    should not)."""
+    return plan.steps, plan.root_pos, [(node.src, node.scope) for node in plan.op_nodes]
+
+
+def _graph_fn_of(recipe: tuple, out_shardings=None, name: str = "run"):
+    steps, root_pos, places = recipe
 
     def run(leaves, scalars):
         vals = list(leaves)
@@ -366,6 +374,15 @@ def _op_names(plan: GraphPlan) -> frozenset:
     return frozenset(info.name for info, _ in plan.steps)
 
 
+def _relower(recipe: tuple, out_shardings, name: str, specs, names):
+    """Lower a graph again from its recipe, through a function made for this lowering.
+    A record keeps the recipe, not a function: JAX's tracing, lowering and compilation
+    caches are keyed by the function, its jaxpr and its module (held weakly, up to 2,048
+    each), so a function kept for every graph would keep each graph's executable loaded
+    in those caches after xlanb dropped it."""
+    return _lower_graph_fn(_graph_fn_of(recipe, out_shardings, name), specs, names)
+
+
 def _lower_graph_fn(fn, specs, names=frozenset()):
     with jax_context():
         lowered = jax.jit(fn).lower(*specs)
@@ -391,7 +408,8 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
                  + repr([s and sharding_text(s) for s in keep or ()])).encode(),
                 digest_size=16).hexdigest()
         module = module_name(graph_hash)
-        fn = _graph_fn(plan, keep, module.removeprefix("jit_"))
+        recipe = _recipe(plan)
+        fn = _graph_fn_of(recipe, keep, module.removeprefix("jit_"))
         key_in_store = store_key(graph_hash.encode(), device, None) if shardings is None else None
         t0 = time.perf_counter()
         lowered = None
@@ -411,7 +429,9 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
             if key_in_store is not None:
                 store.store(key_in_store, exe)
         metrics.counter("UncachedCompile")
-        relower = functools.partial(_lower_graph_fn, fn, specs, _op_names(plan))
+        relower = functools.partial(_relower, recipe, keep, module.removeprefix("jit_"), specs,
+                                    _op_names(plan))
+        del fn  # see _relower
         summary = summarize(plan)
         prev = next((g for g in reversed(graph_log) if g.src == src and g.device == device), None)
         rec = CompiledGraph(graph_hash[:16], device, len(plan.steps), len(plan.leaves),

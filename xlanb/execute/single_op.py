@@ -1,6 +1,7 @@
 """Single-op executables: eager mode, op-by-op runs and peeks share one per signature."""
 from __future__ import annotations
 
+import threading
 import time
 
 import jax
@@ -12,10 +13,15 @@ from ..graph.collectives import parse_collectives
 from ..ir import OpInfo
 from ..runtime.jit import compile_lowered, lower_jitted
 from ..runtime.mesh import common_mesh, on_mesh, place
-from .background import tier_lock
 from .checks import DivisorChecked, integer_division
 from .compile import compile_op, load_stored, lower_op, op_store_key
 from .resident import admit, reserve, touch
+
+
+# Guards the hand-over from a quick executable to its optimized one (execute/background.py):
+# the compile thread that finishes the optimized one and op_executable collecting the
+# quick one agree here.
+tier_lock = threading.Lock()
 
 
 def op_executable(info: OpInfo):
