@@ -111,11 +111,9 @@ def test_complex_sums_match_cpu(mode, dtype):
 
 
 @pytest.fixture
-def few_graphs():
-    old = xlanb.config.max_graphs
-    xlanb.config.max_graphs = 3
-    yield 3
-    xlanb.config.max_graphs = old
+def few_graphs(monkeypatch):
+    monkeypatch.setattr(xlanb.config, "max_graphs", 3)
+    return 3
 
 
 def _distinct_graphs(start: int, stop: int):
