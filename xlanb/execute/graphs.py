@@ -75,6 +75,10 @@ class CompiledGraph:
         admit_graph(self)
         return exe
 
+    @executable.setter
+    def executable(self, exe) -> None:
+        self._exe = exe
+
     def drop_executable(self) -> None:
         """Let go of the executable and the lowered module (both come back on use)."""
         if self.reload is not None:
