@@ -244,8 +244,8 @@ def dispatch_op(func, args, kwargs):
 
 def set_handler(name: str, fn) -> None:
     """Install ``fn`` as the tensor's ``name`` handler: ``dispatch(func, args, kwargs)``
-    and ``torch_dispatch`` (``__torch_dispatch__`` itself; dispatch.py), ``repr(t)`` and ``scalar_value(t)`` (inspect/repr.py), or
-    ``to_host(t, cause=...)`` (reads.py)."""
+    and ``torch_dispatch`` (``__torch_dispatch__`` itself; dispatch.py), ``repr(t)`` and
+    ``scalar_value(t)`` (inspect/repr.py), or ``to_host(t, cause=...)`` (reads.py)."""
     if name not in _Handlers.__slots__:
         raise ValueError(f"unknown tensor handler {name!r}")
     setattr(_handlers, name, fn)

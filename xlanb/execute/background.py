@@ -13,7 +13,7 @@ from ..base import metrics
 from ..base.session import session
 from ..ir import OpInfo
 from ..runtime.jit import background
-from .checks import DivisorChecked, integer_division
+from .checks import checked
 from .compile import compile_op, load_stored, lower_op, op_store_key, quick_op_options
 from .resident import admit
 from .single_op import tier_lock
@@ -74,8 +74,7 @@ def _tier_up(info: OpInfo, quick, better) -> None:
         if info.compiling is quick:
             info.compiling = better
         elif info.exe is not None:
-            exe = better.result()
-            info.exe = DivisorChecked(exe, info) if integer_division(info) else exe
+            info.exe = checked(better.result(), info)
             info.call = None
         else:
             return

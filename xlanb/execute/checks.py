@@ -28,6 +28,12 @@ def integer_division(info: OpInfo) -> bool:
     return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
 
+def checked(exe, info: OpInfo):
+    """``info``'s single-op executable as it runs: with the divisor check where the op
+    divides integers (``DivisorChecked``), else as it is."""
+    return DivisorChecked(exe, info) if integer_division(info) else exe
+
+
 class DivisorChecked:
     """A single-op executable that raises as CPU torch does when its divisor has a zero."""
 

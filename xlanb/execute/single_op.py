@@ -13,7 +13,7 @@ from ..graph.collectives import parse_collectives
 from ..ir import OpInfo
 from ..runtime.jit import compile_lowered, lower_jitted
 from ..runtime.mesh import common_mesh, on_mesh, place
-from .checks import DivisorChecked, integer_division
+from .checks import checked
 from .compile import compile_op, load_stored, lower_op, op_store_key
 from .resident import admit, reserve, touch
 
@@ -55,9 +55,7 @@ def op_executable(info: OpInfo):
         later = info.compiling
         if later is not None and later is not pending:
             exe = later.result()  # the optimized one took the quick one's place meanwhile
-        if integer_division(info):
-            exe = DivisorChecked(exe, info)
-        info.exe = exe
+        exe = info.exe = checked(exe, info)
         info.compiling = None
     admit(info)
     return exe
@@ -113,9 +111,7 @@ def sharded_executable(info: OpInfo, arrays: list, mesh):
     exe = compile_lowered(lowered, metric="OpCompileTime", lower_s=time.perf_counter() - t0)
     metrics.counter("OpCompile")
     colls = parse_collectives(exe.as_text(), dict(mesh.mesh.shape))
-    if integer_division(info):
-        exe = DivisorChecked(exe, info)
-    exe = _Sharded(exe, colls)
+    exe = _Sharded(checked(exe, info), colls)
     table[key] = exe
     admit(info)
     _count_collectives(exe)
