@@ -12,7 +12,7 @@ import warnings
 
 import torch
 
-from .base import rng
+from .base import metrics, rng
 from .base.config import config
 from .base.frames import user_frame
 from .base.session import mode_state, session
@@ -26,7 +26,8 @@ from .ops.leaves import from_host
 from .ops.signature import sig_of
 from .reads import to_host
 from .inplace_meta import resize_, resize_out, set_
-from .record import (cast_node, output_node, run_node, value_node, wrap_results, write)
+from .record import (cast_node, output_node, run_cached, run_node, value_node, wrap_results,
+                     write)
 from .runtime.devices import device_index
 from .templates import readable_sig
 from .tensor import BaseLayout, XlaTensor, new_base, set_handler
@@ -37,6 +38,7 @@ aten = torch.ops.aten
 _plans = session.plans  # id(OpOverload) -> OpPlan (OpOverload.__hash__ is Python code)
 _infos = session.infos  # signature -> OpInfo
 _scope_stack = session.scope_stack
+_counters = metrics.counters_table()  # the eager hot path counts its cache hits in place
 
 
 def _plan(op) -> OpPlan:
@@ -133,11 +135,18 @@ def _functional(plan: OpPlan, info: OpInfo, tensors: list, scalars: list):
     inputs = []
     for t in tensors:  # a loop: a comprehension is a function call more
         inputs.append(value_node(t) if t._view else t._storage.node)
-    if (session.default if not session.scoped else mode_state()).recording:
+    state = session.default if not session.scoped else mode_state()
+    if state.recording:
         # run_node's recording, inlined: this is the hot path
         # the walk starts at torch_dispatch's caller (the user's line, or xlanb's own code)
         node = Node(info, tuple(inputs), tuple(scalars), None, user_frame(3),
                     _scope_stack[-1] if _scope_stack else "")
+    elif info.call is not None and not state.deferred and not session.spmd \
+            and config.memory_limit is None:
+        # run_node's eager policy, decided here: the executable is known and nothing
+        # (deferred ops, sharding, a memory limit) stands between the op and its run
+        _counters["OpCacheHit"] = _counters.get("OpCacheHit", 0) + 1
+        node = run_cached(info, info.call, inputs, scalars)
     else:
         node = run_node(info, tuple(inputs), tuple(scalars))
     if info.multi:

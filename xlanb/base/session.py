@@ -111,7 +111,7 @@ class Session:
         self.placed_infos: dict = {}   # leaf infos of data mark_sharding laid out
         self.empty_infos: dict = {}    # leaf infos of uninitialized memory
         self.scatter_infos: dict = {}  # writes through a view chain
-        self.scalar_arrays: dict = {}  # (device, float bits) -> the float as a device array
+        self.scalar_arrays: dict = {}  # device -> {float or its bits: the float as a device array}
 
         # -- pending work and peeks (live.py, realize.py)
         self.live: list = []           # weakrefs of storages, in write order
