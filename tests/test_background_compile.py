@@ -268,3 +268,39 @@ def test_compile_threads_run_urgent_work_before_later_work():
     for f in busy + urgent + [later]:
         f.result(60)
     assert order == ["urgent0", "urgent1", "urgent2", "later"]
+
+
+def test_later_work_waits_while_a_value_is_awaited():
+    """While a look waits for its value (``later_held``), compiles nobody waits for stay
+    queued, and what someone asks for meanwhile still runs; they run once it ends."""
+    from xlanb.runtime import jit
+    order = []
+    with jit.later_held():
+        later = jit.background(order.append, "later", later=True)
+        urgent = jit.background(order.append, "urgent")
+        urgent.result(60)
+        time.sleep(0.2)  # a free thread had time to take the later task, had it been let
+        assert order == ["urgent"] and not later.done()
+    later.result(60)
+    assert order == ["urgent", "later"]
+
+
+def test_a_peek_holds_its_optimized_compiles_until_it_has_its_value(count, monkeypatch):
+    from xlanb.runtime import jit
+    during = []
+    real = background._compile_off_thread
+
+    def spy(lowered, device, key, lower_s, **how):
+        if how.get("metric") == "OpTierUpCompileTime":
+            during.append(jit._held[0])
+        return real(lowered, device, key, lower_s, **how)
+    monkeypatch.setattr(background, "_compile_off_thread", spy)
+    a = torch.arange(69, dtype=torch.float32).reshape(3, 23)  # shapes no other test uses
+    x = a.to("xla")
+    xlanb.sync()
+    y = ((x * 0.75).sin() * x).exp().sum(1)
+    torch.testing.assert_close(xlanb.peek(y), ((a * 0.75).sin() * a).exp().sum(1))
+    n = count("OpQuickCompile")
+    assert n >= 4
+    assert _wait_for(lambda: count("OpTierUp") == n)
+    assert len(during) == n and not any(during)  # none started while the look waited

@@ -7,6 +7,8 @@ the whole run succeeded, so a failed compile or a KeyboardInterrupt loses nothin
 """
 from __future__ import annotations
 
+from jax import block_until_ready
+
 from .base.frames import user_frame
 from .base.config import config
 from .base.session import mode_state, session
@@ -16,6 +18,7 @@ from .execute.memory import sample
 from .execute.nans import check_run, raise_deferred
 from .execute.opbyop import run_op_by_op
 from .ir import Node, plan_graph
+from .runtime.jit import later_held
 from .live import (clear_peeks, compact, end_waiting, live_storages, peek_values,
                    pending_roots)
 
@@ -108,7 +111,9 @@ def peek_node(node: Node):
     if got is not None:
         return got
     plan = plan_graph([node], known=peek_values)
-    (arr,) = run_op_by_op(plan, keep=peek_values)
+    with later_held():  # the optimized compiles a look queues wait until it has its value
+        (arr,) = run_op_by_op(plan, keep=peek_values)
+        block_until_ready(arr)
     return arr
 
 

