@@ -203,25 +203,36 @@ def test_seed003_peek_mid_step_compiles_the_step_once():
     assert op_compiles_per_step[1:] == [0, 0], op_compiles_per_step
 
 
-def test_peek_keeps_intermediates_until_sync():
-    """seeds/003's duplicate execution: peeking output3 after output4 recomputes nothing."""
-    _, (l1, l2, l3, l4) = _chain([9, 31, 21, 9, 1])
-    inp = torch.randn(2, 9).to("xla")
+@pytest.mark.parametrize("first_look", ["op by op", "prefix graph"])
+def test_peek_keeps_intermediates_until_sync(first_look, monkeypatch):
+    """seeds/003's duplicate execution: peeking output3 after output4 recomputes nothing,
+    whether the first look ran op by op or as one prefix graph (execute/prefix.py)."""
+    from xlanb.execute import prefix
+    monkeypatch.setattr(prefix, "MIN_MISSING", 10 ** 6 if first_look == "op by op" else 1)
+    dims = [9, 31, 21, 9, 1] if first_look == "op by op" else [8, 33, 23, 7, 1]
+    _, (l1, l2, l3, l4) = _chain(dims)  # shapes no other test uses: nothing compiled yet
+    inp = torch.randn(2, dims[0]).to("xla")
     o3 = l3(l2(l1(inp)))
     o4 = l4(o3)
     xlanb.metrics.clear()
     v4 = xlanb.peek(o4)
-    compiles, hits = counter("OpCompile"), counter("OpCacheHit")
-    assert compiles + hits == 8  # t + addmm per layer, each run once
+
+    def work():
+        return counter("OpCompile"), counter("OpCacheHit"), counter("PeekCompile")
+    done = work()
+    if first_look == "op by op":
+        assert done[0] + done[1] == 8 and done[2] == 0  # t + addmm per layer, each run once
+    else:
+        assert done == (0, 0, 1)  # one graph: every op's value, the single ops left for later
     v3 = xlanb.peek(o3)
-    assert counter("OpCompile") == compiles and counter("OpCacheHit") == hits
+    assert work() == done
     # peeking again, or an input, costs nothing either
     xlanb.peek(o4)
-    assert counter("OpCompile") == compiles and counter("OpCacheHit") == hits
+    assert work() == done
     # new work on top of a peeked value only runs the new ops
     o5 = o4 * 2
     v5 = xlanb.peek(o5)
-    assert counter("OpCompile") + counter("OpCacheHit") == compiles + hits + 1
+    assert sum(work()[:2]) == sum(done[:2]) + 1 and work()[2] == done[2]
     torch.testing.assert_close(v5, v4 * 2)
     xlanb.sync()
     torch.testing.assert_close(o3.cpu(), v3, atol=1e-6, rtol=1e-5)
@@ -498,3 +509,59 @@ def test_values_peek_while_a_debugger_is_active():
     assert s.item() == pytest.approx(item, rel=1e-6)
     assert counter("UncachedCompile") == 1
     torch.testing.assert_close(y.cpu(), host, atol=1e-6, rtol=1e-5)
+
+
+def test_a_first_look_missing_many_executables_compiles_its_prefix_once():
+    """A first look that lacks many single-op executables (a fresh process looking into a
+    model) runs its prefix as one quickly compiled graph: the pending graph is untouched
+    and no graph compile is counted. The single ops it lacked are lowered and compiled
+    while the next sync's graph compiles, so the next look runs op by op."""
+    from xlanb.execute import prefix
+    torch.manual_seed(3)
+    dims = [7, 29, 19, 11, 5, 3]  # shapes no other test uses
+    cpu, xla = _chain(dims, seed=3)
+    a = torch.randn(4, 7)
+
+    def forward(layers, x):
+        for layer in layers:
+            x = torch.tanh(layer(x))
+        return x
+    inp = a.to("xla")
+    out = forward(xla, inp)
+    before = xlanb.pending_ir(out)
+    missing = len(prefix.missing_ops(xlanb_plan(out)))
+    assert missing >= prefix.MIN_MISSING
+    xlanb.metrics.clear()
+    want = forward(cpu, a).detach()
+    torch.testing.assert_close(xlanb.peek(out), want)
+    assert counter("PeekCompile") == 1 and counter("OpCompile") == 0
+    assert counter("UncachedCompile") == 0 and xlanb.pending_ir(out) == before
+    torch.testing.assert_close(out.cpu(), want)  # the sync: one graph, as without the look
+    assert counter("UncachedCompile") == 1
+    assert counter("OpCompile") == missing  # lowered and started while it compiled
+    again = forward(xla, inp)
+    torch.testing.assert_close(xlanb.peek(again), want)
+    assert counter("PeekCompile") == 1 and counter("OpCompile") == missing  # op by op, cached
+
+
+def test_a_failed_prefix_compile_falls_back_to_op_by_op(monkeypatch):
+    from xlanb.execute import prefix
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("prefix compile refused")
+    monkeypatch.setattr(prefix, "compile_lowered", refuse)
+    monkeypatch.setattr(prefix, "MIN_MISSING", 1)
+    cpu, xla = _chain([5, 37, 13, 2], seed=4)
+    a = torch.randn(3, 5)
+    out = xla[2](xla[1](xla[0](a.to("xla"))))
+    xlanb.metrics.clear()
+    torch.testing.assert_close(xlanb.peek(out), cpu[2](cpu[1](cpu[0](a))).detach())
+    assert counter("PeekCompile") == 0 and counter("OpCompile") > 0
+
+
+def xlanb_plan(t):
+    """The plan a look at ``t`` runs (what peek_node builds)."""
+    from xlanb.ir import plan_graph
+    from xlanb.live import peek_values
+    from xlanb.record import value_node
+    return plan_graph([value_node(t)], known=peek_values)

@@ -44,11 +44,11 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
      ("xlanb.ops.plan", "xlanb.ops.views", "xlanb.ops.leaves", "xlanb.ops.signature",
       "xlanb.ops.infos")),
     ("execute", "the bounded set of loaded executables, device memory (figures, by line, the limit), compile, fills, single-op executables, background compiles, op-by-op and "
-     "graph runs, the first non-finite op",
+     "graph runs, a first look's prefix graph, the first non-finite op",
      ("xlanb.execute.resident", "xlanb.execute.memory", "xlanb.execute.compile", "xlanb.execute.fills", "xlanb.execute.checks",
       "xlanb.execute.single_op",
       "xlanb.execute.background", "xlanb.execute.opbyop", "xlanb.execute.nans",
-      "xlanb.execute.graphs")),
+      "xlanb.execute.graphs", "xlanb.execute.prefix")),
     ("live", "pending storages, waiting views, peek values",
      ("xlanb.live",)),
     ("realize", "sync, materialize, peek, values an op needs",

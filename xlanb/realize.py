@@ -17,6 +17,7 @@ from .execute.graphs import run_graph
 from .execute.memory import sample
 from .execute.nans import check_run, raise_deferred
 from .execute.opbyop import run_op_by_op
+from .execute.prefix import prefix_value
 from .ir import Node, plan_graph
 from .runtime.jit import later_held
 from .live import (clear_peeks, compact, end_waiting, live_storages, peek_values,
@@ -112,7 +113,12 @@ def peek_node(node: Node):
         return got
     plan = plan_graph([node], known=peek_values)
     with later_held():  # the optimized compiles a look queues wait until it has its value
-        (arr,) = run_op_by_op(plan, keep=peek_values)
+        try:  # a first look: the prefix as one quick graph (execute/prefix.py)
+            arr = prefix_value(plan, peek_values)
+        except Exception:  # noqa: BLE001 - op by op names the op that fails
+            arr = None
+        if arr is None:
+            (arr,) = run_op_by_op(plan, keep=peek_values)
         block_until_ready(arr)
     return arr
 

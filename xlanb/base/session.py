@@ -123,6 +123,7 @@ class Session:
 
         # -- compiles (execute/)
         self.in_flight: list = []      # Futures of background single-op compiles
+        self.lower_soon: list = []     # OpInfos a look left to lower at the next graph compile
         # OpInfo uid -> OpInfo holding a single-op executable, least recently used first
         # (execute/resident.py keeps it bounded)
         self.resident: OrderedDict = OrderedDict()

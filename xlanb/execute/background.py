@@ -30,36 +30,77 @@ def compile_op_ahead(info: OpInfo, quick: bool = False):
     LLVM's optimizations off, and the optimized one compiles after every compile that
     someone waits for, then takes its place (``_tier_up``)."""
     if info.compiling is None:
-        key = op_store_key(info)
-        exe = load_stored(key, info.device, "OpCompileTime")
-        quick_options = quick_op_options(info.device) if quick else None
-        better = None
-        if exe is not None:
-            future = concurrent.futures.Future()
-            future.set_result(exe)
-        else:
-            t0 = time.perf_counter()
-            lowered = lower_op(info)
-            lower_s = time.perf_counter() - t0
-            if quick_options is None:
-                future = background(_compile_off_thread, lowered, info.device, key, lower_s)
-            else:
-                future = background(_compile_off_thread, lowered, info.device, None, lower_s,
-                                    options=quick_options)
-                metrics.counter("OpQuickCompile")
-                better = background(_compile_off_thread, lowered, info.device, key, 0.0,
-                                    later=True, metric="OpTierUpCompileTime")
-            # Eager mode asks compiles_in_flight only while ops wait, so finished ones
-            # also leave here: a finished Future holds its executable (with its code
-            # mappings) after the info has dropped it.
-            _drop_finished()
-            _in_flight.append(future)
-        info.compiling = future
-        if better is not None:  # after the line above: _tier_up looks for this Future
-            better.add_done_callback(functools.partial(_tier_up, info, future))
-        admit(info)
-        metrics.counter("OpCompile")
+        start_prepared(info, prepare_op(info), quick)
     return info.compiling
+
+
+def prepare_op(info: OpInfo) -> tuple:
+    """What ``start_prepared`` needs, made on this thread: ``info``'s store key and its
+    stored executable, or else its lowering (and the time that took)."""
+    key = op_store_key(info)
+    exe = load_stored(key, info.device, "OpCompileTime")
+    if exe is not None:
+        return key, exe, None, 0.0
+    t0 = time.perf_counter()
+    lowered = lower_op(info)
+    return key, None, lowered, time.perf_counter() - t0
+
+
+def start_prepared(info: OpInfo, prepared: tuple, quick: bool = False) -> None:
+    """Start the compile of a ``prepare_op`` result (nothing if ``info`` got an
+    executable or a compile meanwhile)."""
+    if info.compiling is not None or info.exe is not None:
+        return
+    key, exe, lowered, lower_s = prepared
+    quick_options = quick_op_options(info.device) if quick else None
+    better = None
+    if exe is not None:
+        future = concurrent.futures.Future()
+        future.set_result(exe)
+    else:
+        if quick_options is None:
+            future = background(_compile_off_thread, lowered, info.device, key, lower_s)
+        else:
+            future = background(_compile_off_thread, lowered, info.device, None, lower_s,
+                                options=quick_options)
+            metrics.counter("OpQuickCompile")
+            better = background(_compile_off_thread, lowered, info.device, key, 0.0,
+                                later=True, metric="OpTierUpCompileTime")
+        # Eager mode asks compiles_in_flight only while ops wait, so finished ones
+        # also leave here: a finished Future holds its executable (with its code
+        # mappings) after the info has dropped it.
+        _drop_finished()
+        _in_flight.append(future)
+    info.compiling = future
+    if better is not None:  # after the line above: _tier_up looks for this Future
+        better.add_done_callback(functools.partial(_tier_up, info, future))
+    admit(info)
+    metrics.counter("OpCompile")
+
+
+# Single ops a look could not lower while it waited (execute/prefix.py): lowered, and
+# their compiles started, while the main thread next waits for a graph compile.
+_lower_soon = session.lower_soon
+
+
+def lower_soon(infos) -> None:
+    _lower_soon.extend(infos)
+
+
+def lowerings_waiting() -> bool:
+    return bool(_lower_soon)
+
+
+def drain_lowerings(stop) -> None:
+    """Lower the queued single ops and start their compiles, until ``stop()`` is true;
+    an op whose lowering fails is left for its own run to report."""
+    while _lower_soon and not stop():
+        info = _lower_soon.pop(0)
+        if info.compiling is None and info.exe is None:
+            try:
+                compile_op_ahead(info)
+            except Exception:  # noqa: BLE001 - raised again, at its line, when it runs
+                pass
 
 
 def _tier_up(info: OpInfo, quick, better) -> None:

@@ -25,8 +25,9 @@ from ..graph.render import render_dot, render_text
 from ..graph.summary import summarize
 from ..ir import GraphPlan, leaf_meta, stable_hash
 from ..runtime import store
-from ..runtime.jit import compile_lowered, jax_context, lower_jitted
+from ..runtime.jit import background, compile_lowered, jax_context, lower_jitted
 from ..runtime.mesh import common_mesh, on_mesh, sharding_text
+from .background import drain_lowerings, lowerings_waiting
 from .compile import add_op_note, load_stored, scalar_spec, store_key, tensor_spec
 from .memory import (GraphMemory, check_graph, device_oom, graph_buffers, graph_memory,
                      is_device_oom)
@@ -423,8 +424,7 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
                 # runtime.jit.compile_jitted, with the op types put in between
                 t_lower = time.perf_counter()
                 lowered = _lower_annotated(fn, specs, _op_names(plan), "LowerTime")
-                exe = compile_lowered(lowered, metric="CompileTime",
-                                      lower_s=time.perf_counter() - t_lower)
+                exe = _compile_graph(lowered, time.perf_counter() - t_lower)
             except Exception as e:
                 e.add_note(f"xlanb: while compiling a graph of {len(plan.steps)} ops ({cause}) "
                            f"synced at {format_loc(src) or '?'}; every tensor keeps its "
@@ -464,6 +464,16 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
         graph_log.append(rec)
         return rec, True
     return rec, False
+
+
+def _compile_graph(lowered, lower_s: float):
+    """Compile a graph; single ops a look left unlowered (execute/prefix.py) are lowered
+    meanwhile, on this thread, which would otherwise only wait."""
+    if not lowerings_waiting():
+        return compile_lowered(lowered, metric="CompileTime", lower_s=lower_s)
+    future = background(compile_lowered, lowered, metric="CompileTime", lower_s=lower_s)
+    drain_lowerings(future.done)
+    return future.result()
 
 
 def _reload_graph(key: str | None, device: int, relower):
@@ -553,6 +563,8 @@ def run_graph(plan: GraphPlan, device: int, cause: str, src, placed=None) -> lis
     with jax.enable_x64(True):
         try:
             outs = rec.executable(arrays, plan.scalars)
+            if lowerings_waiting():  # while the device runs it (execute/prefix.py)
+                drain_lowerings(lambda: all(o.is_ready() for o in outs))
             jax.block_until_ready(outs)
         except Exception as e:
             if is_device_oom(e):
