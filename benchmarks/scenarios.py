@@ -341,7 +341,8 @@ def inspect_at_breakpoints(b: Backend, steps: int = 3, look: bool = True) -> dic
            "step_s": step_times}
     if b.name == "xlanb":
         # graph compiles, single-op compiles (what peeks use) and their cache hits
-        res.update({k: b.counter(k) for k in ("UncachedCompile", "CachedCompile", "OpCompile", "OpCacheHit")})
+        res.update({k: b.counter(k) for k in ("UncachedCompile", "CachedCompile", "OpCompile", "OpCacheHit",
+                                             "PeekCompile")})
         res["graph_compiles"] = res["UncachedCompile"]
         # xlanb says why each graph after the first was compiled: keep that for the report
         res["recompile_why"] = [g.explanation[:300] for g in b.x.graphs()[graphs_before:] if g.explanation]
