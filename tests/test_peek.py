@@ -557,6 +557,7 @@ def test_a_failed_prefix_compile_falls_back_to_op_by_op(monkeypatch):
     xlanb.metrics.clear()
     torch.testing.assert_close(xlanb.peek(out), cpu[2](cpu[1](cpu[0](a))).detach())
     assert counter("PeekCompile") == 0 and counter("OpCompile") > 0
+    assert counter("PeekCompileFallback") == 1
 
 
 def xlanb_plan(t):
@@ -565,3 +566,24 @@ def xlanb_plan(t):
     from xlanb.live import peek_values
     from xlanb.record import value_node
     return plan_graph([value_node(t)], known=peek_values)
+
+
+def test_ops_a_look_left_are_forgotten_once_compiled_in_opbyop_mode(monkeypatch):
+    """In opbyop mode no graph compile drains the ops a first look left: the op-by-op
+    sync compiles them itself, and the next look's queue keeps only what still lacks an
+    executable."""
+    from xlanb.base.session import session
+    from xlanb.execute import prefix
+    monkeypatch.setattr(prefix, "MIN_MISSING", 1)
+    with xlanb.mode("opbyop"):
+        _, xla = _chain([6, 41, 17, 3], seed=5)
+        out = xla[2](xla[1](xla[0](torch.randn(2, 6).to("xla"))))
+        xlanb.peek(out)
+        first = list(session.lower_soon)
+        assert first and all(i.exe is None for i in first)
+        out.cpu()  # the op-by-op sync compiles them
+        _, xla2 = _chain([6, 43, 3], seed=6)
+        out2 = xla2[1](xla2[0](torch.randn(2, 6).to("xla")))
+        xlanb.peek(out2)
+        assert not any(i in session.lower_soon for i in first)
+        assert session.lower_soon

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from jax import block_until_ready
 
+from .base import metrics
 from .base.frames import user_frame
 from .base.config import config
 from .base.session import mode_state, session
@@ -116,6 +117,7 @@ def peek_node(node: Node):
         try:  # a first look: the prefix as one quick graph (execute/prefix.py)
             arr = prefix_value(plan, peek_values)
         except Exception:  # noqa: BLE001 - op by op names the op that fails
+            metrics.counter("PeekCompileFallback")
             arr = None
         if arr is None:
             (arr,) = run_op_by_op(plan, keep=peek_values)

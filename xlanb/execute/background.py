@@ -78,12 +78,15 @@ def start_prepared(info: OpInfo, prepared: tuple, quick: bool = False) -> None:
     metrics.counter("OpCompile")
 
 
-# Single ops a look could not lower while it waited (execute/prefix.py): lowered, and
-# their compiles started, while the main thread next waits for a graph compile.
+# Single ops a first look ran as part of its prefix graph (execute/prefix.py): lowered,
+# and their compiles started, while the main thread next waits for a graph compile or run.
 _lower_soon = session.lower_soon
 
 
 def lower_soon(infos) -> None:
+    # Ops that got an executable meanwhile (an op-by-op sync compiles what it runs) leave:
+    # in opbyop mode no graph ever drains the list.
+    _lower_soon[:] = [i for i in _lower_soon if i.exe is None and i.compiling is None]
     _lower_soon.extend(infos)
 
 

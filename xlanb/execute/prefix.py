@@ -55,8 +55,9 @@ def prefix_value(plan: GraphPlan, keep):
     device = plan.steps[-1][0].device
     # Every op's value comes out, as op by op keeps them: a look at an earlier layer next
     # recomputes nothing (seeds/003's duplicate execution).
-    n = len(plan.leaves)
-    whole = plan._replace(roots=plan.op_nodes, root_pos=tuple(range(n, n + len(plan.steps))))
+    n_leaves = len(plan.leaves)
+    whole = plan._replace(roots=plan.op_nodes,
+                          root_pos=tuple(range(n_leaves, n_leaves + len(plan.steps))))
     t0 = time.perf_counter()
     lowered = lower_graph(whole, device)
     # Lowering single ops while it compiles was measured: the GIL they hold slowed the
@@ -73,4 +74,4 @@ def prefix_value(plan: GraphPlan, keep):
     metrics.record("ExecuteTime", time.perf_counter() - t0)
     for node, value in zip(plan.op_nodes, outs):
         keep.put(node, value)
-    return outs[plan.root_pos[0] - n]
+    return outs[plan.root_pos[0] - n_leaves]
