@@ -16,6 +16,8 @@ from .base import metrics, rng
 from .base.config import config
 from .base.frames import user_frame
 from .base.session import mode_state, session
+from .execute.checks import (INDEX_RULES, IndexCheck, device_range, host_range, index_error,
+                             pending_index_checks)
 from .execute.fills import fill_value, settle_fill
 from .fallback import cpu_fallback
 from .ir import Node, OpInfo, TensorMeta
@@ -28,6 +30,7 @@ from .reads import to_host
 from .inplace_meta import resize_, resize_out, set_
 from .record import (cast_node, output_node, run_cached, run_node, value_node, wrap_results,
                      write)
+from .realize import node_array
 from .runtime.devices import device_index
 from .templates import readable_sig
 from .tensor import BaseLayout, XlaTensor, new_base, set_handler
@@ -53,7 +56,8 @@ def _plan(op) -> OpPlan:
             plan.special = _no_result
         if plan.special is None and plan.kind == "functional" \
                 and (plan.lowering is not None or plan.decomp is not None) \
-                and plan.name not in _HOST_INDICES_OK:  # indexing checks its indices
+                and plan.name not in _HOST_INDICES_OK \
+                and plan.name not in INDEX_RULES:  # indexing checks its indices
             plan.fast = {}
     return plan
 
@@ -224,6 +228,8 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
     if recorder is not None:  # xlanb.compile: where the graph's inputs come from
         recorder.saw(tensors)
         recorder.saw(outs)
+    if plan.name in INDEX_RULES and not session.direct:
+        _check_index_operands(plan, args, kwargs)
     if plan.random:
         scalars.append(rng.next_key())
     if kind == "view":
@@ -427,6 +433,63 @@ def _check_known_indices(t, indices) -> None:
                 raise IndexError(f"index {hi if hi >= n else lo} is out of bounds for "
                                  f"{where} with size {n}")
         dim += 1
+
+
+_PENDING = object()
+
+
+def _index_range(idx: XlaTensor, ignore):
+    """(min, max) of an index tensor's values (without ``ignore``) where the host has them
+    or can get them without a sync (as ``_known_index_values``; an eager index too big
+    to read back whole is reduced on the device); ``_PENDING`` for a pending index that
+    the next sync checks in its graph; None when empty or unchecked."""
+    if not idx._view:
+        host = session.host_values.get(idx._storage.node)
+        if host is not None:
+            return host_range(host, ignore)
+    if not config.check_device_indices:
+        return None
+    if (not idx._view and idx._storage.node.data is not None) or mode_state().mode == "eager":
+        if idx.numel() <= _CHECKED_INDEX_MAX:
+            return host_range(to_host(idx, cause="index bounds check"), ignore)
+        return device_range(node_array(value_node(idx), cause="index bounds check"), ignore)
+    return _PENDING
+
+
+def _check_index_operands(plan: OpPlan, args, kwargs) -> None:
+    """Raise CPU torch's error for an out-of-range index of ``plan``'s op (gather,
+    scatter, index_select, embedding, nll_loss targets, ...; ``checks.INDEX_RULES``)
+    whose values are known (``_index_range``); a pending index is checked by the graph
+    of the next sync (``checks.pending_index_checks``)."""
+    try:
+        checks = INDEX_RULES[plan.name](args, kwargs)
+    except (IndexError, TypeError, AttributeError):  # a call torch's meta kernel let by
+        return
+    for c in checks:
+        idx = c.index
+        if type(idx) is not XlaTensor or not idx.numel() or idx.dtype.is_floating_point \
+                or idx.dtype.is_complex or idx.dtype == torch.bool:
+            continue
+        found = _index_range(idx, c.ignore)
+        if found is None:
+            continue
+        c.op = plan.name
+        if found is _PENDING:
+            if session.recorder is not None:
+                continue  # inside xlanb.compile: its replays do not run these checks
+            node = value_node(idx)
+            key = (id(node), c.lo, c.hi, c.ignore)
+            if key not in pending_index_checks:
+                c.index = node
+                c.src = user_frame()
+                c.scope = _scope_stack[-1] if _scope_stack else ""
+                pending_index_checks[key] = c
+            continue
+        v = c.bad_value(*found)
+        if v is not None:
+            c.src = user_frame()
+            c.scope = _scope_stack[-1] if _scope_stack else ""
+            raise index_error(c, v, "checked before it ran")
 
 
 def _settle_written_fills(func, plan: OpPlan, args, kwargs, outs) -> None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 from jax import block_until_ready
 
 from .base import metrics
-from .base.frames import user_frame
+from .base.frames import format_loc, user_frame
 from .base.config import config
 from .base.session import mode_state, session
+from .execute.checks import bounds_info, pending_index_checks, settle_index_checks, take_index_checks
 from .execute.fills import settled_if_empty
 from .execute.graphs import run_graph
 from .execute.memory import sample
@@ -33,7 +34,7 @@ def materialize(roots: list[Node], cause: str) -> None:
         # eager: a value read runs every op that waited on a background compile
         roots = list(roots) + pending_roots()
     roots = list({id(r): r for r in roots if r.data is None}.values())
-    if not roots:
+    if not roots and not pending_index_checks:
         return
     if session.recorder is not None:
         session.recorder.host_read(cause)  # inside xlanb.compile: this call cannot be replayed
@@ -41,14 +42,24 @@ def materialize(roots: list[Node], cause: str) -> None:
     by_device: dict[int, list[Node]] = {}
     for r in roots:
         by_device.setdefault(r.info.device, []).append(r)
+    for c in pending_index_checks.values():
+        by_device.setdefault(c.index.info.device, [])
     results = []
     for device, nodes in by_device.items():
+        checks = take_index_checks(device) if pending_index_checks else ()
+        if checks:  # one more output: the range of every pending checked index
+            nodes = nodes + [_bounds_node(checks, device)]
         plan = plan_graph(nodes)
         if state.mode == "lazy":
             arrays = run_graph(plan, device, cause, src,
                                _placed(plan.roots) if session.spmd else None)
         else:
             arrays = run_op_by_op(plan)
+        if checks:  # raises before anything is swapped in
+            *arrays, ranges = arrays
+            plan = plan._replace(roots=plan.roots[:-1], root_pos=plan.root_pos[:-1])
+            settle_index_checks(checks, ranges, f"the {state.mode} sync ({cause})"
+                                + (f" at {format_loc(src)}" if src is not None else ""))
         if config.debug_nans:  # one fused check; on a NaN, raises before anything is swapped
             check_run(plan, arrays, state.mode, cause, src)
         if observers:
@@ -61,6 +72,13 @@ def materialize(roots: list[Node], cause: str) -> None:
     if state.deferred and state.mode == "eager":
         end_waiting()
     clear_peeks()
+
+
+def _bounds_node(checks, device: int) -> Node:
+    """The node whose value is ``[min, max]`` of each checked index (execute/checks.py)."""
+    metas = tuple(c.index.info.out if not c.index.info.multi else None for c in checks)
+    info = bounds_info(metas, tuple(c.ignore for c in checks), device)
+    return Node(info, tuple(c.index for c in checks), (), None, checks[0].src, checks[0].scope)
 
 
 def placed(roots) -> tuple | None:
@@ -86,7 +104,7 @@ def sync(cause: str = "user sync") -> None:
     if config.debug_nans:
         raise_deferred()  # a NaN an eager backward op made (found on autograd's thread)
     roots = pending_roots()
-    if roots:
+    if roots or pending_index_checks:
         materialize(roots, cause)
     else:
         clear_peeks()

@@ -1,0 +1,168 @@
+"""Out-of-range indices raise CPU torch's error in every mode (issue 37, item 1).
+
+XLA clamps an out-of-range gather index and drops an out-of-range scatter update, where
+CPU torch raises. xlanb checks index values the host has before the op runs, and an
+index computed in a pending graph (lazy, opbyop) inside the graph of the next sync (one
+fused extra output, raised after the run, before anything is swapped in, once).
+"""
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import xlanb
+from xlanb.base.config import config
+
+
+def _base():
+    return torch.arange(6.).reshape(2, 3)
+
+
+# name -> (call(a, idx), bad index, good index). ``a`` is a (2, 3) float tensor.
+CASES = {
+    "gather": (lambda a, i: torch.gather(a, 1, i), [[0, 9]], [[0, 2], [1, 1]]),
+    "gather_negative": (lambda a, i: torch.gather(a, 1, i), [[0, -1]], [[2, 0]]),
+    "gather_long": (lambda a, i: torch.gather(a.long(), 1, i), [[0, 9]], [[2, 1]]),
+    "index_select_dim1": (lambda a, i: torch.index_select(a, 1, i), [0, 9], [2, 0]),
+    "index_select_dim0": (lambda a, i: torch.index_select(a, 0, i), [0, 5], [1, 0]),
+    "embedding": (lambda a, i: F.embedding(i, a), [1, 10], [1, 0, 1]),
+    "cross_entropy": (lambda a, i: F.cross_entropy(a, i), [1, 7], [1, 2]),
+    "cross_entropy_ignored": (lambda a, i: F.cross_entropy(a, i), [1, -3], [1, -100]),
+    "nll_loss": (lambda a, i: F.nll_loss(F.log_softmax(a, 1), i), [7, 0], [0, 2]),
+    "nll_loss2d": (lambda a, i: F.nll_loss(a.reshape(1, 2, 3, 1), i.reshape(1, 3, 1)),
+                   [0, 1, 5], [0, 1, 1]),
+    "multi_margin_loss": (lambda a, i: F.multi_margin_loss(a, i), [0, 3], [0, 2]),
+    "scatter_value": (lambda a, i: a.clone().scatter_(1, i, 1.5), [[0, 9]], [[2, 0]]),
+    "scatter_src": (lambda a, i: a.clone().scatter_(1, i, torch.ones(1, 2, device=a.device)),
+                    [[0, 9]], [[2, 0]]),
+    "scatter_add_": (lambda a, i: a.clone().scatter_add_(1, i, torch.ones(1, 2, device=a.device)),
+                     [[0, 9]], [[2, 2]]),
+    "scatter_reduce": (lambda a, i: torch.scatter_reduce(a, 1, i, torch.ones(1, 2, device=a.device),
+                                                         "amax"), [[-1, 0]], [[2, 0]]),
+    "index_add_": (lambda a, i: a.clone().index_add_(1, i, torch.ones(2, 2, device=a.device)),
+                   [0, 9], [2, 2]),
+    "index_copy_": (lambda a, i: a.clone().index_copy_(1, i, torch.ones(2, 2, device=a.device)),
+                    [0, 9], [2, 0]),
+    "index_fill_": (lambda a, i: a.clone().index_fill_(1, i, -1.0), [0, -4], [0, -1]),
+    "take": (lambda a, i: torch.take(a, i), [0, 6], [5, -6]),
+    "put_": (lambda a, i: a.clone().put_(i, torch.ones(2, device=a.device)), [0, -7], [5, 0]),
+    # CPU torch 2.13 wraps take_along_dim's indices (a remainder before its gather): no
+    # error there, and none here: the same values
+    "take_along_dim": (lambda a, i: torch.take_along_dim(a, i, 1), [[0, 9]], [[0, 2]]),
+}
+
+SOURCES = ("host", "device")
+
+
+def _index(values, source):
+    """An index tensor on the xla device: copied from the host (xlanb keeps its values),
+    or computed on the device (pending in lazy and opbyop mode)."""
+    t = torch.tensor(values).to("xla")
+    return t if source == "host" else t * 1
+
+
+def _cpu_outcome(call, values):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return call(_base(), torch.tensor(values)), None
+        except Exception as e:  # noqa: BLE001 - the error CPU torch raises is the expectation
+            return None, e
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_out_of_range_index_raises_torch_error(mode, case, source):
+    call, bad, _ = CASES[case]
+    want, cpu_err = _cpu_outcome(call, bad)
+    a = _base().to("xla")
+    idx = _index(bad, source)
+    if cpu_err is None:  # take_along_dim: CPU torch gives values, so must xlanb
+        torch.testing.assert_close(call(a, idx).cpu(), want)
+        return
+    got = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(type(cpu_err), match=re.escape(str(cpu_err).splitlines()[0])) as info:
+            got["out"] = call(a, idx)
+            got["out"].cpu()
+    assert type(info.value) is type(cpu_err)
+    notes = "\n".join(getattr(info.value, "__notes__", ()))
+    assert "test_index_bounds.py" in notes, notes  # the user's line
+    assert "aten::" in notes, notes                # and the op
+    # the session goes on, and a result kept from the failed sync is readable (reported
+    # once: it now holds XLA's values)
+    torch.testing.assert_close((a + 1).cpu(), _base() + 1)
+    if "out" in got:
+        got["out"].cpu()
+    xlanb.sync()
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_in_range_index_gives_cpu_values(mode, case, source):
+    call, _, good = CASES[case]
+    want, cpu_err = _cpu_outcome(call, good)
+    assert cpu_err is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = call(_base().to("xla"), _index(good, source))
+    torch.testing.assert_close(got.cpu(), want)
+
+
+def test_device_check_is_one_output_of_the_lazy_graph():
+    # a pending index is checked inside the graph that computes it: no extra graph, no
+    # recompile on the next step, and the graph lists the check
+    xlanb.set_mode("lazy")
+    a = _base().to("xla")
+    for step in range(3):
+        labels = torch.tensor([1, 2]).to("xla") * 1
+        loss = F.cross_entropy(a * (step + 1.0), labels)
+        xlanb.sync()
+        assert loss.item() == pytest.approx(F.cross_entropy(_base() * (step + 1),
+                                                            torch.tensor([1, 2])).item())
+    assert xlanb.metrics.counter_value("UncachedCompile") == 1
+    assert "xlanb::index_bounds" in xlanb.graphs()[-1].ops
+
+
+@pytest.mark.parametrize("mode_name", ["lazy", "opbyop"])
+def test_device_check_reported_once_and_pending_work_kept(mode_name):
+    xlanb.set_mode(mode_name)
+    a = _base().to("xla")
+    idx = torch.tensor([[0, 9]]).to("xla") * 1
+    out = torch.gather(a, 1, idx)
+    kept = a * 2  # other pending work in the same graph
+    with pytest.raises(RuntimeError, match="index 9 is out of bounds for dimension 1") as info:
+        xlanb.sync()
+    notes = "\n".join(info.value.__notes__)
+    assert "aten::gather at test_index_bounds.py" in notes and "sync" in notes
+    assert kept._storage.node.data is None  # nothing swapped in
+    xlanb.sync()  # reported once: this sync runs, with XLA's values for the bad index
+    torch.testing.assert_close(kept.cpu(), _base() * 2)
+    assert out.cpu()[0, 0].item() == 0.0
+
+
+def test_check_device_indices_off_leaves_device_indices_unchecked(monkeypatch):
+    xlanb.set_mode("lazy")
+    monkeypatch.setattr(config, "check_device_indices", False)
+    a = _base().to("xla")
+    out = torch.gather(a, 1, torch.tensor([[0, 9]]).to("xla") * 1)
+    out.cpu()  # XLA's values: no check compiled into the graph
+    assert "xlanb::index_bounds" not in xlanb.graphs()[-1].ops
+    with pytest.raises(RuntimeError, match="index 9 is out of bounds"):  # host values: still
+        torch.gather(a, 1, torch.tensor([[0, 9]]).to("xla"))
+
+
+def test_eager_large_device_index_checked_on_the_device():
+    # an eager index too big to read back whole is reduced to its range on the device
+    xlanb.set_mode("eager")
+    w = torch.randn(10, 4).to("xla")
+    ids = (torch.arange(5000).to("xla") % 10)
+    torch.testing.assert_close(F.embedding(ids, w).cpu(), F.embedding(torch.arange(5000) % 10,
+                                                                      w.cpu()))
+    with pytest.raises(IndexError, match="index out of range in self"):
+        F.embedding(ids + 1, w)
