@@ -37,17 +37,21 @@ from .execute.memory import (DeviceMemoryError, GraphBuffer, GraphMemory, Memory
                              memory_reserved, max_memory_reserved,
                              memory_summary, memory_timeline, reset_peak_memory_stats,
                              set_line_bytes as memory_lines)
-from .execute.graphs import CompiledGraph, GraphList, RecompileWarning, graphs
+from .execute.graphs import (Column, CompiledGraph, GraphList, RecompileWarning,
+                             graph_columns, graphs)
+from .execute.target import (PaddingList, PaddingRow, TargetCost, TargetReport, get_target,
+                             set_target, target)
 from .graph.explain import SummaryDiff, diff_summaries, explain
 from .graph.render import render_dot, render_svg, render_text
 from .graph.summary import GraphSummary, OpRecord
 from .inspect import repr as _repr  # noqa: F401  (installs how tensors print)
-from .inspect.pending import (collectives, hlo, pending_count, pending_ir, pending_memory,
-                             pending_summary)
+from .inspect.pending import (collectives, compile_for, hlo, pending_count, pending_ir,
+                             pending_memory, pending_summary)
 from .modes import get_mode, mode, set_mode
 from .reads import peek_host as _peek_host
 from .realize import sync
 from .runtime.devices import device_count, jax_device as _jax_device
+from .runtime.targets import CHIPS, Target, TargetError
 from .tensor import XlaTensor
 from . import spmd
 from . import distributed
@@ -56,6 +60,11 @@ _register()
 _install_scope_hooks()
 if config.debug_nans:  # XLANB_DEBUG_NANS=1
     debug_nans(True)
+if config.target:  # XLANB_TARGET=v5e:2x2
+    try:
+        set_target(config.target)
+    except (ValueError, ImportError) as _e:
+        raise type(_e)(f"XLANB_TARGET={config.target!r}: {_e}") from None
 
 __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "check_mode",
            "sync", "mark_step", "peek", "reset", "pending_ir", "pending_count",
@@ -74,6 +83,9 @@ __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "c
            "memory_timeline", "memory_lines", "pending_memory", "MemoryForecast",
            "DeviceMemoryError", "GraphMemory", "GraphBuffer",
            "MemoryByLine", "MemoryRow", "MemoryLimit", "MemorySample", "MemoryTimeline",
+           "compile_for", "target", "set_target", "get_target", "Target", "TargetError",
+           "TargetReport", "TargetCost", "PaddingList", "PaddingRow", "CHIPS",
+           "graph_columns", "Column",
            "load_ipython_extension", "unload_ipython_extension"]
 
 __version__ = "0.1.0"

@@ -28,6 +28,7 @@ from .realize import node_array, peek_node
 from .record import run_node, value_node, write
 from .runtime.mesh import (Mesh, ShardingError, as_mesh, global_index, is_sharded,
                            named_sharding, place, sharding_text)
+from .runtime.targets import retarget
 from .runtime.transfer import array_to_host
 from .templates import _In
 from .tensor import XlaTensor
@@ -76,7 +77,8 @@ def constraint_info(meta, device: int, sharding: NamedSharding) -> OpInfo:
     info = session.infos.get(sig)
     if info is None:
         def fn(args, scalars, _s=sharding):
-            return jax.lax.with_sharding_constraint(args[0], _s)
+            # retarget: the same constraint on a TPU target's devices (xlanb.compile_for)
+            return jax.lax.with_sharding_constraint(args[0], retarget(_s))
         info = OpInfo("xlanb::mark_sharding",
                       ("xlanb::mark_sharding", (meta.shape, meta.dtype), sharding_text(sharding)),
                       fn, meta, n_in=1, device=device, in_metas=(meta,),

@@ -16,6 +16,8 @@
                      ``xlanb.memory_limit``)
 ``XLANB_MEMORY_LINE_BYTES``  eager results of at least this size remember their line for
                      ``xlanb.memory_by_line`` (default 256 KiB; lazy and opbyop: all)
+``XLANB_TARGET``     a TPU topology (``v5e:2x2``) every graph also compiles for, with
+                     libtpu and no TPU (``xlanb.target``); execution stays here
 ``XLANB_PEEK_CACHE_BYTES``  how many bytes of values peeks keep until the next sync
                      (default 256 MiB); past that the least recently used are recomputed
 """
@@ -67,6 +69,8 @@ class Config:
 
     def __init__(self) -> None:
         self.platform: str | None = os.environ.get("XLANB_PLATFORM") or None
+        # checked (and resolved) at import by xlanb.set_target
+        self.target: str | None = os.environ.get("XLANB_TARGET") or None
         self.cache_dir: str | None = _default_cache_dir()
         # The executable store's cap; least recently used entries go first.
         try:

@@ -99,6 +99,8 @@ class Session:
         # True once any tensor was sharded over a mesh (xlanb.spmd): from then on eager
         # ops look at their inputs' shardings (single-device runs never pay for it)
         self.spmd = False
+        # the TPU topology every new graph also compiles for (xlanb.target), or None
+        self.target = None
 
         # -- what ops are and how each signature evaluates (dispatch, ops/)
         self.plans: dict = {}          # id(OpOverload) -> OpPlan

@@ -2,15 +2,11 @@
 (``xlanb.graphs()``), each with why it compiled and, for a recompile, what changed."""
 from __future__ import annotations
 
-import _thread
-import functools
-import hashlib
-import re
 import sys
 import time
-import types
 import warnings
 from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
 
 import jax
 
@@ -23,19 +19,23 @@ from ..graph.collectives import CollectiveList, parse_collectives
 from ..graph.explain import explain
 from ..graph.render import render_dot, render_text
 from ..graph.summary import summarize
-from ..ir import GraphPlan, leaf_meta, stable_hash
+from ..ir import GraphPlan
 from ..runtime import store
-from ..runtime.jit import background, compile_lowered, jax_context, lower_jitted
-from ..runtime.mesh import common_mesh, on_mesh, sharding_text
+from ..runtime.jit import background, compile_lowered
+from ..runtime.mesh import sharding_text
 from .background import drain_lowerings, lowerings_waiting
-from .compile import add_op_note, load_stored, scalar_spec, store_key, tensor_spec
+from .compile import load_stored, store_key
 from .memory import (GraphMemory, check_graph, device_oom, graph_buffers, graph_memory,
                      is_device_oom)
 from .resident import admit_graph
+from .stages import GraphLowering, kept_shardings, mesh_leaves, sharding_of
+from .target import compile_in_background
 
 @dataclass
 class CompiledGraph:
-    """One compiled graph, as ``xlanb.graphs()`` lists it."""
+    """One graph compiled for xlanb's devices, as ``xlanb.graphs()`` lists it: the
+    executable (dropped and loaded again as ``execute/resident.py`` decides), the lowering
+    it came from (``stages.GraphLowering``), and the figures of its row."""
     hash: str
     device: int
     n_nodes: int
@@ -47,23 +47,54 @@ class CompiledGraph:
     # the executable while it is loaded (execute/resident.py may drop it; ``executable``
     # gets it back)
     _exe: object = field(repr=False)
+    lowering: GraphLowering = field(default=None, repr=False)
     hits: int = 0
     run_time: float = 0.0
     explanation: str = ""  # why it compiled: how it differs from the last graph from here
     summary: object = field(default=None, repr=False)  # summary.GraphSummary
     lowered: object = field(default=None, repr=False)  # jax.stages.Lowered, once known
-    # lowers the graph again (an executable loaded from the store was never lowered here)
-    relower: object = field(default=None, repr=False)
-    # a graph on a mesh: its leaves' shardings, its outputs' (the partitioner's choice)
-    # and the collectives in its optimized module
-    in_shardings: tuple | None = field(default=None, repr=False)
+    # a graph on a mesh: its outputs' shardings (the partitioner's choice) and the
+    # collectives in its optimized module
     out_shardings: tuple | None = field(default=None, repr=False)
     collectives: CollectiveList = field(default_factory=CollectiveList, repr=False)
     _memory: object = field(default=False, repr=False)  # False: not asked yet
-    # its HLO module's name, as XLA's profiler trace names it (``hlo_module``)
-    module: str = ""
-    # gets a dropped executable back: from the executable store, or compiled again
-    reload: object = field(default=None, repr=False)
+    # compiled for xlanb.target() too: a Future of its TargetReport (execute/target.py)
+    _target: object = field(default=None, repr=False)
+
+    @property
+    def module(self) -> str:
+        """Its HLO module's name, as XLA's profiler trace names it (``hlo_module``)."""
+        return self.lowering.module
+
+    @property
+    def in_shardings(self) -> tuple | None:
+        """On a mesh: its leaves' shardings."""
+        return self.lowering.shardings
+
+    @property
+    def target(self):
+        """Its ``TargetReport`` for the target that was set when it compiled (waits for
+        that compile, which runs on the compile threads), or None."""
+        return None if self._target is None else self._target.result()
+
+    def reload(self):
+        """A dropped executable: from the executable store, else compiled again."""
+        exe = load_stored(self._store_key(), self.device, "CompileTime")
+        if exe is None:
+            exe = compile_lowered(self.lowering.lower(), metric="CompileTime")
+            key = self._store_key()
+            if key is not None:
+                store.store(key, exe)
+        return exe
+
+    def _store_key(self) -> str | None:
+        if self.lowering.shardings is not None:  # sharded executables are not stored
+            return None
+        return store_key(self.hash_full.encode(), self.device, None)
+
+    @property
+    def hash_full(self) -> str:
+        return self.lowering.hash
 
     @property
     def executable(self):
@@ -82,9 +113,8 @@ class CompiledGraph:
 
     def drop_executable(self) -> None:
         """Let go of the executable and the lowered module (both come back on use)."""
-        if self.reload is not None:
-            self._exe = None
-            self.lowered = None
+        self._exe = None
+        self.lowered = None
 
     @property
     def memory(self) -> GraphMemory | None:
@@ -98,7 +128,7 @@ class CompiledGraph:
     def lowered_module(self):
         """The ``jax.stages.Lowered`` this graph compiles from (lowered now if needed)."""
         if self.lowered is None:
-            self.lowered = self.relower()
+            self.lowered = self.lowering.lower()
         return self.lowered
 
     def ir_text(self, depth: int | None = None) -> str:
@@ -146,23 +176,79 @@ class CompiledGraph:
             return None
 
 
+class Column(NamedTuple):
+    """One column of the graph table: the text, HTML and pdb tables all read these."""
+    header: str
+    right: bool                           # numbers align right
+    get: Callable[[CompiledGraph], str]   # the cell of one graph
+
+
+def _target_cell(g: CompiledGraph, pick) -> str:
+    """A cell from the graph's target report, without waiting for it."""
+    f = g._target
+    if f is None:
+        return ""
+    if not f.done():
+        return "compiling"
+    r = f.result()
+    return pick(r) if r.memory is not None or r.error is None else "error"
+
+
+def _estimate(r) -> str:
+    if r.cost is None:
+        return "?"
+    secs = r.cost.seconds or r.cost.roofline_seconds  # XLA's, else the roofline's bound
+    return f"{secs * 1e3:.3g}ms" + ("" if r.cost.seconds else "+")
+
+
+def _fits(r) -> str:
+    return {True: "yes", False: "NO", None: "?"}[r.fits]
+
+
+GRAPH_COLUMNS = (
+    Column("hash", False, lambda g: g.hash[:12]),
+    Column("ops", True, lambda g: str(g.n_nodes)),
+    Column("in", True, lambda g: str(g.n_inputs)),
+    Column("out", True, lambda g: str(g.n_outputs)),
+    Column("compile", True, lambda g: f"{g.compile_time:.2f}s"),
+    Column("hits", True, lambda g: str(g.hits)),
+    Column("run", True, lambda g: f"{g.run_time:.3f}s"),
+    Column("peak mem", True, lambda g: format_bytes(g.memory.peak_bytes) if g.memory else "?"),
+    Column("cause", False, lambda g: g.cause),
+    Column("source", False, lambda g: format_loc(g.src)),
+)
+# shown once a graph was compiled for a target (xlanb.target): per chip
+TARGET_COLUMNS = (
+    Column("target", False, lambda g: _target_cell(g, lambda r: r.target.name)),
+    Column("TPU peak", True, lambda g: _target_cell(
+        g, lambda r: format_bytes(r.memory.peak_bytes) if r.memory else "?")),
+    Column("fits", False, lambda g: _target_cell(g, _fits)),
+    Column("TPU est.", True, lambda g: _target_cell(g, _estimate)),
+    Column("TPU compile", True, lambda g: _target_cell(g, lambda r: f"{r.compile_seconds:.2f}s")),
+)
+
+
+def graph_columns(graphs) -> tuple:
+    """The columns of a table of ``graphs``: the target's too where any has one."""
+    return GRAPH_COLUMNS + (TARGET_COLUMNS if any(g._target is not None for g in graphs) else ())
+
+
 class GraphList(list):
     """``xlanb.graphs()``: compiled graphs, oldest first, printable as a table."""
 
-    _COLUMNS = ("#", "hash", "nodes", "in", "out", "compile", "hits", "run", "peak mem",
-                "cause", "source")
+    def columns(self) -> tuple:
+        return graph_columns(self)
 
     def rows(self) -> list[tuple]:
-        return [(str(i), g.hash[:12], str(g.n_nodes), str(g.n_inputs), str(g.n_outputs),
-                 f"{g.compile_time:.2f}s", str(g.hits), f"{g.run_time:.3f}s",
-                 format_bytes(g.memory.peak_bytes) if g.memory else "?", g.cause,
-                 format_loc(g.src))
-                for i, g in enumerate(self)]
+        cols = self.columns()
+        return [(str(i),) + tuple(c.get(g) for c in cols) for i, g in enumerate(self)]
 
     def __str__(self) -> str:
         if not self:
             return "no compiled graphs"
-        lines = format_table(self._COLUMNS, self.rows()).split("\n")
+        cols = self.columns()
+        lines = format_table(("#",) + tuple(c.header for c in cols), self.rows(),
+                             right=[0] + [i + 1 for i, c in enumerate(cols) if c.right]).split("\n")
         for i, g in enumerate(self):
             if g.explanation:
                 lines.append(f"  #{i} recompiled: {g.explanation}")
@@ -170,11 +256,15 @@ class GraphList(list):
                 counts = ", ".join(f"{n} {k}" for k, n in g.collectives.counts().items())
                 lines.append(f"  #{i} on a mesh: {counts}; {g.collectives.total_bytes} bytes "
                              "per device per run (xlanb.collectives)")
+            f = g._target
+            if f is not None and f.done() and f.result().error:
+                lines.append(f"  #{i} on {f.result().target.name}: {f.result().error}")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
         import html
-        head = "".join(f"<th>{c}</th>" for c in self._COLUMNS + ("why",))
+        head = "".join(f"<th>{html.escape(c)}</th>"
+                       for c in ("#",) + tuple(c.header for c in self.columns()) + ("why",))
         body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r)
                        + f"<td>{html.escape(g.explanation)}</td></tr>"
                        for r, g in zip(self.rows(), self))
@@ -185,285 +275,68 @@ _graph_cache = session.graph_cache
 graph_log = session.graph_log  # in compile order
 
 
-# Source-mapped HLO. JAX names each instruction by its source info: a traceback (the
-# innermost frame outside JAX gives source_file/source_line) and a name stack (op_name).
-# While an op is traced, xlanb sets both from the op's node: a traceback whose innermost
-# frame is a synthetic code object with the user's file, line and function (one per
-# SourceLoc, made once), and the scope path plus aten op as the name. Metadata only: the
-# graph's key never sees it, so the same structure from another line hits the cache.
-try:
-    from jax._src import source_info_util as _siu
-    _get_traceback = _siu.Traceback.get_traceback
-    _siu_context = _siu._source_info_context
-    from jax._src.lib.mlir import ir
-except (ImportError, AttributeError):  # another JAX: no metadata, nothing else changes
-    _siu = None
-
-
-def _traceback_template(get, box, lock): box.append(get()); lock.release()  # noqa: E702
-
-
-_tracebacks: dict = {}
-
-
-def _user_traceback(src: SourceLoc):
-    """A JAX traceback of one frame: ``src`` (made once per SourceLoc). Captured on a
-    new thread, so no xlanb frame sits under it in the HLO's stack frames."""
-    tb = _tracebacks.get(src)
-    if tb is None:
-        code = _traceback_template.__code__.replace(
-            co_filename=src.file, co_firstlineno=src.line, co_name=src.function,
-            co_qualname=src.function)
-        box: list = []
-        lock = _thread.allocate_lock()
-        lock.acquire()
-        _thread.start_new_thread(types.FunctionType(code, {}), (_get_traceback, box, lock))
-        lock.acquire()
-        tb = _tracebacks[src] = box[0]
-    return tb
-
-
-def op_path(info, scope: str) -> str:
-    """``BertModel/encoder/layer/0/attention/self/query/aten::addmm``: HLO's op_name."""
-    return f"{scope.replace('.', '/')}/{info.name}" if scope else info.name
-
-
-def _trace_op(info, args, scalars, src, scope):
-    """``info.fn`` traced with the user's line and scope as JAX's source info."""
-    if _siu is None:
-        return info.fn(args, scalars)
-    prev = _siu_context.context
-    try:
-        tb = _user_traceback(src) if src is not None else prev.traceback
-        _siu_context.context = prev.replace(traceback=tb,
-                                            name_stack=prev.name_stack.extend(op_path(info, scope)))
-    except Exception:  # JAX's internals moved: no metadata, nothing else changes
-        return info.fn(args, scalars)
-    try:
-        return info.fn(args, scalars)
-    finally:
-        _siu_context.context = prev
-
-
-_LOC_NAME = re.compile(r'loc\("([^"]*)"')
-
-
-def annotate_op_types(lowered, names) -> None:
-    """Give each instruction of ``lowered`` its aten op as HLO ``op_type``: an MLIR name
-    location ``"aten::addmm:"`` around the one JAX made (XLA reads a trailing ``:`` as the
-    op type; JAX sets its primitive there only for the few ops it does not cache). The
-    aten op is the last segment of the op's name stack that is one of ``names``.
-    In place, before compiling; metadata only."""
-    if _siu is None:
-        return
-    try:
-        module = lowered.compiler_ir("stablehlo")
-        names = set(names)
-        made: dict = {}
-
-        def visit(op):
-            loc = op.location
-            text = str(loc)
-            if text in made:
-                new = made[text]
-            else:
-                new = None
-                m = _LOC_NAME.match(text)
-                if m is not None and not m.group(1).endswith(":"):
-                    for seg in reversed(m.group(1).split("/")):
-                        if seg in names:
-                            new = ir.Location.name(f"{seg}:", childLoc=loc)
-                            break
-                made[text] = new
-            if new is not None:
-                op.location = new
-            return ir.WalkResult.ADVANCE
-
-        with module.context:
-            module.operation.walk(visit)
-    except Exception:  # JAX's or MLIR's internals moved: no op_type, nothing else changes
-        return
-
-
-def _lower_annotated(fn, specs, names, lower_metric: str):
-    lowered = lower_jitted(fn, specs, lower_metric=lower_metric)
-    annotate_op_types(lowered, names)
-    return lowered
-
-
-def module_name(graph_hash: str) -> str:
-    """The HLO module name of the graph with ``graph_hash``: one per graph, so that
-    XLA's profiler events (which name their module) find the graph they ran in."""
-    return "jit_xlanb_graph_" + graph_hash[:16]
-
-
-def _graph_fn(plan: GraphPlan, out_shardings=None, name: str = "run"):
-    """The JAX function of ``plan``'s graph."""
-    return _graph_fn_of(_recipe(plan), out_shardings, name)
-
-
-def _recipe(plan: GraphPlan) -> tuple:
-    """What the graph function is built from: the steps, the roots' positions, and where
-    each op was recorded, to name the one whose lowering fails and to put in the HLO's
-    metadata (not the nodes: a recipe lives as long as its graph's record, the nodes
-    should not)."""
-    return plan.steps, plan.root_pos, [(node.src, node.scope) for node in plan.op_nodes]
-
-
-def _graph_fn_of(recipe: tuple, out_shardings=None, name: str = "run"):
-    steps, root_pos, places = recipe
-
-    def run(leaves, scalars):
-        vals = list(leaves)
-        k = 0
-        for j, (info, ins) in enumerate(steps):
-            n = len(info.scalar_specs)
-            try:
-                vals.append(_trace_op(info, [vals[i] for i in ins], scalars[k:k + n],
-                                      *places[j]))
-            except Exception as e:  # runs while tracing only: no cost in the executable
-                add_op_note(e, "lowering failed in", info, *places[j])
-                raise
-            k += n
-        if out_shardings is not None:  # SPMD: tensors updated in place stay where they were
-            return [vals[p] if sh is None else jax.lax.with_sharding_constraint(vals[p], sh)
-                    for p, sh in zip(root_pos, out_shardings)]
-        return [vals[p] for p in root_pos]
-    run.__name__ = run.__qualname__ = name  # jit names the module jit_<name>
-    return run
-
-
-def graph_specs(plan: GraphPlan, device: int, shardings=None, mesh=None):
-    """The abstract arguments of ``plan``'s graph function: leaf arrays, lifted scalars.
-    On a mesh, each leaf has its array's sharding (the graph's in_shardings) and the
-    lifted scalars are replicated."""
-    if shardings is None:
-        return ([tensor_spec(leaf_meta(n), device) for n in plan.leaves],
-                [scalar_spec(k, device) for info, _ in plan.steps for k in info.scalar_specs])
-    return ([jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh)
-             for s, sh in zip((tensor_spec(leaf_meta(n), device) for n in plan.leaves), shardings)],
-            [jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type, sharding=mesh)
-             for s in (scalar_spec(k, device) for info, _ in plan.steps for k in info.scalar_specs)])
-
-
-def _sharding_of(a):
-    return getattr(a, "sharding", None)
-
-
-def mesh_leaves(plan: GraphPlan):
-    """``(arrays, mesh)``: the leaves' arrays and, if the graph touches a sharded tensor
-    (a sharded leaf or a ``mark_sharding`` constraint), its mesh, with every unsharded
-    leaf replicated onto it (kept on the leaf, so the next step does not copy it again)."""
-    arrays = [n.data for n in plan.leaves]
-    if not session.spmd:
-        return arrays, None
-    mesh = common_mesh([_sharding_of(a) for a in arrays]
-                       + [info.sharding for info, _ in plan.steps if info.sharding is not None])
-    if mesh is None:
-        return arrays, None
-    for i, (n, a) in enumerate(zip(plan.leaves, arrays)):
-        if not isinstance(a, tuple) and a.sharding.device_set != mesh.device_set:
-            arrays[i] = n.data = on_mesh(a, mesh)
-    return arrays, mesh
-
-
-def lower_graph(plan: GraphPlan, device: int, arrays=None, mesh=None):
-    """``plan`` lowered by JAX (a ``jax.stages.Lowered``), without compiling it (on
-    ``mesh`` with the shardings of ``arrays``, as ``mesh_leaves`` gives them)."""
-    shardings = tuple(_sharding_of(a) for a in arrays) if mesh is not None else None
-    return _lower_graph_fn(_graph_fn(plan), graph_specs(plan, device, shardings, mesh),
-                           _op_names(plan))
-
-
-def _op_names(plan: GraphPlan) -> frozenset:
-    return frozenset(info.name for info, _ in plan.steps)
-
-
-def _relower(recipe: tuple, out_shardings, name: str, specs, names):
-    """Lower a graph again from its recipe, through a function made for this lowering.
-    A record keeps the recipe, not a function: JAX's tracing, lowering and compilation
-    caches are keyed by the function, its jaxpr and its module (held weakly, up to 2,048
-    each), so a function kept for every graph would keep each graph's executable loaded
-    in those caches after xlanb dropped it."""
-    return _lower_graph_fn(_graph_fn_of(recipe, out_shardings, name), specs, names)
-
-
-def _lower_graph_fn(fn, specs, names=frozenset()):
-    with jax_context():
-        lowered = jax.jit(fn).lower(*specs)
-    annotate_op_types(lowered, names)
-    return lowered
-
-
 def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
                    arrays=None, mesh=None, keep=None) -> tuple[CompiledGraph, bool]:
     """The cached executable of ``plan``'s structure: from memory, else from the
     executable store, else compiled now. Returns it and whether it is new to this process.
     On a mesh (``mesh``, with the leaves' ``arrays``), the key holds the leaves'
-    shardings too, and the executable is not stored."""
-    shardings = tuple(_sharding_of(a) for a in arrays) if mesh is not None else None
+    shardings too, and the executable is not stored. With a target set
+    (``xlanb.target``), a new graph is compiled for it too, on the compile threads."""
+    shardings = tuple(sharding_of(a) for a in arrays) if mesh is not None else None
     key = (device, plan.key) if shardings is None else (device, plan.key, shardings, keep)
     rec = _graph_cache.get(key)
-    if rec is None:
-        specs = graph_specs(plan, device, shardings, mesh)
-        graph_hash = stable_hash(plan, device)
-        if shardings is not None:
-            graph_hash = hashlib.blake2b(
-                (graph_hash + repr([sharding_text(s) for s in shardings])
-                 + repr([s and sharding_text(s) for s in keep or ()])).encode(),
-                digest_size=16).hexdigest()
-        module = module_name(graph_hash)
-        recipe = _recipe(plan)
-        fn = _graph_fn_of(recipe, keep, module.removeprefix("jit_"))
-        key_in_store = store_key(graph_hash.encode(), device, None) if shardings is None else None
-        t0 = time.perf_counter()
-        lowered = None
-        exe = load_stored(key_in_store, device, "CompileTime")
-        if exe is None:
-            try:
-                # runtime.jit.compile_jitted, with the op types put in between
-                t_lower = time.perf_counter()
-                lowered = _lower_annotated(fn, specs, _op_names(plan), "LowerTime")
-                exe = _compile_graph(lowered, time.perf_counter() - t_lower)
-            except Exception as e:
-                e.add_note(f"xlanb: while compiling a graph of {len(plan.steps)} ops ({cause}) "
-                           f"synced at {format_loc(src) or '?'}; every tensor keeps its "
-                           "pending work (xlanb.pending_ir() shows it)")
-                raise
-            if key_in_store is not None:
-                store.store(key_in_store, exe)
-        metrics.counter("UncachedCompile")
-        relower = functools.partial(_relower, recipe, keep, module.removeprefix("jit_"), specs,
-                                    _op_names(plan))
-        del fn  # see _relower
-        summary = summarize(plan)
-        prev = next((g for g in reversed(graph_log) if g.src == src and g.device == device), None)
-        rec = CompiledGraph(graph_hash[:16], device, len(plan.steps), len(plan.leaves),
-                            len(plan.roots), cause, src, time.perf_counter() - t0, exe,
-                            explanation=explain(prev.summary, summary) if prev else "",
-                            summary=summary, lowered=lowered,
-                            relower=relower, module=module,
-                            reload=functools.partial(_reload_graph, key_in_store, device,
-                                                     relower))
-        admit_graph(rec)
-        if shardings is not None:
-            rec.in_shardings = shardings
-            try:
-                rec.out_shardings = tuple(exe.output_shardings)
-            except Exception:  # an executable that does not say (loaded, another JAX)
-                rec.out_shardings = None
-            if rec.out_shardings:  # the partitioner's choice for each output
-                known = dict(summary.shardings)
-                extra = tuple((p, "propagated " + sharding_text(sh))
-                              for p, sh in zip(plan.root_pos, rec.out_shardings)
-                              if p not in known and len(sh.device_set) > 1)
-                rec.summary = summary._replace(shardings=summary.shardings + extra)
-            rec.collectives = CollectiveList(
-                parse_collectives(exe.as_text(), dict(mesh.mesh.shape)), rec.hash)
-        _graph_cache[key] = rec
-        graph_log.append(rec)
-        return rec, True
-    return rec, False
+    if rec is not None:
+        return rec, False
+    lowering = GraphLowering.of(plan, device, shardings, mesh, keep)
+    t0 = time.perf_counter()
+    key_in_store = (store_key(lowering.hash.encode(), device, None)
+                    if shardings is None else None)
+    lowered = None
+    exe = load_stored(key_in_store, device, "CompileTime")
+    if exe is None:
+        try:
+            t_lower = time.perf_counter()
+            lowered = lowering.lower("LowerTime")
+            exe = _compile_graph(lowered, time.perf_counter() - t_lower)
+        except Exception as e:
+            e.add_note(f"xlanb: while compiling a graph of {len(plan.steps)} ops ({cause}) "
+                       f"synced at {format_loc(src) or '?'}; every tensor keeps its "
+                       "pending work (xlanb.pending_ir() shows it)")
+            raise
+        if key_in_store is not None:
+            store.store(key_in_store, exe)
+    metrics.counter("UncachedCompile")
+    summary = summarize(plan)
+    prev = next((g for g in reversed(graph_log) if g.src == src and g.device == device), None)
+    rec = CompiledGraph(lowering.hash[:16], device, len(plan.steps), len(plan.leaves),
+                        len(plan.roots), cause, src, time.perf_counter() - t0, exe,
+                        lowering=lowering,
+                        explanation=explain(prev.summary, summary) if prev else "",
+                        summary=summary, lowered=lowered)
+    admit_graph(rec)
+    if shardings is not None:
+        _note_partitioning(rec, plan, exe, mesh)
+    if session.target is not None:  # the CPU run never waits for it
+        rec._target = compile_in_background(lowering, session.target)
+    _graph_cache[key] = rec
+    graph_log.append(rec)
+    return rec, True
+
+
+def _note_partitioning(rec: CompiledGraph, plan: GraphPlan, exe, mesh) -> None:
+    """A graph on a mesh: the partitioner's output shardings, and its collectives."""
+    try:
+        rec.out_shardings = tuple(exe.output_shardings)
+    except Exception:  # an executable that does not say (loaded, another JAX)
+        rec.out_shardings = None
+    if rec.out_shardings:  # the partitioner's choice for each output
+        known = dict(rec.summary.shardings)
+        extra = tuple((p, "propagated " + sharding_text(sh))
+                      for p, sh in zip(plan.root_pos, rec.out_shardings)
+                      if p not in known and len(sh.device_set) > 1)
+        rec.summary = rec.summary._replace(shardings=rec.summary.shardings + extra)
+    rec.collectives = CollectiveList(
+        parse_collectives(exe.as_text(), dict(mesh.mesh.shape)), rec.hash)
 
 
 def _compile_graph(lowered, lower_s: float):
@@ -474,16 +347,6 @@ def _compile_graph(lowered, lower_s: float):
     future = background(compile_lowered, lowered, metric="CompileTime", lower_s=lower_s)
     drain_lowerings(future.done)
     return future.result()
-
-
-def _reload_graph(key: str | None, device: int, relower):
-    """A dropped graph executable: from the executable store, else compiled again."""
-    exe = load_stored(key, device, "CompileTime")
-    if exe is None:
-        exe = compile_lowered(relower(), metric="CompileTime")
-        if key is not None:
-            store.store(key, exe)
-    return exe
 
 
 class RecompileWarning(UserWarning):
@@ -518,37 +381,17 @@ def _report_compile(rec: CompiledGraph, src) -> None:
             warnings.warn(msg, RecompileWarning, stacklevel=3)
 
 
-def _kept(placed, mesh):
-    """Where the graph should leave tensors it updates in place (``placed``: per root,
-    the sharding of the value it replaces, or None), on ``mesh``: as sharded as they
-    were, replicated if they were on one device. Otherwise the partitioner may shard an
-    updated bias differently than it was, and the next step would compile again."""
-    if mesh is None or placed is None:
-        return None
-    out = []
-    for s in placed:
-        if s is None:
-            out.append(None)
-        elif len(s.device_set) == 1:
-            out.append(mesh)
-        elif s.device_set == mesh.device_set:
-            out.append(s)
-        else:
-            out.append(None)
-    return tuple(out) if any(s is not None for s in out) else None
-
-
 def find_graph(plan: GraphPlan, device: int, cause: str, src, placed=None):
     """``(CompiledGraph, fresh, leaf arrays)`` for ``plan``, as a sync would run it:
-    on a mesh if it touches sharded tensors (``placed``: see ``_kept``)."""
+    on a mesh if it touches sharded tensors (``placed``: see ``stages.kept_shardings``)."""
     arrays, mesh = mesh_leaves(plan)
-    rec, fresh = compiled_graph(plan, device, cause, src, arrays, mesh, _kept(placed, mesh))
+    rec, fresh = compiled_graph(plan, device, cause, src, arrays, mesh, kept_shardings(placed, mesh))
     return rec, fresh, arrays
 
 
 def run_graph(plan: GraphPlan, device: int, cause: str, src, placed=None) -> list:
     """Compile (or find) the graph of ``plan`` and run it; returns the roots' arrays.
-    ``placed`` (SPMD): per root, the sharding of the value it replaces (see ``_kept``)."""
+    ``placed`` (SPMD): per root, the sharding of the value it replaces (see ``stages.kept_shardings``)."""
     _syncs_at[src] = _syncs_at.get(src, 0) + 1
     rec, fresh, arrays = find_graph(plan, device, cause, src, placed)
     if fresh:

@@ -23,7 +23,7 @@ from ..ir import GETITEM, GraphPlan
 from ..runtime.jit import compile_lowered
 from .background import lower_soon
 from .compile import quick_op_options
-from .graphs import lower_graph
+from .stages import lower_graph
 
 # Fewer missing executables than this: op by op is as quick (each costs a lowering and a
 # small compile; a prefix graph costs one lowering and one compile of every op in it).

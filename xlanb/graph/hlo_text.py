@@ -130,6 +130,7 @@ class HloBuffer(NamedTuple):
     op: str       # the aten op it came from, "" if unknown
     scope: str    # module scope path (``BertModel/encoder/layer/0``)
     source: str   # the user's ``file:line``, "" if unknown
+    typed: str = ""  # its result type as printed, with layouts (``f32[8,128]{1,0:T(8,128)}``)
 
 
 _INSTR = re.compile(r"^\s*(?P<root>ROOT )?%?(?P<name>[\w.\-]+) = (?P<shape>.*?) "
@@ -175,7 +176,7 @@ def entry_buffers(text: str) -> list[HloBuffer]:
         op_type = op_type or aten_of(op_name)
         out.append(HloBuffer(m.group("name"), m.group("opcode"),
                              ", ".join(t for _, t in sizes), sum(s for s, _ in sizes),
-                             op_type, scope_of(op_name, op_type), source))
+                             op_type, scope_of(op_name, op_type), source, m.group("shape")))
     out.sort(key=lambda b: -b.bytes)
     return out
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 import torch
 
 from ..base.frames import user_frame
-from ..execute.graphs import find_graph, lower_graph, mesh_leaves
+from ..execute.graphs import find_graph
+from ..execute.stages import (GraphLowering, kept_shardings, leaf_mesh, leaf_shardings,
+                              lower_graph, mesh_leaves)
+from ..execute.target import TargetReport, compile_for_target
+from ..runtime.targets import target as resolve_target
 from ..execute.memory import forecast
 from ..realize import placed
 from ..graph.render import render_dot, render_text
@@ -127,3 +131,35 @@ def pending_memory(*tensors):
     rec, _, _ = find_graph(plan, device, "xlanb.pending_memory()", user_frame(),
                            placed(plan.roots))
     return forecast(rec, device)
+
+
+def compile_for(target, *tensors) -> TargetReport:
+    """Compile, for a TPU ``target``, the graph the next sync of ``tensors`` would run
+    (all pending work when none are given), and return what the TPU compiler says: a
+    ``TargetReport`` (memory per chip against HBM, fits, cost, padding, collectives,
+    compile time, the optimized TPU module).
+
+    ``target`` is a topology name as JAX spells it (``"v5e:2x2"``, ``"v5p:2x2x1"``,
+    ``"v4:2x2x1"``, ``"v6e:1x1"``) or an ``xlanb.Target``; it needs libtpu (``pip install
+    "xlanb[tpu]"``), not a TPU. Nothing runs, nothing moves: the pending graph, every
+    value and the compile counters stay as they were. A graph on a mesh goes onto the
+    topology's devices in order; one on a single device, onto its first chip. Given a
+    ``CompiledGraph`` (from ``xlanb.graphs()``), or with nothing pending, compiles that
+    graph (the latest one) instead."""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    from ..execute.graphs import CompiledGraph, graph_log
+    t = resolve_target(target)  # an unknown name or no libtpu: before any work
+    if len(tensors) == 1 and isinstance(tensors[0], CompiledGraph):
+        return compile_for_target(tensors[0].lowering, t)
+    plan = _plan(tensors)
+    if not plan.steps:
+        if tensors or not graph_log:
+            raise ValueError("xlanb.compile_for: nothing pending to compile"
+                             + (" for these tensors" if tensors else " and no graph compiled yet"))
+        return compile_for_target(graph_log[-1].lowering, t)
+    device = plan.roots[0].info.device
+    mesh = leaf_mesh(plan)
+    shardings = leaf_shardings(plan, mesh) if mesh is not None else None
+    lowering = GraphLowering.of(plan, device, shardings, mesh,
+                                kept_shardings(placed(plan.roots), mesh))
+    return compile_for_target(lowering, t)

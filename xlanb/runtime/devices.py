@@ -9,6 +9,9 @@ import jax
 import torch
 
 from ..base.config import config
+from . import libtpu
+
+libtpu.prepare()  # before JAX first loads libtpu (runtime/libtpu.py)
 
 
 @functools.cache
@@ -16,7 +19,8 @@ def jax_devices() -> tuple:
     """This process's devices (``xla:0..N-1``)."""
     platform = config.platform
     try:
-        return tuple(jax.local_devices(backend=platform) if platform else jax.local_devices())
+        with libtpu.quiet():  # the first call may load libtpu: its no-TPU warnings
+            return tuple(jax.local_devices(backend=platform) if platform else jax.local_devices())
     except RuntimeError as e:
         raise RuntimeError(f"xlanb: no JAX devices for platform {platform!r} "
                            f"(set by XLANB_PLATFORM): {e}") from None
@@ -26,7 +30,8 @@ def jax_devices() -> tuple:
 def global_devices() -> tuple:
     """Every process's devices, in JAX's global order: what mesh device ids index."""
     platform = config.platform
-    return tuple(jax.devices(platform) if platform else jax.devices())
+    with libtpu.quiet():
+        return tuple(jax.devices(platform) if platform else jax.devices())
 
 
 def jax_device(index: int | None):

@@ -1,0 +1,304 @@
+"""A graph's stages, as JAX's ``jax/_src/stages.py`` splits a function's: what a graph
+computes (``GraphLowering``, made once per structure from a pending graph's plan), lowered
+for a placement (``GraphLowering.lower``: xlanb's own devices; ``lower_for``: a TPU
+target), then compiled (``execute/graphs.py`` for the CPU run, ``execute/target.py`` for
+a target). The lowering keeps a recipe, not a function (see ``GraphLowering``), and puts
+the user's lines and module scopes into the module's metadata.
+"""
+from __future__ import annotations
+
+import _thread
+import hashlib
+import re
+import types
+
+import jax
+
+from ..base.frames import SourceLoc
+from ..ir import GraphPlan, leaf_meta, stable_hash
+from ..runtime.jit import jax_context, lower_jitted
+from ..runtime.mesh import common_mesh, on_mesh, sharding_text
+from ..runtime.targets import Target, retarget, retargeting
+from ..base.session import session
+from .compile import add_op_note, scalar_spec, tensor_spec
+
+# Source-mapped HLO. JAX names each instruction by its source info: a traceback (the
+# innermost frame outside JAX gives source_file/source_line) and a name stack (op_name).
+# While an op is traced, xlanb sets both from the op's node: a traceback whose innermost
+# frame is a synthetic code object with the user's file, line and function (one per
+# SourceLoc, made once), and the scope path plus aten op as the name. Metadata only: the
+# graph's key never sees it, so the same structure from another line hits the cache.
+try:
+    from jax._src import source_info_util as _siu
+    _get_traceback = _siu.Traceback.get_traceback
+    _siu_context = _siu._source_info_context
+    from jax._src.lib.mlir import ir
+except (ImportError, AttributeError):  # another JAX: no metadata, nothing else changes
+    _siu = None
+
+
+def _traceback_template(get, box, lock): box.append(get()); lock.release()  # noqa: E702
+
+
+_tracebacks: dict = {}
+
+
+def _user_traceback(src: SourceLoc):
+    """A JAX traceback of one frame: ``src`` (made once per SourceLoc). Captured on a
+    new thread, so no xlanb frame sits under it in the HLO's stack frames."""
+    tb = _tracebacks.get(src)
+    if tb is None:
+        code = _traceback_template.__code__.replace(
+            co_filename=src.file, co_firstlineno=src.line, co_name=src.function,
+            co_qualname=src.function)
+        box: list = []
+        lock = _thread.allocate_lock()
+        lock.acquire()
+        _thread.start_new_thread(types.FunctionType(code, {}), (_get_traceback, box, lock))
+        lock.acquire()
+        tb = _tracebacks[src] = box[0]
+    return tb
+
+
+def op_path(info, scope: str) -> str:
+    """``BertModel/encoder/layer/0/attention/self/query/aten::addmm``: HLO's op_name."""
+    return f"{scope.replace('.', '/')}/{info.name}" if scope else info.name
+
+
+def _trace_op(info, args, scalars, src, scope):
+    """``info.fn`` traced with the user's line and scope as JAX's source info."""
+    if _siu is None:
+        return info.fn(args, scalars)
+    prev = _siu_context.context
+    try:
+        tb = _user_traceback(src) if src is not None else prev.traceback
+        _siu_context.context = prev.replace(traceback=tb,
+                                            name_stack=prev.name_stack.extend(op_path(info, scope)))
+    except Exception:  # JAX's internals moved: no metadata, nothing else changes
+        return info.fn(args, scalars)
+    try:
+        return info.fn(args, scalars)
+    finally:
+        _siu_context.context = prev
+
+
+_LOC_NAME = re.compile(r'loc\("([^"]*)"')
+
+
+def annotate_op_types(lowered, names) -> None:
+    """Give each instruction of ``lowered`` its aten op as HLO ``op_type``: an MLIR name
+    location ``"aten::addmm:"`` around the one JAX made (XLA reads a trailing ``:`` as the
+    op type; JAX sets its primitive there only for the few ops it does not cache). The
+    aten op is the last segment of the op's name stack that is one of ``names``.
+    In place, before compiling; metadata only."""
+    if _siu is None:
+        return
+    try:
+        module = lowered.compiler_ir("stablehlo")
+        names = set(names)
+        made: dict = {}
+
+        def visit(op):
+            loc = op.location
+            text = str(loc)
+            if text in made:
+                new = made[text]
+            else:
+                new = None
+                m = _LOC_NAME.match(text)
+                if m is not None and not m.group(1).endswith(":"):
+                    for seg in reversed(m.group(1).split("/")):
+                        if seg in names:
+                            new = ir.Location.name(f"{seg}:", childLoc=loc)
+                            break
+                made[text] = new
+            if new is not None:
+                op.location = new
+            return ir.WalkResult.ADVANCE
+
+        with module.context:
+            module.operation.walk(visit)
+    except Exception:  # JAX's or MLIR's internals moved: no op_type, nothing else changes
+        return
+
+
+
+def module_name(graph_hash: str) -> str:
+    """The HLO module name of the graph with ``graph_hash``: one per graph, so that
+    XLA's profiler events (which name their module) find the graph they ran in."""
+    return "jit_xlanb_graph_" + graph_hash[:16]
+
+
+def _graph_fn_of(recipe: tuple, out_shardings=None, name: str = "run"):
+    steps, root_pos, places = recipe
+
+    def run(leaves, scalars):
+        vals = list(leaves)
+        k = 0
+        for j, (info, ins) in enumerate(steps):
+            n = len(info.scalar_specs)
+            try:
+                vals.append(_trace_op(info, [vals[i] for i in ins], scalars[k:k + n],
+                                      *places[j]))
+            except Exception as e:  # runs while tracing only: no cost in the executable
+                add_op_note(e, "lowering failed in", info, *places[j])
+                raise
+            k += n
+        if out_shardings is not None:  # SPMD: tensors updated in place stay where they were
+            return [vals[p] if sh is None
+                    else jax.lax.with_sharding_constraint(vals[p], retarget(sh))
+                    for p, sh in zip(root_pos, out_shardings)]
+        return [vals[p] for p in root_pos]
+    run.__name__ = run.__qualname__ = name  # jit names the module jit_<name>
+    return run
+
+
+def sharding_of(a):
+    return getattr(a, "sharding", None)
+
+
+def leaf_mesh(plan: GraphPlan):
+    """The mesh of a graph that touches a sharded tensor (a sharded leaf or a
+    ``mark_sharding`` constraint), or None."""
+    if not session.spmd:
+        return None
+    return common_mesh([sharding_of(n.data) for n in plan.leaves]
+                       + [info.sharding for info, _ in plan.steps if info.sharding is not None])
+
+
+def mesh_leaves(plan: GraphPlan):
+    """``(arrays, mesh)``: the leaves' arrays and, if the graph touches a sharded tensor,
+    its mesh, with every unsharded leaf replicated onto it (kept on the leaf, so the next
+    step does not copy it again)."""
+    arrays = [n.data for n in plan.leaves]
+    mesh = leaf_mesh(plan)
+    if mesh is None:
+        return arrays, None
+    for i, (n, a) in enumerate(zip(plan.leaves, arrays)):
+        if not isinstance(a, tuple) and a.sharding.device_set != mesh.device_set:
+            arrays[i] = n.data = on_mesh(a, mesh)
+    return arrays, mesh
+
+
+def leaf_shardings(plan: GraphPlan, mesh) -> tuple:
+    """Each leaf's sharding on ``mesh`` as ``mesh_leaves`` would leave it, without moving
+    anything: a leaf on the mesh keeps its own, any other is replicated."""
+    out = []
+    for n in plan.leaves:
+        s = sharding_of(n.data)
+        out.append(s if s is not None and s.device_set == mesh.device_set
+                   else jax.sharding.NamedSharding(mesh.mesh, jax.sharding.PartitionSpec()))
+    return tuple(out)
+
+
+def kept_shardings(placed, mesh):
+    """Where the graph should leave tensors it updates in place (``placed``: per root,
+    the sharding of the value it replaces, or None), on ``mesh``: as sharded as they
+    were, replicated if they were on one device. Otherwise the partitioner may shard an
+    updated bias differently than it was, and the next step would compile again."""
+    if mesh is None or placed is None:
+        return None
+    out = []
+    for s in placed:
+        if s is None:
+            out.append(None)
+        elif len(s.device_set) == 1:
+            out.append(mesh)
+        elif s.device_set == mesh.device_set:
+            out.append(s)
+        else:
+            out.append(None)
+    return tuple(out) if any(s is not None for s in out) else None
+
+
+class GraphLowering:
+    """A graph's first stage: what it computes, made once per structure from its plan.
+
+    It holds a recipe (the op infos and their wiring, the roots' positions and where each
+    op was recorded), the leaves' and lifted scalars' abstract values, and, on a mesh,
+    the leaves' shardings. Not a function and not the nodes: JAX's tracing, lowering
+    and compilation caches are keyed by the function, its jaxpr and its module (held
+    weakly, up to 2,048 each), so a function kept for every graph would keep each
+    graph's executable loaded after xlanb dropped it; ``lower`` makes one for each
+    lowering instead. A lowering lives as long as its graph's record; nodes should not."""
+
+    __slots__ = ("device", "recipe", "op_names", "leaf_metas", "leaf_origins", "scalar_kinds",
+                 "shardings",
+                 "mesh", "keep", "hash", "module", "n_ops", "n_inputs", "n_outputs")
+
+    def __init__(self, plan: GraphPlan, device: int, shardings=None, mesh=None, keep=None,
+                 graph_hash: str | None = None):
+        self.device = device
+        self.recipe = (plan.steps, plan.root_pos, [(n.src, n.scope) for n in plan.op_nodes])
+        self.op_names = frozenset(info.name for info, _ in plan.steps)
+        self.leaf_metas = tuple(leaf_meta(n) for n in plan.leaves)
+        # what made each leaf (``file:line``, scope, aten op), for reports on its buffer
+        self.leaf_origins = tuple((f"{n.src.file}:{n.src.line}" if n.src else "", n.scope,
+                                   n.info.name) for n in plan.leaves)
+        self.scalar_kinds = tuple(k for info, _ in plan.steps for k in info.scalar_specs)
+        self.shardings = shardings  # per leaf, on ``mesh``; None: one device
+        self.mesh = mesh
+        self.keep = keep            # per root, where an in-place update stays (SPMD)
+        self.n_ops, self.n_inputs, self.n_outputs = len(plan.steps), len(plan.leaves), len(plan.roots)
+        self.hash = graph_hash
+        self.module = module_name(graph_hash) if graph_hash else "jit_run"
+
+    @classmethod
+    def of(cls, plan: GraphPlan, device: int, shardings=None, mesh=None, keep=None):
+        """The lowering of ``plan`` with its graph hash (the same in every process; on a
+        mesh it holds the leaves' shardings and where updates stay)."""
+        graph_hash = stable_hash(plan, device)
+        if shardings is not None:
+            graph_hash = hashlib.blake2b(
+                (graph_hash + repr([sharding_text(s) for s in shardings])
+                 + repr([s and sharding_text(s) for s in keep or ()])).encode(),
+                digest_size=16).hexdigest()
+        return cls(plan, device, shardings, mesh, keep, graph_hash)
+
+    def specs(self) -> tuple:
+        """The graph function's abstract arguments on xlanb's devices: leaf arrays and
+        lifted scalars (on a mesh: the leaves' shardings, the scalars replicated)."""
+        leaves = [tensor_spec(m, self.device) for m in self.leaf_metas]
+        scalars = [scalar_spec(k, self.device) for k in self.scalar_kinds]
+        if self.shardings is None:
+            return leaves, scalars
+        return ([jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh)
+                 for s, sh in zip(leaves, self.shardings)],
+                [jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type, sharding=self.mesh)
+                 for s in scalars])
+
+    def function(self):
+        """A new graph function (see the class docstring for why it is not kept)."""
+        return _graph_fn_of(self.recipe, self.keep, self.module.removeprefix("jit_"))
+
+    def lower(self, lower_metric: str | None = None):
+        """Lowered for xlanb's devices (a ``jax.stages.Lowered``), timed into
+        ``lower_metric`` if one is given."""
+        if lower_metric is None:
+            with jax_context():
+                lowered = jax.jit(self.function()).lower(*self.specs())
+        else:
+            lowered = lower_jitted(self.function(), self.specs(), lower_metric=lower_metric)
+        annotate_op_types(lowered, self.op_names)
+        return lowered
+
+    def lower_for(self, target: Target):
+        """Lowered for a TPU ``target``: every sharding on xlanb's mesh mapped onto the
+        topology's devices in order; a graph on one device goes to its first chip."""
+        with retargeting(target):
+            leaves, scalars = self.specs()
+            specs = ([jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=retarget(s.sharding))
+                      for s in leaves],
+                     [jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type,
+                                           sharding=retarget(s.sharding)) for s in scalars])
+            with jax_context():
+                lowered = jax.jit(self.function()).lower(*specs)
+        annotate_op_types(lowered, self.op_names)
+        return lowered
+
+
+def lower_graph(plan: GraphPlan, device: int, arrays=None, mesh=None):
+    """``plan`` lowered by JAX (a ``jax.stages.Lowered``), without compiling it (on
+    ``mesh`` with the shardings of ``arrays``, as ``mesh_leaves`` gives them)."""
+    shardings = tuple(sharding_of(a) for a in arrays) if mesh is not None else None
+    return GraphLowering(plan, device, shardings, mesh).lower()

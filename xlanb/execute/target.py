@@ -1,0 +1,412 @@
+"""A graph compiled for a TPU target, and what the TPU compiler says about it.
+
+The last stage of a graph (``stages.GraphLowering`` -> ``lower_for(target)`` ->
+compile): libtpu compiles the same graph the next sync would run for a TPU topology,
+ahead of time, with no TPU and nothing run. A ``TargetReport`` holds the answers: per
+chip memory against HBM, whether it fits, XLA's cost estimate with a roofline line, what
+the TPU's tiled layouts pad, the collectives by line, the compile time and the optimized
+TPU module. The compiler's out-of-memory refusal is an answer too (``fits=False``).
+"""
+from __future__ import annotations
+
+import contextlib
+import html
+import re
+import time
+from typing import NamedTuple
+
+import torch
+
+from ..base import metrics
+from ..base.frames import SourceLoc
+from ..base.session import session
+from ..base.tables import format_bytes, format_table
+from ..graph.collectives import CollectiveList, parse_collectives
+from ..graph.hlo_text import entry_buffers
+from ..graph.layouts import array_layouts, entry_layouts
+from ..runtime.jit import background, compile_lowered
+from ..runtime.targets import Target, TargetError, target as resolve_target
+from .memory import GraphMemory, graph_memory
+from .stages import GraphLowering
+
+
+class TargetCost(NamedTuple):
+    """XLA's cost estimate of one chip's program, against the chip's published peaks."""
+    flops: float
+    bytes_accessed: float
+    seconds: float          # XLA's own estimate (``optimal_seconds``); 0 if it gives none
+    compute_seconds: float  # flops at the chip's peak bf16 FLOP/s
+    memory_seconds: float   # bytes accessed at the chip's HBM bandwidth
+
+    @property
+    def roofline_seconds(self) -> float:
+        """The roofline's lower bound on a step: the slower of compute and memory."""
+        return max(self.compute_seconds, self.memory_seconds)
+
+    @property
+    def bound(self) -> str:
+        return "compute-bound" if self.compute_seconds >= self.memory_seconds else "memory-bound"
+
+    def roofline(self, t: Target) -> str:
+        """One line: which roof the step is under on ``t``'s chip."""
+        intensity = self.flops / self.bytes_accessed if self.bytes_accessed else float("inf")
+        ridge = t.peak_flops / t.hbm_bytes_per_s
+        return (f"{self.bound} on {t.chip}: {self.flops / 1e9:.3g} GFLOP and "
+                f"{format_bytes(int(self.bytes_accessed))} accessed per chip, "
+                f"{intensity:.3g} FLOP/byte against the chip's ridge of {ridge:.0f} "
+                f"(compute {_time(self.compute_seconds)} at {t.peak_flops / 1e12:.0f} TFLOP/s, "
+                f"memory {_time(self.memory_seconds)} at {t.hbm_bytes_per_s / 1e9:.0f} GB/s)")
+
+
+def _time(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3g} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} µs"
+
+
+class PaddingRow(NamedTuple):
+    """One buffer and what the TPU's tiled layout makes of it."""
+    kind: str            # argument, output, temp, scalars
+    name: str            # ``input %3 (aten::_to_copy)``, ``output %57 aten::addmm``, ...
+    scope: str
+    source: str          # the user's ``file:line``
+    type: str            # ``bf16[1000,1000]``
+    layout: str          # ``{1,0:T(8,128)(2,1)}``
+    logical_bytes: int
+    padded_bytes: int
+
+    @property
+    def padding_bytes(self) -> int:
+        return self.padded_bytes - self.logical_bytes
+
+
+class PaddingList(list):
+    """``TargetReport.padding``: arguments, outputs and the largest temporaries with
+    their logical and padded bytes, most padding first."""
+
+    _COLUMNS = ("kind", "buffer", "type", "TPU layout", "logical", "padded", "+pad", "source")
+
+    def rows(self) -> list[tuple]:
+        return [(r.kind, r.name + (f" [{r.scope}]" if r.scope else ""), r.type, r.layout,
+                 format_bytes(r.logical_bytes), format_bytes(r.padded_bytes),
+                 _pct(r.padding_bytes, r.logical_bytes), r.source.rsplit("/", 1)[-1])
+                for r in self]
+
+    def total(self, kind: str) -> tuple[int, int]:
+        rows = [r for r in self if r.kind == kind]
+        return sum(r.logical_bytes for r in rows), sum(r.padded_bytes for r in rows)
+
+    def __str__(self) -> str:
+        if not self:
+            return "no buffers"
+        return format_table(self._COLUMNS, self.rows(), right=(4, 5, 6))
+
+    __repr__ = __str__
+
+
+def _pct(extra: int, base: int) -> str:
+    if not base:
+        return "-"
+    if extra > 9 * base:
+        return f"x{(base + extra) / base:.0f}"
+    return f"+{100 * extra / base:.1f}%" if extra else "0%"
+
+
+class TargetReport:
+    """What the TPU compiler says about one graph compiled for ``target``.
+
+    ``memory`` (a ``GraphMemory`` per chip), ``fits`` (the peak within the chip's HBM;
+    False when the compiler refused for lack of memory), ``cost`` (``TargetCost``, with
+    ``roofline``), ``padding`` (``PaddingList``), ``collectives`` (``CollectiveList``),
+    ``compile_seconds``, ``hlo()`` (the optimized TPU module), ``error`` (the
+    compiler's message when it refused), ``notes`` (where a TPU differs from the CPU in
+    a way that matters for this graph)."""
+
+    def __init__(self, target: Target, graph_hash: str, *, memory=None, fits=None, cost=None,
+                 padding=None, collectives=None, compile_seconds=0.0, error=None,
+                 available_bytes=None, notes=(), executable=None):
+        self.target = target
+        self.graph_hash = graph_hash or ""
+        self.memory: GraphMemory | None = memory
+        self.fits: bool | None = fits
+        self.cost: TargetCost | None = cost
+        self.padding = padding if padding is not None else PaddingList()
+        self.collectives = collectives if collectives is not None else CollectiveList()
+        self.compile_seconds = compile_seconds
+        self.error: str | None = error
+        self.available_bytes = available_bytes  # the HBM the compiler said it had, if it did
+        self.notes: tuple = tuple(notes)
+        self._exe = executable
+
+    def hlo(self) -> str:
+        """The optimized TPU module ("" if the compiler refused)."""
+        return self._exe.as_text() if self._exe is not None else ""
+
+    @property
+    def roofline(self) -> str:
+        return self.cost.roofline(self.target) if self.cost else ""
+
+    def summary_line(self) -> str:
+        """One line: peak per chip against HBM, fits, estimated time, compile time."""
+        head = f"{self.target.name} ({self.target.num_devices} x {self.target.chip})"
+        if self.memory is None:
+            return f"{head}: not compiled: {self.error}"
+        verdict = {True: "fits", False: "DOES NOT FIT", None: "?"}[self.fits]
+        est = ""
+        if self.cost and self.cost.seconds:
+            est = f", est. {_time(self.cost.seconds)}/step"
+        elif self.cost:  # XLA gave no estimate (custom calls): the roofline's bound
+            est = f", at least {_time(self.cost.roofline_seconds)}/step (roofline)"
+        return (f"{head}: peak {format_bytes(self.memory.peak_bytes)} of "
+                f"{format_bytes(self.target.hbm_bytes)} HBM per chip, {verdict}{est}, "
+                f"TPU compile {self.compile_seconds:.2f}s")
+
+    def __str__(self) -> str:
+        lines = [f"graph {self.graph_hash[:12]} for {self.summary_line()}"]
+        if self.error:
+            lines.append(f"  compiler: {self.error}")
+        if self.memory is not None:
+            lines.append(f"  memory per chip: {self.memory}")
+        if self.cost is not None:
+            lines.append(f"  cost: {self.roofline}")
+        for kind in ("argument", "output"):
+            logical, padded = self.padding.total(kind)
+            if padded:
+                lines.append(f"  {kind}s: {format_bytes(logical)} logical, {format_bytes(padded)} "
+                             f"in TPU layouts ({_pct(padded - logical, logical)})")
+        for note in self.notes:
+            lines.append(f"  note: {note}")
+        if self.padding:
+            lines.append("  padding (most first):")
+            lines.append(format_table(PaddingList._COLUMNS, self.padding.rows()[:12],
+                                      right=(4, 5, 6), indent="    "))
+        if self.collectives:
+            lines.append(f"  collectives: {str(self.collectives).split(chr(10), 1)[0]}")
+            lines.append("\n".join("    " + line for line in
+                                   str(self.collectives).split("\n")[1:]))
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        t = self.target
+        e = html.escape
+        parts = [f"<div class='xlanb-target'><b>{e(t.name)}</b>: {t.num_devices} x {e(t.chip)}, "
+                 f"{e(format_bytes(t.hbm_bytes))} HBM per chip; graph {e(self.graph_hash[:12])}, "
+                 f"TPU compile {self.compile_seconds:.2f}s</div>"]
+        if self.error:
+            parts.append(f"<div style='color:#b00'>compiler: {e(self.error)}</div>")
+        m = self.memory
+        if m is not None:
+            scale = max(m.peak_bytes, t.hbm_bytes)
+            colour = "#c33" if self.fits is False else "#3a7"
+            seg = [("arguments", m.argument_bytes, "#69c"), ("outputs", m.output_bytes - m.alias_bytes, "#9c6"),
+                   ("temporaries", m.temp_bytes, "#e94")]
+            bars = "".join(f"<div title='{e(n)} {e(format_bytes(b))}' style='display:inline-block;"
+                           f"height:14px;width:{100 * max(b, 0) / scale:.2f}%;background:{c}'></div>"
+                           for n, b, c in seg)
+            hbm = 100 * t.hbm_bytes / scale
+            parts.append(
+                f"<div style='position:relative;width:480px;border:1px solid #888'>{bars}"
+                f"<div style='position:absolute;top:0;left:{hbm:.2f}%;height:14px;"
+                f"border-left:2px solid #000' title='HBM'></div></div>"
+                f"<div style='color:{colour}'>peak {e(format_bytes(m.peak_bytes))} of "
+                f"{e(format_bytes(t.hbm_bytes))} HBM per chip: "
+                f"{'fits' if self.fits else 'does not fit' if self.fits is False else '?'} "
+                f"(arguments {e(format_bytes(m.argument_bytes))}, outputs "
+                f"{e(format_bytes(m.output_bytes))}, temporaries {e(format_bytes(m.temp_bytes))})</div>")
+        if self.cost is not None:
+            parts.append(f"<div>{e(self.roofline)}; XLA estimates {e(_time(self.cost.seconds))} a step</div>")
+        for note in self.notes:
+            parts.append(f"<div><i>note: {e(note)}</i></div>")
+        if self.padding:
+            head = "".join(f"<th>{c}</th>" for c in PaddingList._COLUMNS)
+            body = "".join("<tr>" + "".join(f"<td>{e(v)}</td>" for v in r) + "</tr>"
+                           for r in self.padding.rows())
+            parts.append(f"<table class='xlanb-padding'><tr>{head}</tr>{body}</table>")
+        if self.collectives:
+            parts.append(self.collectives._repr_html_())
+        return "\n".join(parts)
+
+
+# ---------------------------------------------------------------------------------------
+# The TPU compiler's out-of-memory refusal, as an answer
+
+_OOM = re.compile(r"\(\s*([\d.]+)\s*([KMGT]?)i?B?\s*\)\s*exceeds\s+available\s+HBM\s*"
+                  r"\(\s*([\d.]+)\s*([KMGT]?)i?B?\s*\)", re.I)
+_UNIT = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_hbm_oom(message: str) -> tuple[int, int] | None:
+    """``(needed, available)`` bytes from the TPU compiler's ``CompileTimeHbmOom``."""
+    m = _OOM.search(message)
+    if m is None:
+        return None
+    return (int(float(m.group(1)) * _UNIT[m.group(2).upper()]),
+            int(float(m.group(3)) * _UNIT[m.group(4).upper()]))
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.split("\n", 1)[0] if text else type(e).__name__
+
+
+# ---------------------------------------------------------------------------------------
+# Compiling for a target
+
+def _where(place) -> tuple[str, str]:
+    src, scope = place
+    return (f"{src.file}:{src.line}" if isinstance(src, SourceLoc) else ""), scope or ""
+
+
+_ON_CHIP = re.compile(r"S\([1-9]\d*\)")
+
+
+def _padding(lowering: GraphLowering, text: str, n_temps: int = 8) -> PaddingList:
+    params, results = entry_layouts(text)
+    steps, root_pos, places = lowering.recipe
+    n_in = lowering.n_inputs
+    rows: list[PaddingRow] = []
+    for i, arrays in enumerate(params[:n_in]):
+        src, scope, op = lowering.leaf_origins[i]
+        for a in arrays:
+            rows.append(PaddingRow("argument", f"input %{i} ({op})", scope, src, a.type,
+                                   a.layout, a.logical_bytes, a.padded_bytes))
+    scalars = [a for arrays in params[n_in:] for a in arrays]
+    if scalars:
+        rows.append(PaddingRow("scalars", f"{len(scalars)} lifted Python scalars", "", "",
+                               scalars[0].type, scalars[0].layout,
+                               sum(a.logical_bytes for a in scalars),
+                               sum(a.padded_bytes for a in scalars)))
+    for p, a in zip(root_pos, results):
+        if p >= n_in:
+            info = steps[p - n_in][0]
+            src, scope = _where(places[p - n_in])
+            name = f"output %{p} {info.name}"
+        else:
+            src, scope, op = lowering.leaf_origins[p]
+            name = f"output %{p} (input passed through)"
+        rows.append(PaddingRow("output", name, scope, src, a.type, a.layout, a.logical_bytes,
+                               a.padded_bytes))
+    temps = 0
+    for b in entry_buffers(text):
+        # HBM only: a prefetch into the core's own memory (``S(1)``, with its source
+        # and a sync flag) is no temporary
+        arrays = array_layouts(b.typed)
+        if not arrays or _ON_CHIP.search(arrays[0].layout) or temps >= n_temps:
+            continue
+        temps += 1
+        for a in arrays[:1]:
+            rows.append(PaddingRow("temp", f"{b.op or b.opcode} ({b.name})",
+                                   b.scope.replace("/", "."), b.source, a.type, a.layout,
+                                   a.logical_bytes, a.padded_bytes))
+    rows.sort(key=lambda r: (-r.padding_bytes, -r.padded_bytes))
+    return PaddingList(rows)
+
+
+def _notes(lowering: GraphLowering) -> list[str]:
+    """Where this graph's values fare differently on a TPU than on the CPU."""
+    dtypes = {m.dtype for m in lowering.leaf_metas}
+    for info, _ in lowering.recipe[0]:
+        out = info.out if isinstance(info.out, tuple) and not hasattr(info.out, "shape") else (info.out,)
+        dtypes.update(m.dtype for m in out if m is not None and hasattr(m, "dtype"))
+    notes = []
+    if torch.float64 in dtypes or torch.complex128 in dtypes:
+        notes.append("float64 values: TPUs have no 64-bit float units; XLA's TPU compiler "
+                     "emulates them in 32-bit pieces, slowly, and they take TPU tiles of "
+                     "64-bit elements (torch_xla's XLA_USE_BF16/downcasting or .float() "
+                     "avoids it)")
+    if torch.int64 in dtypes:
+        notes.append("int64 values: TPUs compute 64-bit integers as pairs of 32-bit ones "
+                     "(slower; torch_xla users often keep indices int32)")
+    return notes
+
+
+def compile_for_target(lowering: GraphLowering, target) -> TargetReport:
+    """Lower and compile ``lowering`` for ``target`` (a name or a ``Target``); runs
+    nothing. The compiler's refusal is in the report (``error``; ``fits=False`` for lack
+    of HBM); a mesh that does not fit the topology raises ``TargetError``."""
+    t = resolve_target(target)
+    lowered = lowering.lower_for(t)
+    t0 = time.perf_counter()
+    try:
+        exe = compile_lowered(lowered, metric="TargetCompileTime")
+    except TargetError:
+        raise
+    except Exception as e:  # the compiler refused: an answer, not an exception
+        metrics.counter("TargetCompileRefused")
+        secs = time.perf_counter() - t0
+        message = _first_line(e)
+        oom = parse_hbm_oom(str(e))
+        # what it needed, from the message: all of it counted as the peak (the compiler's
+        # figure holds the arguments and outputs too)
+        memory = GraphMemory(0, 0, 0, oom[0], oom[0], 0) if oom is not None else None
+        return TargetReport(t, lowering.hash, memory=memory,
+                            fits=False if oom is not None else None,
+                            compile_seconds=secs, error=message,
+                            available_bytes=oom[1] if oom else None, notes=_notes(lowering))
+    secs = time.perf_counter() - t0
+    metrics.counter("TargetCompile")
+    text = exe.as_text()
+    memory = graph_memory(exe)
+    cost = None
+    try:
+        ca = dict(exe.cost_analysis() or {})
+    except Exception:
+        ca = {}
+    if ca:
+        flops = float(ca.get("flops", 0.0))
+        nbytes = float(ca.get("bytes accessed", 0.0))
+        # XLA gives a negative estimate where it has none (a custom call it cannot cost)
+        cost = TargetCost(flops, nbytes, max(0.0, float(ca.get("optimal_seconds", 0.0))),
+                          flops / t.peak_flops, nbytes / t.hbm_bytes_per_s)
+    axes = dict(lowering.mesh.mesh.shape) if lowering.mesh is not None else None
+    return TargetReport(
+        t, lowering.hash, memory=memory,
+        fits=None if memory is None else memory.peak_bytes <= t.hbm_bytes,
+        cost=cost, padding=_padding(lowering, text),
+        collectives=CollectiveList(parse_collectives(text, axes), lowering.hash or ""),
+        compile_seconds=secs, notes=_notes(lowering), executable=exe)
+
+
+def _compile_quietly(lowering, target):
+    try:
+        return compile_for_target(lowering, target)
+    except Exception as e:  # a graph that cannot go to the target (a mesh that does not fit)
+        return TargetReport(resolve_target(target), lowering.hash, error=_first_line(e))
+
+
+def compile_in_background(lowering: GraphLowering, target):
+    """A Future of ``lowering``'s ``TargetReport``: compiled on xlanb's compile threads
+    after every compile somebody waits for, so the CPU run never waits for it."""
+    return background(_compile_quietly, lowering, target, later=True)
+
+
+# ---------------------------------------------------------------------------------------
+# The session's target: every new graph compiles for it too
+
+def set_target(name) -> Target | None:
+    """Compile every new graph for ``name`` too (a topology name such as ``"v5e:2x2"``
+    or a ``Target``), on the compile threads; None turns it off. Returns the previous
+    target."""
+    prev = session.target
+    session.target = None if name is None or name == "off" else resolve_target(name)
+    return prev
+
+
+def get_target() -> Target | None:
+    """The target set by ``set_target`` / ``xlanb.target`` / ``XLANB_TARGET``, or None."""
+    return session.target
+
+
+@contextlib.contextmanager
+def target(name):
+    """``with xlanb.target("v5e:2x2"):`` every graph compiled in the block is also
+    compiled for that TPU topology (``xlanb.graphs()[i].target`` holds the report)."""
+    prev = set_target(name)
+    try:
+        yield session.target
+    finally:
+        session.target = prev

@@ -1,0 +1,78 @@
+"""libtpu on a machine without a TPU: the TPU compiler, for ahead-of-time compiles only.
+
+With the ``libtpu`` package installed, JAX loads it the first time it looks for devices,
+even where no TPU exists. On such a machine libtpu prints start-up warnings (no
+``TPU_ACCELERATOR_TYPE``, no ``TPU_WORKER_HOSTNAMES``) and takes a lock file that keeps
+any other process from loading it, so a second process could not compile for a TPU
+topology at all ("Internal error when accessing libtpu multi-process lockfile"). Without
+a TPU there is nothing the lock protects: ``prepare()`` lifts it, and ``quiet()`` keeps
+the warnings from the user's terminal (they stay readable in ``startup_log``).
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+import threading
+
+# What libtpu prints when it starts on a machine with no TPU: expected, and no help.
+_NOISE = re.compile(
+    r"TPU_ACCELERATOR_TYPE|TPU_WORKER_HOSTNAMES|Logging before InitGoogle|"
+    r"Source Location Trace|libtpu_init_utils|Failed to find host bounds|"
+    r"^\s*$|^learning/|common_lib\.cc|could not determine TPU")
+
+startup_log: list[str] = []  # the libtpu output ``quiet`` kept from the terminal
+_lock = threading.Lock()
+
+
+def installed() -> bool:
+    """Whether the ``libtpu`` package (the TPU compiler) is importable."""
+    return importlib.util.find_spec("libtpu") is not None
+
+
+def has_tpu() -> bool:
+    """Whether this machine has TPU chips (their device files: ``/dev/accel*`` on v2-v5e,
+    ``/dev/vfio/N`` on v5p and v6e)."""
+    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def prepare() -> None:
+    """Before JAX first loads libtpu: without a TPU, let every process load it (the
+    user's own setting wins)."""
+    if installed() and not has_tpu():
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
+@contextlib.contextmanager
+def quiet():
+    """Keep what native code writes to stderr meanwhile (libtpu's start-up warnings)
+    from the terminal; lines that are not libtpu's known no-TPU warnings are written
+    out afterwards. Only where libtpu is installed and no TPU is here."""
+    if not installed() or has_tpu():
+        yield
+        return
+    with _lock:
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError):  # no real stderr (an embedded interpreter)
+            yield
+            return
+        with tempfile.TemporaryFile(mode="w+b") as tmp:
+            os.dup2(tmp.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+                tmp.seek(0)
+                text = tmp.read().decode(errors="replace")
+        kept = text.splitlines()
+        startup_log.extend(kept)
+        other = [line for line in kept if not _NOISE.search(line)]
+        if other:
+            sys.stderr.write("\n".join(other) + "\n")
