@@ -109,6 +109,19 @@ class SourceResolver:
         return f"In[{number}] line {loc.line}" if number is not None else loc.short
 
 
+    def label_text(self, where: str) -> str:
+        """A ``file:line`` string (as a ``TargetReport``'s padding rows hold it) named
+        like ``label``: ``In[5] line 3`` for a cell, ``model.py:42`` for a file."""
+        if not where:
+            return ""
+        file, _, line = where.rpartition(":")
+        if not file or not line.isdigit():
+            return os.path.basename(where)
+        number = self._cell_names().get(file)
+        return f"In[{number}] line {line}" if number is not None else \
+            f"{os.path.basename(file)}:{line}"
+
+
 def _our_magic(loc: xlanb.SourceLoc) -> bool:
     """A location inside one of our magics (extensions/ipython.py's ``xla_*``)."""
     return os.path.basename(loc.file) == "ipython.py" and loc.function.startswith("xla_")
@@ -397,12 +410,14 @@ def tidy_hlo(text: str) -> str:
 class HloView(Rich):
     """HLO or StableHLO text, highlighted in notebooks."""
 
-    def __init__(self, text: str, dialect: str, optimized: bool, n_ops: int) -> None:
+    def __init__(self, text: str, dialect: str, optimized: bool, n_ops: int,
+                 note: str = "") -> None:
         self.hlo, self.dialect, self.optimized, self.n_ops = text, dialect, optimized, n_ops
+        self.note = note
 
     def _title(self) -> str:
         kind = "optimized HLO (compiled; the next sync reuses it)" if self.optimized else self.dialect
-        return f"{kind} of {plural(self.n_ops, 'pending op')}"
+        return f"{kind} of {plural(self.n_ops, 'pending op')}" + (f"; {self.note}" if self.note else "")
 
     def text(self) -> str:
         return f"// {self._title()}\n{self.hlo}"
@@ -511,26 +526,38 @@ class MetricsTable(Rich):
 # --------------------------------------------------------------------------- %xla_graphs
 
 class GraphsTable(Rich):
-    """Compiled graphs, oldest first, with their causes and recompile explanations."""
+    """Compiled graphs, oldest first, with their causes and recompile explanations.
 
-    HEADER = ("#", "hash", "ops", "in", "out", "compile", "hits", "run", "peak mem", "cause",
-              "source", "why")
-    RIGHT = {0, 2, 3, 4, 5, 6, 7, 8}
+    The cells come from the core's columns (``xlanb.graph_columns``: the same ones
+    ``str(xlanb.graphs())`` prints, with a target's per-chip HBM peak, fits, estimated
+    time and TPU compile time once a graph was compiled for one); the source is named by
+    ``resolver`` (``In[5] line 3``) and a last column says why each compiled."""
 
     def __init__(self, graphs: list, resolver: SourceResolver = DEFAULT_RESOLVER,
                  first_index: int = 0) -> None:
         self.graphs = graphs
         all_graphs = list(xlanb.graphs())
+        cols = xlanb.graph_columns(graphs)
+        self.HEADER = ("#",) + tuple(c.header for c in cols) + ("why",)
+        self.RIGHT = {0} | {i for i, c in enumerate(cols, 1) if c.right}
+        base = {c.header for c in xlanb.graph_columns([])}
+        extra = [i for i, c in enumerate(cols) if c.header not in base]  # a target's
         self.rows = []
+        self.target_notes: list[str] = []  # a target's compile that failed, per graph
+        self.target_waiting = 0            # TPU compiles still running
         for i, g in enumerate(graphs, first_index):
             expl = getattr(g, "explanation", "") or ""
-            self.rows.append((str(i), g.hash[:12], str(g.n_nodes), str(g.n_inputs),
-                              str(g.n_outputs), fmt_time(g.compile_time), str(g.hits),
-                              fmt_time(g.run_time),
-                              fmt_bytes(g.memory.peak_bytes) if g.memory else "?",
-                              g.cause, graph_where(g, resolver),
-                              recompile_reason(g, resolver, all_graphs) if expl
-                              else "first from this line"))
+            cells = tuple(graph_where(g, resolver) if c.header == "source" else c.get(g)
+                          for c in cols)
+            self.rows.append((str(i),) + cells
+                             + (recompile_reason(g, resolver, all_graphs) if expl
+                                else "first from this line",))
+            mine = {cells[k] for k in extra}
+            if "compiling" in mine:
+                self.target_waiting += 1
+            elif "error" in mine:
+                r = g.target  # done: no wait
+                self.target_notes.append(f"#{i} on {r.target.name}: {r.error}")
         by_src: dict[str, int] = {}
         self._example: dict[str, object] = {}
         for g in graphs:
@@ -538,6 +565,13 @@ class GraphsTable(Rich):
             self._example.setdefault(g.src, g)
         self.hot = {s: n for s, n in by_src.items() if n > 1}
         self.resolver = resolver
+
+    def _notes(self) -> list[str]:
+        notes = list(self.target_notes)
+        if self.target_waiting:
+            notes.append(f"{plural(self.target_waiting, 'TPU compile')} still running in the "
+                         "background: run %xla_graphs again for their figures")
+        return notes
 
     def _footer(self) -> str:
         if not self.hot:
@@ -557,12 +591,14 @@ class GraphsTable(Rich):
             return "no compiled graphs yet"
         main = _table_text(self.HEADER[:-1], [r[:-1] for r in self.rows], self.RIGHT)
         why = [f"  #{r[0]}: {r[-1]}" for r in self.rows]
-        return "\n".join([main, "why each compiled:"] + why + ([self._footer()] if self.hot else []))
+        return "\n".join([main, "why each compiled:"] + why + self._notes()
+                         + ([self._footer()] if self.hot else []))
 
     def html(self) -> str:
         if not self.graphs:
             return "<i>no compiled graphs yet</i>"
-        foot = f"<div style='color:#a15c00'>{escape(self._footer())}</div>" if self.hot else ""
+        foot = "".join(f"<div style='color:#a15c00'>{escape(n)}</div>"
+                       for n in self._notes() + ([self._footer()] if self.hot else []))
         return _table_html(self.HEADER, self.rows, self.RIGHT, "xlanb-graphs") + foot
 
 
@@ -618,9 +654,12 @@ class ExplainReport(Rich):
 
     def __init__(self, activity: Activity, pending_after: int, mode: str,
                  resolver: SourceResolver = DEFAULT_RESOLVER, wall: float | None = None,
-                 memory: tuple | None = None) -> None:
+                 memory: tuple | None = None, target=None, reports: list | None = None) -> None:
         self.a, self.pending, self.mode, self.resolver, self.wall = (
             activity, pending_after, mode, resolver, wall)
+        # %%xla_explain --target: the xlanb.Target, and (graph, TargetReport) for each
+        # graph the cell compiled or reused
+        self.target, self.reports = target, list(reports or ())
         # device bytes before and after the cell
         self.memory_before, self.memory_after = memory if memory else (None, None)
 
@@ -686,6 +725,8 @@ class ExplainReport(Rich):
                 items.append(f"the largest graph run needs {fmt_bytes(g.memory.peak_bytes)} at its "
                              f"peak (graph {g.hash[:12]}: {g.memory})")
             secs.append(("device memory (all buffers xlanb holds)", items))
+        if self.target is not None:
+            secs.append(self._target_section())
         if a.fallbacks:
             secs.append(("CPU fallbacks (no lowering; each one cuts the graph)",
                          [f"{k} ×{v}" for k, v in a.fallbacks.items()]))
@@ -698,6 +739,26 @@ class ExplainReport(Rich):
                         "finish or a value is needed")
         secs.append(("after the cell", tail))
         return secs
+
+    def _target_section(self) -> tuple[str, list[str]]:
+        t = self.target
+        title = (f"on {t.name} ({t.num_devices} x {t.chip}, {fmt_bytes(t.hbm_bytes)} HBM per "
+                 "chip), compiled by the TPU compiler, not run")
+        if not self.reports:
+            why = ("eager mode runs op by op: no graph to compile" if self.mode == "eager"
+                   else "the cell ran no graph")
+            return title, [f"no graph to compile for it ({why}); %xla_target {t.name} --now "
+                           "compiles the pending graph"]
+        items = []
+        for g, r in self.reports:
+            items.append(f"graph {g.hash[:12]}: {r.summary_line().split(': ', 1)[-1]}")
+            if r.error and r.memory is not None:
+                items.append(f"    compiler   {r.error}")
+            if r.cost is not None:
+                items.append(f"    roofline   {r.roofline}")
+            for note in r.notes:
+                items.append(f"    note       {note}")
+        return title, items
 
     def headline(self) -> str:
         a = self.a
@@ -825,6 +886,155 @@ class GraphMemoryReport(Rich):
             out.append(_table_text(("bytes", "hlo", "aten op", "scope", "source", "shape"),
                                    self._rows(), {0}))
         return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- %xla_target
+
+# a topology of each generation, as an example of the names (JAX's spelling)
+EXAMPLE_TOPOLOGIES = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2"}
+
+
+def target_text(t) -> str:
+    """``v5e:2x2 (4 x TPU v5 lite, 16.0 GiB HBM per chip)``."""
+    return f"{t.name} ({t.num_devices} x {t.chip}, {fmt_bytes(t.hbm_bytes)} HBM per chip)"
+
+
+class TargetStatus(Rich):
+    """The session's TPU target (``xlanb.get_target()``) and the generations xlanb knows
+    (``xlanb.CHIPS``: HBM, peak bf16 FLOP/s, HBM bandwidth per chip, and where each
+    figure is published)."""
+
+    HEADER = ("generation", "chip", "HBM per chip", "peak bf16", "HBM bandwidth", "e.g.")
+    RIGHT = {2, 3, 4}
+
+    def __init__(self, target=None, headline: str | None = None) -> None:
+        self.current = target
+        self.headline = headline
+        self.rows = [(gen, c.device_kind, fmt_bytes(c.hbm_bytes), f"{c.peak_flops / 1e12:.0f} TFLOP/s",
+                      f"{c.hbm_bytes_per_s / 1e9:,.0f} GB/s", EXAMPLE_TOPOLOGIES.get(gen, gen + ":1x1"))
+                     for gen, c in xlanb.CHIPS.items()]
+        self.sources = [c.source for c in xlanb.CHIPS.values()]
+
+    def lines(self) -> list[str]:
+        if self.headline is not None:
+            return [self.headline]
+        if self.current is None:
+            return ["xla target: off (%xla_target v5e:2x2 compiles every new graph for a TPU "
+                    "topology too, in the background; nothing runs on it)"]
+        return [f"xla target: {target_text(self.current)}: every new graph is also compiled "
+                "for it, in the background (%xla_graphs shows its figures; %xla_target "
+                "--now compiles the pending graph now)"]
+
+    def text(self) -> str:
+        return "\n".join(self.lines() + [
+            "known generations (a target is generation:chips per dimension):",
+            _table_text(self.HEADER, self.rows, self.RIGHT)])
+
+    def html(self) -> str:
+        head = "".join(f"<div>{escape(x)}</div>" for x in self.lines())
+        table = _table_html(self.HEADER, self.rows, self.RIGHT, "xlanb-chips")
+        src = "; ".join(self.sources)
+        return (f"<div class='xlanb-target-status'>{head}<div>known generations (a target "
+                f"is generation:chips per dimension):</div>{table}"
+                f"<div style='color:#666;font-size:85%'>{escape(src)}</div></div>")
+
+
+class TargetView(Rich):
+    """A ``TargetReport`` under a line that says what was compiled: its text in a
+    terminal, its HTML (HBM bar, padding, collectives, roofline) in a notebook."""
+
+    def __init__(self, report, what: str) -> None:
+        self.report, self.what = report, what
+
+    def title(self) -> str:
+        return f"{self.what}, compiled for {target_text(self.report.target)} (nothing ran)"
+
+    def text(self) -> str:
+        return f"{self.title()}\n{self.report}"
+
+    def html(self) -> str:
+        return f"<div><b>{escape(self.title())}</b></div>{self.report._repr_html_()}"
+
+
+def _bar_html(m, t, fits) -> str:
+    """Memory per chip against the chip's HBM, as one bar."""
+    scale = max(m.peak_bytes, t.hbm_bytes, 1)
+    seg = [("arguments", m.argument_bytes, "#69c"),
+           ("outputs", m.output_bytes - m.alias_bytes, "#9c6"),
+           ("temporaries", m.temp_bytes, "#e94")]
+    bars = "".join(f"<div title='{escape(n)} {escape(fmt_bytes(b))}' style='display:inline-block;"
+                   f"height:14px;width:{100 * max(b, 0) / scale:.2f}%;background:{c}'></div>"
+                   for n, b, c in seg)
+    colour = "#c33" if fits is False else "#3a7"
+    return (f"<div style='position:relative;width:480px;border:1px solid #888;background:#fff'>"
+            f"{bars}<div style='position:absolute;top:0;left:{100 * t.hbm_bytes / scale:.2f}%;"
+            f"height:14px;border-left:2px solid {colour}' title='HBM'></div></div>")
+
+
+class TargetMemory(Rich):
+    """What one graph needs on each chip of a TPU target: peak against HBM, whether it
+    fits, arguments / outputs / temporaries, and what the TPU's tiled layouts pad."""
+
+    HEADER = ("kind", "buffer", "type", "TPU layout", "logical", "padded", "+pad", "source")
+    RIGHT = {4, 5, 6}
+
+    def __init__(self, report, what: str, resolver: SourceResolver = DEFAULT_RESOLVER,
+                 n: int = 12) -> None:
+        self.report, self.what, self.resolver = report, what, resolver
+        self.rows = [(r.kind, r.name + (f" [{r.scope}]" if r.scope else ""), r.type, r.layout,
+                      fmt_bytes(r.logical_bytes), fmt_bytes(r.padded_bytes),
+                      _pad(r.padded_bytes - r.logical_bytes, r.logical_bytes),
+                      resolver.label_text(r.source))
+                     for r in list(report.padding)[:n]]
+
+    def lines(self) -> list[str]:
+        r, t = self.report, self.report.target
+        out = [f"{self.what} on {target_text(t)}, per chip (compiled, nothing ran):"]
+        m = r.memory
+        if m is None:
+            out.append(f"  not compiled: {r.error}")
+            return out
+        verdict = {True: "fits", False: "DOES NOT FIT", None: "?"}[r.fits]
+        out.append(f"  peak {fmt_bytes(m.peak_bytes)} of {fmt_bytes(t.hbm_bytes)} HBM: {verdict} "
+                   f"({100 * m.peak_bytes / t.hbm_bytes:.3g}% of HBM)")
+        if r.error:
+            out.append(f"  compiler: {r.error}")
+        else:
+            out.append(f"  arguments {fmt_bytes(m.argument_bytes)}, outputs {fmt_bytes(m.output_bytes)}"
+                       f", temporaries {fmt_bytes(m.temp_bytes)}, aliased {fmt_bytes(m.alias_bytes)}")
+        for kind in ("argument", "output"):
+            rows = [p for p in r.padding if p.kind == kind]
+            logical = sum(p.logical_bytes for p in rows)
+            padded = sum(p.padded_bytes for p in rows)
+            if padded:
+                out.append(f"  {kind}s: {fmt_bytes(logical)} logical, {fmt_bytes(padded)} in TPU "
+                           f"layouts ({_pad(padded - logical, logical)})")
+        out.extend(f"  note: {x}" for x in r.notes)
+        return out
+
+    def text(self) -> str:
+        out = self.lines()
+        if self.rows:
+            out.append("what the TPU layouts pad (most first):")
+            out.append(_table_text(self.HEADER, self.rows, self.RIGHT))
+        return "\n".join(out)
+
+    def html(self) -> str:
+        ls = self.lines()
+        r = self.report
+        bar = _bar_html(r.memory, r.target, r.fits) if r.memory is not None else ""
+        body = "".join(f"<div>{escape(x.strip())}</div>" for x in ls[1:])
+        table = _table_html(self.HEADER, self.rows, self.RIGHT, "xlanb-padding") if self.rows else ""
+        return (f"<div class='xlanb-target-memory'><b>{escape(ls[0])}</b>{bar}{body}"
+                f"{table}</div>")
+
+
+def _pad(extra: int, base: int) -> str:
+    if not base:
+        return "-"
+    if extra > 9 * base:
+        return f"x{(base + extra) / base:.0f}"
+    return f"+{100 * extra / base:.1f}%" if extra else "0%"
 
 
 def memory_timeline_figure(timeline, device: int = 0, title: str | None = None):

@@ -6,8 +6,9 @@ Line magics (``%xla_mode?`` and friends give help)::
     %xla_pending [names] [--text|--dot|--svg] [--depth N] [--collapse N]
                                          the pending IR graph (SVG in notebooks)
     %xla_sync                            sync, then say what compiled or was reused, and why
-    %xla_hlo [names] [--dialect stablehlo|hlo] [--optimized] [--raw]
-                                         the module the next sync would compile
+    %xla_hlo [names] [--dialect stablehlo|hlo] [--optimized] [--raw] [--target T]
+                                         the module the next sync would compile (--target:
+                                         as the TPU compiler optimizes it for topology T)
     %xla_peek expr                       the value of an xla tensor, without cutting the graph
     %xla_metrics [--reset] [--all]       counters and timings as a table
     %xla_graphs [--last N] [--show I [--text]]
@@ -17,6 +18,14 @@ Line magics (``%xla_mode?`` and friends give help)::
     %xla_sharding expr                   which device holds which block of a tensor
     %xla_collectives [names] [--graph I] the collectives of a graph, with their source
     %xla_nans [on|off]                   name the first op that makes a NaN/Inf
+    %xla_memory [--by-line|--graph I|--timeline] [--target T]
+                                         device memory; --target: what the pending graph
+                                         (or graph #I) needs on each chip of TPU topology T
+    %xla_target [T|off] [--now [names]] [--graph I]
+                                         compile every new graph for a TPU topology too
+                                         (v5e:2x2, v5p:2x2x1, v4:2x2x1, v6e:1x1; libtpu, no
+                                         TPU); --now: the TPU compiler's report of the
+                                         pending graph; alone: the target and the chips
 
 Objects shown carry ``_repr_mimebundle_``: text/plain always, HTML or SVG for notebooks.
 In a terminal (text/plain only) nothing is rendered that cannot be shown. An xla tensor
@@ -24,8 +33,9 @@ gets a notebook repr (header + values by peek) that never cuts the pending graph
 
 Cell magic::
 
-    %%xla_explain                        run the cell, then report what it compiled and
-                                         executed, and why, with source lines
+    %%xla_explain [--target T]           run the cell, then report what it compiled and
+                                         executed, and why, with source lines (--target:
+                                         and what each graph needs on TPU topology T)
     %%xla_profile [--export PATH] [--device] [--replay]
                                          where the cell's time went: phases, by scope
                                          (icicle chart), by line, by op; a Perfetto trace
@@ -100,6 +110,48 @@ class XlaMagics(Magics):
 
     def _show(self, obj) -> None:
         display(obj, include=sorted(self._rich()))
+
+    @staticmethod
+    def _target(name: str):
+        """The ``xlanb.Target`` named ``name``; an unknown name, or no libtpu, is a
+        one-line UsageError."""
+        try:
+            return xlanb.Target(name)
+        except (ValueError, ImportError) as e:  # TargetError lists the known generations
+            raise UsageError(str(e).strip().splitlines()[0]) from None
+
+    @staticmethod
+    def _compile_for(target, *what):
+        """``xlanb.compile_for``, with bad input (nothing pending, a mesh that does not
+        fit the topology) as a UsageError."""
+        try:
+            return xlanb.compile_for(target, *what)
+        except (ValueError, ImportError) as e:
+            raise UsageError(str(e).strip().splitlines()[0]) from None
+
+    def _pending_or_graph(self, tensors: list, index: int | None) -> tuple[list, str]:
+        """What a --target option compiles: graph #index; else the pending graph of
+        ``tensors`` (all pending work when none); else, with nothing pending, the latest
+        compiled graph. Returns compile_for's arguments and what they are, in words."""
+        gs = list(xlanb.graphs())
+        if index is None:
+            n = xd.pending_count(*tensors)
+            if n:
+                return tensors, f"the pending graph ({xd.plural(n, 'op')})"
+            if tensors:
+                raise UsageError("nothing is pending for these tensors: no graph to compile")
+            if not gs:
+                raise UsageError("nothing is pending and no graph was compiled yet: record "
+                                 "some ops first")
+            index = -1
+            head = "nothing pending: the latest compiled graph"
+        else:
+            head = "graph"
+        if not -len(gs) <= index < len(gs):
+            raise UsageError(f"there is no graph #{index}: {len(gs)} graphs were compiled "
+                             "(see %xla_graphs)")
+        g = gs[index]
+        return [g], f"{head} #{index % len(gs)} {g.hash[:12]} ({xd.plural(g.n_nodes, 'op')})"
 
     def _lookup(self, names: list[str]) -> list:
         tensors = []
@@ -223,17 +275,26 @@ class XlaMagics(Magics):
     @magic_arguments()
     @argument("names", nargs="*", help="tensors in the notebook's namespace; default: every "
               "live tensor")
-    @argument("--dialect", default="stablehlo", help="stablehlo (default) or hlo")
+    @argument("--dialect", default=None, help="stablehlo (default) or hlo")
     @argument("--optimized", action="store_true",
               help="compile (through the graph cache) and show XLA's optimized HLO")
     @argument("--raw", action="store_true",
               help="the text exactly as JAX gives it (with stack-frame tables, op metadata "
                    "and sharding annotations)")
+    @argument("--target", default=None, metavar="TOPOLOGY",
+              help="the module as the TPU compiler optimizes it for this topology "
+                   "(e.g. v5e:1x1, v5e:2x2): compiled with libtpu, no TPU, nothing run")
     @line_magic
     def xla_hlo(self, line: str = ""):
         """Show the module the next sync would compile, highlighted. Nothing runs; with
-        --optimized the graph is compiled and cached, so the next sync reuses it."""
+        --optimized the graph is compiled and cached, so the next sync reuses it. With
+        --target the TPU compiler compiles it for that topology (``xlanb.compile_for``)
+        and the optimized TPU module is shown, with its tiled layouts; the graph and the
+        CPU's compile cache are left as they were."""
         args = parse_argstring(self.xla_hlo, line)
+        if args.target is not None:
+            return self._target_hlo(args)
+        args.dialect = args.dialect or "stablehlo"
         if args.dialect not in ("stablehlo", "hlo"):
             raise UsageError(f"unknown dialect {args.dialect!r}; use stablehlo or hlo")
         tensors = self._lookup(args.names)
@@ -250,6 +311,29 @@ class XlaMagics(Magics):
             text = xd.tidy_hlo(text)
         self._show(xd.HloView(text, "optimized HLO" if args.optimized else args.dialect,
                               args.optimized, n_ops))
+
+    def _target_hlo(self, args) -> None:
+        if args.dialect is not None or args.optimized:
+            raise UsageError("--target shows the TPU compiler's optimized HLO: it takes no "
+                             "--dialect or --optimized")
+        target = self._target(args.target)
+        tensors = self._lookup(args.names)
+        n_ops = xd.pending_count(*tensors)
+        if not n_ops:
+            what = " ".join(args.names) or "any live tensor"
+            raise UsageError(f"nothing is pending for {what}, so there is no graph to show "
+                             f"(mode {xlanb.get_mode()}); record some ops first")
+        report = self._compile_for(target, *tensors)
+        text = report.hlo()
+        if not text:  # the compiler refused (out of HBM...): its answer is the report
+            self._show(xd.TargetView(report, f"no TPU module for the pending graph "
+                                     f"({xd.plural(n_ops, 'op')})"))
+            return
+        if not args.raw:
+            text = xd.tidy_hlo(text)
+        self._show(xd.HloView(text, f"TPU-optimized HLO for {xd.target_text(report.target)}",
+                              False, n_ops, note=f"compiled by libtpu in "
+                              f"{report.compile_seconds:.2f}s, nothing ran"))
 
     # ------------------------------------------------------------------ %xla_peek
 
@@ -387,12 +471,26 @@ class XlaMagics(Magics):
     @argument("--timeline", action="store_true",
               help="plot device bytes after each sync")
     @argument("--device", type=int, default=0, metavar="N", help="xla:N (default 0)")
+    @argument("--target", default=None, metavar="TOPOLOGY",
+              help="what the pending graph (or graph #I) needs on each chip of this TPU "
+                   "topology (e.g. v5e:1x1): peak against HBM, fits, padding by the TPU's "
+                   "tiled layouts; compiled with libtpu, nothing run")
     @line_magic
     def xla_memory(self, line: str = ""):
         """Device memory: a summary (live tensors, every buffer xlanb holds, the peak, the
         limit, the platform's own figures), the largest lines, one graph's analysis, or a
-        plot of bytes after each sync."""
+        plot of bytes after each sync. With --target, what the TPU compiler says the
+        pending graph needs on each chip of a TPU topology, and whether it fits."""
         args = parse_argstring(self.xla_memory, line)
+        if args.target is not None:
+            if args.by_line or args.timeline:
+                raise UsageError("--target takes no --by-line or --timeline (it shows one "
+                                 "graph: the pending one, or --graph I)")
+            target = self._target(args.target)
+            what, words = self._pending_or_graph([], args.graph)
+            report = self._compile_for(target, *what)
+            self._show(xd.TargetMemory(report, words[0].upper() + words[1:], self.resolver))
+            return
         if args.graph is not None:
             gs = list(xlanb.graphs())
             if not -len(gs) <= args.graph < len(gs):
@@ -417,19 +515,31 @@ class XlaMagics(Magics):
 
     # ------------------------------------------------------------------ %%xla_explain
 
+    @magic_arguments()
+    @argument("--target", default=None, metavar="TOPOLOGY",
+              help="also compile each graph the cell runs for this TPU topology (e.g. "
+                   "v5e:1x1, v5e:2x2) and report its per-chip peak against HBM, whether it "
+                   "fits, the estimated step time and the TPU compile time")
     @cell_magic
     def xla_explain(self, line: str, cell: str):
         """Run the cell, then report what it compiled and executed, and why: each new
         graph with the line that synced it and how it differs from the previous graph from
         that line; cache hits; single-op compiles; transfers; CPU fallbacks. The magic for
-        hunting recompiles. The cell's last expression is returned, as usual."""
-        if line.strip():
-            raise UsageError("%%xla_explain takes no arguments")
+        hunting recompiles. The cell's last expression is returned, as usual.
+
+        With --target, the graphs the cell compiles are also compiled for that TPU
+        topology (in the background, as ``xlanb.target`` does; graphs it reused are
+        compiled for it after the cell), and the report says what each needs there."""
+        args = parse_argstring(self.xla_explain, line)
+        target = self._target(args.target) if args.target is not None else None
         probe = xd.Probe()
         before = xlanb.memory_reserved()
         t0 = time.perf_counter()
         try:
-            return self._run_cell_body(cell)
+            if target is None:
+                return self._run_cell_body(cell)
+            with xlanb.target(target):
+                return self._run_cell_body(cell)
         finally:
             try:  # the report must never hide the cell's own error
                 activity = probe.finish()
@@ -438,10 +548,30 @@ class XlaMagics(Magics):
                 except Exception:
                     pending = 0
                 wall = time.perf_counter() - t0
+                reports = self._target_reports(activity, target) if target is not None else None
                 self._show(xd.ExplainReport(activity, pending, xlanb.get_mode(), self.resolver,
-                                            wall=wall, memory=(before, xlanb.memory_reserved())))
+                                            wall=wall, memory=(before, xlanb.memory_reserved()),
+                                            target=target, reports=reports))
             except Exception as e:
                 print(f"xla explain: no report ({type(e).__name__}: {e})")
+
+    @staticmethod
+    def _target_reports(activity, target, most: int = 8) -> list:
+        """(graph, TargetReport) for the graphs a cell ran: the report made while it
+        compiled, else (a graph it reused) one compiled now."""
+        out = []
+        graphs = activity.new_graphs + [g for g, _ in activity.hit_graphs]
+        for g in graphs[:most]:
+            try:
+                r = g.target  # waits for the background compile
+                if r is None or r.target != target:
+                    r = xlanb.compile_for(target, g)
+            except Exception as e:  # noqa: BLE001 - one graph's failure is one line
+                print(f"xla explain: graph {g.hash[:12]} not compiled for {target.name}: "
+                      f"{type(e).__name__}: {e}")
+                continue
+            out.append((g, r))
+        return out
 
     def _run_cell_body(self, cell: str):
         """Run ``cell`` in the user namespace under the current cell's name (so source
@@ -535,6 +665,62 @@ class XlaMagics(Magics):
         scope: dict = {}
         exec(shell.compile(module, name, "exec"), shell.user_global_ns, scope)
         return scope["xla_compare_cell"]
+
+    # ------------------------------------------------------------------ %xla_target
+
+    @magic_arguments()
+    @argument("target", nargs="?", metavar="TOPOLOGY",
+              help="a TPU topology (v5e:1x1, v5e:2x2, v5p:2x2x1, v4:2x2x1, v6e:1x1...) or "
+                   "off; without it, show the target and the known generations")
+    @argument("--now", nargs="*", default=None, metavar="NAME",
+              help="compile the pending graph (of these tensors; default: all pending work, "
+                   "else the latest compiled graph) for the topology now and show the TPU "
+                   "compiler's report; the session's target is left as it was")
+    @argument("--graph", type=int, default=None, metavar="I",
+              help="like --now, for compiled graph #I of %%xla_graphs")
+    @line_magic
+    def xla_target(self, line: str = ""):
+        """Compile for a TPU topology, with libtpu and no TPU (``xlanb.set_target``):
+        every graph compiled from now on is also compiled for it on the compile threads
+        (the CPU run never waits), and %xla_graphs shows each graph's per-chip HBM peak,
+        whether it fits, the estimated step time and the TPU compile time. ``off`` stops.
+
+        With --now (or --graph I), compile the pending graph (or graph #I) for the
+        topology now, and show the TPU compiler's report: memory per chip against HBM,
+        the padding of the TPU's tiled layouts, the collectives, the roofline. Nothing
+        runs, and the pending graph is left as it was."""
+        args = parse_argstring(self.xla_target, line)
+        if args.target is None and args.now and ":" in args.now[0]:
+            args.target = args.now.pop(0)  # %xla_target --now v5e:1x1
+        if args.now is not None or args.graph is not None:
+            if args.now and args.graph is not None:
+                raise UsageError("give tensor names or --graph I, not both")
+            if args.target is None and xlanb.get_target() is None:
+                raise UsageError("no target: give one (e.g. %xla_target v5e:1x1 --now) or set "
+                                 "one with %xla_target v5e:1x1")
+            if args.target is not None and args.target.lower() == "off":
+                raise UsageError("--now needs a topology, not off")
+            target = (self._target(args.target) if args.target is not None
+                      else xlanb.get_target())
+            what, words = self._pending_or_graph(self._lookup(args.now or []), args.graph)
+            report = self._compile_for(target, *what)
+            self._show(xd.TargetView(report, words[0].upper() + words[1:]))
+            return
+        if args.target is None:
+            self._show(xd.TargetStatus(xlanb.get_target()))
+            return
+        prev = xlanb.get_target()
+        if args.target.lower() == "off":
+            xlanb.set_target(None)
+            print(f"xla target: {prev.name if prev else 'off'} -> off" if prev
+                  else "xla target: off (unchanged)")
+            return
+        target = self._target(args.target)
+        xlanb.set_target(target)
+        was = prev.name if prev is not None else "off"
+        print(f"xla target: {was} -> {xd.target_text(target)}: every new graph is also "
+              "compiled for it, in the background (%xla_graphs shows its figures; "
+              "%xla_target --now compiles the pending graph now)")
 
     # ------------------------------------------------------------------ %xla_nans
 
