@@ -215,6 +215,8 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
             if session.direct or plan.kind == "view":
                 raise
             return _meta_refused(func, args, {**kwargs, **(out_args or {})}, e)
+        if plan.name in _NO_IDENTITY and any(not t.numel() for t in tensors):
+            _cpu_refuses_empty(plan, func, args, {**kwargs, **(out_args or {})})
         if outs and _out_casts(outs, info):
             # an out= of another dtype than the result: CPU torch's casting rules decide
             # (its meta kernels accept casts its CPU kernels refuse: neg(int, out=float))
@@ -289,6 +291,29 @@ _HOST_INDICES_OK = frozenset(("aten::index", "aten::index_put", "aten::index_put
 
 _CPU_CHECK_BYTES = 64 << 20
 
+# Reductions with no identity: CPU torch refuses a zero-size input where its meta kernel
+# does not, and XLA gives -inf/+inf or fails while tracing (JAX's "zero-size array").
+_NO_IDENTITY = frozenset(("aten::max", "aten::min", "aten::amax", "aten::amin", "aten::argmax",
+                          "aten::argmin", "aten::aminmax"))
+
+
+def _cpu_refuses_empty(plan: OpPlan, func, args, kwargs) -> None:
+    """CPU torch's error for a reduction of an empty input, as it raises it (type and
+    message), with the op and the user's line; nothing if CPU torch accepts the call."""
+    try:
+        _cpu_accepts(func, args, kwargs)
+    except Exception as e:
+        _note_op(e, plan.name)
+        raise
+
+
+def _note_op(err: BaseException, name: str) -> None:
+    """Name the op and the user's line in ``err`` (an error CPU torch decided)."""
+    src = user_frame()
+    note = f"xlanb: in {name}" + (f" at {src.short}" if src is not None else "")
+    if note not in getattr(err, "__notes__", ()):
+        err.add_note(note)
+
 
 def _meta_refused(func, args, kwargs, err: Exception):
     """torch's meta kernel refused a call. CPU torch decides, as a user expects: on
@@ -297,8 +322,12 @@ def _meta_refused(func, args, kwargs, err: Exception):
     raise another: a RuntimeError where CPU raises IndexError). Where CPU accepts the
     call, the meta kernel was stricter than torch: the op falls back to CPU torch on the
     real values. Inputs too big to copy as zeros keep the meta kernel's error."""
-    if not _cpu_accepts(func, args, kwargs):
-        raise err
+    try:
+        if not _cpu_accepts(func, args, kwargs):
+            raise err
+    except Exception as e:
+        _note_op(e, func._schema.name)
+        raise
     return cpu_fallback(func, args, kwargs)
 
 

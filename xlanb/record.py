@@ -18,6 +18,7 @@ from .base.frames import user_frame
 from .base.scopes import current_scope
 from .base.session import mode_state, session
 from .execute.background import compile_op_ahead, compiles_in_flight
+from .execute.compile import add_op_note
 from .execute.fills import settled_if_empty
 from .execute.memory import check_op, device_oom, is_device_oom
 from .execute.single_op import direct_call, op_executable, run_op
@@ -78,7 +79,11 @@ def run_node(info: OpInfo, inputs: tuple, scalars: tuple) -> Node:
             node = _eager_deferred(state, info, inputs, scalars)
             if node is not None:
                 return node
-        call = op_executable(info)
+        try:
+            call = op_executable(info)
+        except Exception as e:  # lowering or compiling: name the op and the line, as lazy does
+            add_op_note(e, "compiling failed for", info, user_frame(), current_scope())
+            raise
     else:
         _count("OpCacheHit")
     if config.memory_limit is not None:  # xlanb.memory_limit: checked before it runs
@@ -148,7 +153,11 @@ def _eager_deferred(state, info: OpInfo, inputs: tuple, scalars: tuple) -> Node 
     Returns the recorded node, or None to run the op now."""
     if state.deferred and not compiles_in_flight():
         sync(cause="background compiles done")
-    pending = info.exe is None and (info.compiling or compile_op_ahead(info))
+    try:
+        pending = info.exe is None and (info.compiling or compile_op_ahead(info))
+    except Exception as e:  # a lowering error, raised here: name the op and the line
+        add_op_note(e, "lowering failed in", info, user_frame(), current_scope())
+        raise
     waiting = False
     for n in inputs:
         if n.data is None and not settled_if_empty(n):  # an empty costs nothing to settle

@@ -49,7 +49,8 @@ def settle_fill(node: Node, value=0) -> None:
     dtype = to_jax_dtype(meta.dtype)
     device = jax_device(node.info.device)
     with jax.enable_x64(True):
-        if device.platform == "cpu" and _nbytes(meta) <= _HOST_FILL_BYTES:
+        if device.platform == "cpu" and _nbytes(meta) <= _HOST_FILL_BYTES \
+                and len(meta.shape) <= 64:  # numpy's most dimensions
             # a small host buffer is the CPU device's own: nothing to compile
             arr = jax.device_put(np.full(meta.shape, value, dtype), device)
         else:  # made on the device: no host copy, no transfer (one fill per shape)

@@ -12,8 +12,18 @@ from ..base.dtypes import numpy_to_tensor, tensor_to_numpy
 from .devices import jax_device
 
 
+# numpy holds at most 64 dimensions, torch and XLA more: a tensor of higher rank crosses
+# flattened, and takes its shape on the device (or on the host, going back).
+_NUMPY_MAX_DIMS = 64
+_reshaped = jax.jit(lambda a, shape: a.reshape(shape), static_argnums=1)
+
+
 def host_to_device(cpu: torch.Tensor, device: int):
     """A device array holding a copy of the CPU tensor ``cpu``."""
+    if cpu.dim() > _NUMPY_MAX_DIMS:
+        flat = host_to_device(cpu.reshape(-1), device)
+        with jax.enable_x64(True):
+            return _reshaped(flat, tuple(cpu.shape))
     t0 = time.perf_counter()
     arr = tensor_to_numpy(cpu)
     dev = jax_device(device)
@@ -32,6 +42,10 @@ def array_to_host(arr) -> torch.Tensor:
     several processes (``xlanb.distributed``) is read from this process's replica if it
     is replicated, else gathered from every process (a collective: each process must
     read it, as SPMD programs do)."""
+    if arr.ndim > _NUMPY_MAX_DIMS:
+        with jax.enable_x64(True):
+            flat = _reshaped(arr, (-1,))
+        return array_to_host(flat).reshape(tuple(arr.shape))
     t0 = time.perf_counter()
     if not getattr(arr, "is_fully_addressable", True):
         if arr.is_fully_replicated:
