@@ -50,6 +50,9 @@ CASES = {
     "index_fill_": (lambda a, i: a.clone().index_fill_(1, i, -1.0), [0, -4], [0, -1]),
     "take": (lambda a, i: torch.take(a, i), [0, 6], [5, -6]),
     "put_": (lambda a, i: a.clone().put_(i, torch.ones(2, device=a.device)), [0, -7], [5, 0]),
+    "getitem": (lambda a, i: a[:, i], [0, 3], [2, -3]),
+    "index_put_": (lambda a, i: a.clone().index_put_((i,), torch.tensor(1.0, device=a.device)),
+                   [1, -3], [1, -2]),
     # CPU torch 2.13 wraps take_along_dim's indices (a remainder before its gather): no
     # error there, and none here: the same values
     "take_along_dim": (lambda a, i: torch.take_along_dim(a, i, 1), [[0, 9]], [[0, 2]]),

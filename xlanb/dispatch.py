@@ -171,7 +171,7 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
             return res
     if plan.name in _HOST_INDICES_OK and not session.direct and len(args) > 1 \
             and isinstance(args[1], (list, tuple)):
-        _check_known_indices(args[0], args[1])
+        _check_known_indices(args[0], args[1], plan.name)
     if not session.direct and _has_host_tensor(args, kwargs):
         args, kwargs = _host_operands(plan, args, kwargs)
     if plan.name in _HOST_INDICES_OK and len(args) > 1:
@@ -419,49 +419,44 @@ def _host_operands(plan: OpPlan, args, kwargs):
     return tuple(move(a) for a in args), {k: move(v) for k, v in kwargs.items()}
 
 
-def _known_index_values(idx: XlaTensor):
-    """The values of a device index tensor the host can have without a sync: kept from
-    the host (from_host), or, with ``config.check_device_indices``, read back when it is
-    small and computed (eager mode) or already materialized. None otherwise (pending:
-    reading it would cut the graph)."""
-    if not idx._view:
-        host = session.host_values.get(idx._storage.node)
-        if host is not None:
-            return host
-    if not config.check_device_indices or idx.numel() > _CHECKED_INDEX_MAX:
-        return None
-    if (not idx._view and idx._storage.node.data is not None) or mode_state().mode == "eager":
-        return to_host(idx, cause="index bounds check")  # a transfer, never a graph
-    return None
-
-
 _CHECKED_INDEX_MAX = 4096
 
 
-def _check_known_indices(t, indices) -> None:
+def _check_known_indices(t, indices, op: str) -> None:
     """XLA clamps an out-of-range index where torch raises. Index values the host has
-    or can read without a sync (``_known_index_values``) are checked here, with torch's
-    IndexError; a pending index tensor is not (reading it would cut the graph)."""
+    or can read without a sync (``_index_range``) are checked here, with torch's
+    IndexError; a pending index tensor is checked by the graph of the next sync."""
     if not isinstance(t, torch.Tensor):
         return
     dim = 0
+    k = 0  # torch's message counts the dimensions indexed by tensors only
     for idx in indices:
         if idx is None:
             dim += 1
             continue
         if idx.dtype in (torch.bool, torch.uint8):  # a mask covers idx.dim() dims
             dim += idx.dim()
+            k += idx.dim()
             continue
-        if type(idx) is XlaTensor:
-            idx = _known_index_values(idx)
-        if idx is not None and idx.numel() and dim < t.dim():
+        if idx.numel() and dim < t.dim() and not idx.dtype.is_floating_point:
             n = t.shape[dim]
-            lo, hi = int(idx.min()), int(idx.max())
-            if hi >= n or lo < -n:
-                where = f"dimension {dim}" if n else "dimension"  # torch's two messages
-                raise IndexError(f"index {hi if hi >= n else lo} is out of bounds for "
-                                 f"{where} with size {n}")
+            where = f"dimension {k}" if n else "dimension"  # torch's two messages
+            check = IndexCheck(idx, -n, n, lambda v, where=where, n=n: IndexError(
+                f"index {v} is out of bounds for {where} with size {n}"))
+            if type(idx) is XlaTensor:
+                found = _index_range(idx, None)
+                if found is _PENDING:
+                    _pending_check(check, idx, op)
+                    found = None
+            else:
+                found = host_range(idx, None)
+            v = check.bad_value(*found) if found is not None else None
+            if v is not None:
+                check.op = op
+                check.src = user_frame()
+                raise index_error(check, v, "checked before it ran")
         dim += 1
+        k += 1
 
 
 _PENDING = object()
@@ -469,9 +464,11 @@ _PENDING = object()
 
 def _index_range(idx: XlaTensor, ignore):
     """(min, max) of an index tensor's values (without ``ignore``) where the host has them
-    or can get them without a sync (as ``_known_index_values``; an eager index too big
-    to read back whole is reduced on the device); ``_PENDING`` for a pending index that
-    the next sync checks in its graph; None when empty or unchecked."""
+    or can get them without a sync: kept from the host (from_host), or, with
+    ``config.check_device_indices``, read back when computed (eager mode) or already
+    materialized (an index too big to read back whole is reduced on the device).
+    ``_PENDING`` for a pending index, which the next sync checks in its graph; None when
+    empty or unchecked."""
     if not idx._view:
         host = session.host_values.get(idx._storage.node)
         if host is not None:
@@ -483,6 +480,20 @@ def _index_range(idx: XlaTensor, ignore):
             return host_range(to_host(idx, cause="index bounds check"), ignore)
         return device_range(node_array(value_node(idx), cause="index bounds check"), ignore)
     return _PENDING
+
+
+def _pending_check(c: IndexCheck, idx: XlaTensor, op: str) -> None:
+    """Leave ``c`` (on the pending index ``idx``) to the graph of the next sync."""
+    if session.recorder is not None:
+        return  # inside xlanb.compile: its replays do not run these checks
+    node = value_node(idx)
+    key = (id(node), c.lo, c.hi, c.ignore)
+    if key not in pending_index_checks:
+        c.index = node
+        c.op = op
+        c.src = user_frame()
+        c.scope = _scope_stack[-1] if _scope_stack else ""
+        pending_index_checks[key] = c
 
 
 def _check_index_operands(plan: OpPlan, args, kwargs) -> None:
@@ -504,15 +515,7 @@ def _check_index_operands(plan: OpPlan, args, kwargs) -> None:
             continue
         c.op = plan.name
         if found is _PENDING:
-            if session.recorder is not None:
-                continue  # inside xlanb.compile: its replays do not run these checks
-            node = value_node(idx)
-            key = (id(node), c.lo, c.hi, c.ignore)
-            if key not in pending_index_checks:
-                c.index = node
-                c.src = user_frame()
-                c.scope = _scope_stack[-1] if _scope_stack else ""
-                pending_index_checks[key] = c
+            _pending_check(c, idx, plan.name)
             continue
         v = c.bad_value(*found)
         if v is not None:
