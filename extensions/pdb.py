@@ -14,10 +14,14 @@
     xgraphs                    every compiled graph: hash, size, cause, source, times
     xnans                      the frame's xla tensors holding NaN/Inf, and where made
     xmem [--by-line | --graph I]   device memory: what holds it, from which line
+    xtarget [NAME|off] [--now [EXPR] | --graph I]
+                               compile for a TPU topology (v5e:2x2...) too; --now: the
+                               TPU compiler's report on the pending graph
 
 Looking never cuts the lazy graph: ``p``/``pp``/a bare expression/``display``/``xpeek``
 peek, and so do ``.cpu()``/``.item()``/``.tolist()`` while a debugger is stopped. Only
-``xsync``, ``xmode eager`` (which syncs first) and ``xhlo --optimized`` compile anything.
+``xsync``, ``xmode eager`` (which syncs first) and ``xhlo --optimized`` compile anything
+for this machine; ``xtarget --now`` compiles for a TPU with libtpu, and runs nothing.
 
 Stepping (``s``, ``n``, ``r``, ``until``) skips xlanb's own frames, everything they call
 (torch internals, JAX, the standard library), and the torch plumbing a tensor subclass
@@ -57,6 +61,8 @@ DEFAULT_SKIP = (
 _COUNTERS = ("UncachedCompile", "CachedCompile", "OpCompile", "OpCacheHit")
 _DEPTH = re.compile(r"(?:^|\s)--depth(?:=|\s+)(\S*)|(?:^|\s)--depth$")
 _FLAG = re.compile(r"(?:^|\s)(--[\w-]+)(?=\s|$)")
+_TOPOLOGY = re.compile(r"off|[A-Za-z]\w*:[\dx]+", re.I)  # v5e:2x2, v5p:2x2x1, off
+_GRAPH = re.compile(r"(?:^|\s)--graph(?:=|\s+)(\S*)|(?:^|\s)--graph$")
 
 
 def _is_core_module(name) -> bool:
@@ -402,6 +408,103 @@ class XlaPdb(pdb.Pdb):
         else:
             raise _BadInput("usage: xmem [--by-line | --graph I]")
 
+    @_command
+    def do_xtarget(self, arg):
+        """xtarget [NAME|off] [--now [EXPR] | --graph I]
+        Compile for a TPU topology with libtpu, no TPU needed (xlanb.set_target): NAME is
+        a topology as JAX spells it (v5e:1x1, v5e:2x2, v5p:2x2x1, v4:2x2x1, v6e:1x1);
+        every graph compiled from then on is also compiled for it in the background, and
+        xgraphs shows its per-chip HBM peak, whether it fits, the estimated step time and
+        the TPU compile time. off stops. Without arguments: the target, and the known
+        chips with their HBM. --now compiles the pending graph of EXPR (default: all
+        pending work, else the latest graph) for NAME (default: the target) and prints
+        the TPU compiler's report; --graph I does so for compiled graph #I. Nothing runs
+        and the pending graph is left as it was.
+        """
+        index = None
+        m = _GRAPH.search(arg)
+        if m:
+            raw = m.group(1) or ""
+            try:
+                index = int(raw)
+            except ValueError:
+                raise _BadInput(f"--graph takes a graph number, got {raw!r}" if raw
+                                else "--graph takes a graph number") from None
+            arg = (arg[:m.start()] + " " + arg[m.end():]).strip()
+        rest, flags = self._flags(arg, ("--now", "--graph"))
+        now = "--now" in flags or index is not None
+        first, _, expr = rest.partition(" ")
+        name = first if first and _TOPOLOGY.fullmatch(first) else None
+        if name is None:
+            expr = rest
+        expr = expr.strip()
+        if expr and not now:
+            if name is None and " " not in expr:  # the core says what a topology is
+                self._topology(expr)
+            raise _BadInput("usage: xtarget [NAME|off] [--now [EXPR] | --graph I]")
+        if expr and index is not None:
+            raise _BadInput("give EXPR or --graph I, not both")
+        if name is not None and name.lower() == "off":
+            if now:
+                raise _BadInput("--now needs a topology, not off")
+            prev = xlanb.get_target()
+            xlanb.set_target(None)
+            self.message(f"target: {prev.name} -> off" if prev else "target: off (unchanged)")
+            return
+        target = self._topology(name) if name is not None else xlanb.get_target()
+        if now:
+            if target is None:
+                raise _BadInput("no target: give one (xtarget v5e:1x1 --now) or set one "
+                                "(xtarget v5e:1x1)")
+            self._target_report(target, expr, index)
+            return
+        if name is None:
+            head = ("target: off (xtarget v5e:2x2 compiles every new graph for a TPU topology "
+                    "too, in the background; nothing runs on it)" if target is None else
+                    f"target: {xd.target_text(target)}: every new graph is also compiled for "
+                    "it, in the background (xgraphs shows its figures; xtarget --now compiles "
+                    "the pending graph now)")
+            self.message(xd.TargetStatus(target, headline=head).text())
+            return
+        prev = xlanb.get_target()
+        xlanb.set_target(target)
+        self.message(f"target: {prev.name if prev else 'off'} -> {xd.target_text(target)}; "
+                     "every new graph is also compiled for it in the background (xgraphs "
+                     "shows its figures; xtarget --now compiles the pending graph now)")
+
+    @staticmethod
+    def _topology(name: str):
+        try:
+            return xlanb.Target(name)
+        except (ValueError, ImportError) as e:  # an unknown generation lists the known ones
+            raise _BadInput(str(e).strip().splitlines()[0]) from None
+
+    def _target_report(self, target, expr: str, index) -> None:
+        gs = list(xlanb.graphs())
+        head = "graph"
+        if index is None:
+            tensors = self._tensors(expr, "xtarget") if expr else []
+            n = xlanb.pending_count(*tensors)
+            if n:
+                what, words = tensors, f"the pending graph ({xd.plural(n, 'op')})"
+            elif expr:
+                raise _BadInput(f"nothing pending: {expr} is device data")
+            elif not gs:
+                raise _BadInput("nothing pending and no graph compiled yet")
+            else:
+                index, head = -1, "nothing pending: the latest graph"
+        if index is not None:
+            if not -len(gs) <= index < len(gs):
+                raise _BadInput(f"there is no graph #{index}: {len(gs)} graphs were compiled")
+            g = gs[index]
+            what = [g]
+            words = f"{head} #{index % len(gs)} {g.hash[:12]} ({xd.plural(g.n_nodes, 'op')})"
+        try:
+            report = xlanb.compile_for(target, *what)
+        except (ValueError, ImportError) as e:
+            raise _BadInput(str(e).strip().splitlines()[0]) from None
+        self.message(xd.TargetView(report, words[0].upper() + words[1:]).text())
+
     # ------------------------------------------------------------------------------
     # Tab completion
 
@@ -419,6 +522,14 @@ class XlaPdb(pdb.Pdb):
 
     def complete_xpending(self, text, line, begidx, endidx):
         return self._complete_with_flags(("--depth",), text, line, begidx, endidx)
+
+    def complete_xtarget(self, text, line, begidx, endidx):
+        if text.startswith("-"):
+            return [f + " " for f in ("--now", "--graph") if f.startswith(text)]
+        if len(line[:begidx].split()) == 1:  # the first argument: a topology
+            names = list(xd.EXAMPLE_TOPOLOGIES.values()) + ["v5e:1x1", "off"]
+            return [n for n in names if n.startswith(text)]
+        return self._complete_expression(text, line, begidx, endidx)
 
     def complete_xhlo(self, text, line, begidx, endidx):
         return self._complete_with_flags(("--hlo", "--stablehlo", "--optimized"),

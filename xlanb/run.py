@@ -1,5 +1,5 @@
-"""``python -m xlanb.run [--shadow] script.py [args]``: run a torch_xla program unchanged
-on xlanb (``-m module`` runs a module instead of a script).
+"""``python -m xlanb.run [--shadow] [--target T] script.py [args]``: run a torch_xla
+program unchanged on xlanb (``-m module`` runs a module instead of a script).
 
 The program runs as ``__main__`` with ``sys.argv`` set to ``[script, *args]`` and its
 folder first on ``sys.path``, as ``python script.py args`` would. ``import torch_xla``
@@ -8,6 +8,11 @@ opens xlanb's pdb (``PYTHONBREAKPOINT=xlanb.set_trace`` unless you set it), and
 ``XLANB_MODE=eager`` runs a lazy program op by op. ``faulthandler`` is on, so a native
 crash still prints the Python stack. If the real torch_xla is installed, it is used
 unless ``--shadow`` is given.
+
+With a TPU target (``XLANB_TARGET=v5e:2x2``, or ``--target v5e:2x2``, which sets it),
+every graph the program compiles is also compiled for that TPU topology with libtpu, in
+the background, and at exit one line per graph goes to stderr: its per-chip HBM peak,
+whether it fits, the estimated step time and the TPU compile time.
 """
 from __future__ import annotations
 
@@ -16,19 +21,53 @@ import os
 import runpy
 import sys
 
-USAGE = ("usage: python -m xlanb.run [--shadow] script.py [args ...]\n"
-         "       python -m xlanb.run [--shadow] -m module [args ...]\n"
+USAGE = ("usage: python -m xlanb.run [--shadow] [--target T] script.py [args ...]\n"
+         "       python -m xlanb.run [--shadow] [--target T] -m module [args ...]\n"
          "Runs a torch_xla program unchanged on xlanb; --shadow runs it on xlanb even "
-         "when the real torch_xla is installed.")
+         "when the real torch_xla is installed; --target v5e:2x2 (or XLANB_TARGET) also "
+         "compiles every graph for that TPU topology and prints one line per graph at exit.")
+
+
+def target_summary(file=None) -> None:
+    """One line per graph compiled for a target (``xlanb.graphs()[i].target``), to
+    ``file`` (stderr): waits for the TPU compiles still running."""
+    file = file or sys.stderr
+    xlanb = sys.modules.get("xlanb")
+    if xlanb is None:
+        return
+    gs = list(xlanb.graphs())
+    lines = []
+    for i, g in enumerate(gs):
+        try:
+            report = g.target
+        except Exception as e:  # noqa: BLE001 - one graph's failure is one line
+            lines.append(f"xlanb.run: graph #{i} {g.hash[:12]}: no target report "
+                         f"({type(e).__name__}: {e})")
+            continue
+        if report is None:
+            continue
+        where = f" at {g.src.short}" if g.src is not None else ""
+        ops = f"{g.n_nodes} op" + ("" if g.n_nodes == 1 else "s")
+        lines.append(f"xlanb.run: graph #{i} {g.hash[:12]} ({ops}{where}) on "
+                     f"{report.summary_line()}")
+    for line in lines:
+        print(line, file=file)
+    file.flush()
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     shadow = False
+    target_name = None
     while argv and argv[0].startswith("-") and argv[0] != "-m":
         opt = argv.pop(0)
         if opt == "--shadow":
             shadow = True
+        elif opt == "--target" or opt.startswith("--target="):
+            name = opt.partition("=")[2] if "=" in opt else (argv.pop(0) if argv else "")
+            if not name:
+                sys.exit(f"xlanb.run: --target needs a TPU topology, e.g. v5e:2x2\n{USAGE}")
+            target_name = name
         elif opt in ("-h", "--help"):
             print(USAGE)
             return
@@ -42,7 +81,13 @@ def main(argv: list[str] | None = None) -> None:
 
     faulthandler.enable()
     os.environ.setdefault("PYTHONBREAKPOINT", "xlanb.set_trace")
-    import xlanb.compat
+    import xlanb.compat  # xlanb itself is imported already (XLANB_TARGET is read then)
+    if target_name is not None:
+        try:
+            xlanb.set_target(target_name)
+        except (ValueError, ImportError) as e:  # an unknown topology, or no libtpu
+            sys.exit(f"xlanb.run: --target {target_name}: {e}")
+        os.environ["XLANB_TARGET"] = target_name  # for the processes it starts
     import warnings
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -53,11 +98,22 @@ def main(argv: list[str] | None = None) -> None:
 
     target = argv[0]
     sys.argv = argv
-    if module:  # sys.path[0] is already the working folder, as for `python -m`
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
-    else:
-        sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python script.py`
-        runpy.run_path(target, run_name="__main__")
+    interrupted = False
+    try:
+        if module:  # sys.path[0] is already the working folder, as for `python -m`
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python script.py`
+            runpy.run_path(target, run_name="__main__")
+    except KeyboardInterrupt:
+        interrupted = True  # no waiting on TPU compiles after a Ctrl-C
+        raise
+    finally:
+        if not interrupted:
+            try:
+                target_summary()
+            except Exception as e:  # noqa: BLE001 - the summary never hides the program's end
+                print(f"xlanb.run: no target summary ({type(e).__name__}: {e})", file=sys.stderr)
 
 
 if __name__ == "__main__":
