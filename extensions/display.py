@@ -387,10 +387,39 @@ _HLO_NOISE = (
 )
 
 
+def _drop_attribute(line: str, key: str) -> str:
+    """``line`` without ``, key={...}`` (braces balanced, strings skipped)."""
+    start = line.find(f", {key}={{")
+    while start >= 0:
+        i, depth, quoted = start + len(key) + 4, 0, False  # after ", key={"
+        while i < len(line):
+            c = line[i]
+            if quoted:
+                if c == "\\":
+                    i += 1
+                elif c == '"':
+                    quoted = False
+            elif c == '"':
+                quoted = True
+            elif c == "{":
+                depth += 1
+            elif c == "}":
+                if depth == 0:
+                    break
+                depth -= 1
+            i += 1
+        if i >= len(line):  # unbalanced: leave the line as it is
+            return line
+        line = line[:start] + line[i + 1:]
+        start = line.find(f", {key}={{")
+    return line
+
+
 def tidy_hlo(text: str) -> str:
     """Drop what says nothing about the computation on one device: JAX's stack-frame
-    tables and per-op ``metadata`` (they point into xlanb's lowering code, not yours) and
-    single-device sharding annotations."""
+    tables and per-op ``metadata`` (they point into xlanb's lowering code, not yours),
+    single-device sharding annotations, and the TPU compiler's per-instruction
+    ``backend_config`` (tiling windows, cycle estimates, scoped memory)."""
     out, skipping = [], False
     for line in text.splitlines():
         if line.strip() in _HLO_TABLES:
@@ -402,6 +431,8 @@ def tidy_hlo(text: str) -> str:
             continue
         for pat in _HLO_NOISE:
             line = pat.sub("", line)
+        if "backend_config={" in line:
+            line = _drop_attribute(line, "backend_config")
         out.append(line)
     tidy = "\n".join(out)
     return re.sub(r"\n{3,}", "\n\n", tidy).strip("\n") + "\n"

@@ -183,6 +183,7 @@ def test_memory_and_hlo_for_a_target(term):
     text = b["text/plain"]
     assert text.startswith(f"// TPU-optimized HLO for {TARGET}"), text[:200]
     assert "HloModule" in text and "{1,0:T(8,128)}" in text  # the TPU's tiled layouts
+    assert "backend_config" not in text  # tidied, unless --raw
     assert xlanb.pending_count() == pending and counter("UncachedCompile") == compiles
     assert counter("TargetCompile") == 2
     for name, line, says in (
