@@ -431,12 +431,15 @@ def test_out_of_range_indices_the_host_knows_raise(mode):
             bad()
     assert r[[9, -10]].cpu().tolist() == [9.0, 0.0] and m[[2], [3]].cpu().tolist() == [0.0]
     # an index computed on the device: checked where its values exist without a sync
-    # (eager mode; after a sync in the others), else left to XLA, which clamps
+    # (eager mode; after a sync in the others), else inside the graph of the next sync
+    # (test_index_bounds.py), once
     ind = torch.ones(4, dtype=torch.int64, device="xla")
     ind[-1] = 10
     if mode != "eager":
         r[ind]  # pending: its values are not read (that would cut the graph)
-        xlanb.sync()
+        with pytest.raises(IndexError, match="index 10 is out of bounds"):
+            xlanb.sync()
+        xlanb.sync()  # reported once: this sync runs
     with pytest.raises(IndexError, match="index 10 is out of bounds"):
         r[ind]
     assert y.cpu().tolist() == [2.0 * i for i in range(10)]
