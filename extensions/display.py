@@ -845,6 +845,9 @@ def status_line(activity: Activity | None, resolver: SourceResolver = DEFAULT_RE
             parts.append(f"run {fmt_time(a.total('ExecuteTime'))}")
         if a.fallbacks:
             parts.append("CPU fallback: " + ", ".join(a.fallbacks))
+    target = xlanb.get_target()
+    if target is not None:  # every new graph compiles for it too (%xla_target)
+        parts.append(f"target {target.name}")
     return " · ".join(parts)
 
 

@@ -123,6 +123,7 @@ def test_xla_target_sets_shows_and_turns_off(term):
     assert f"off -> {TARGET} (1 x TPU v5 lite, 16.0 GiB HBM per chip)" in out
     _, _, (b,) = magic(term, "xla_target")
     assert f"xla target: {TARGET} (1 x TPU v5 lite" in b["text/plain"]
+    assert xd.status_line(None).endswith(f" · target {TARGET}")  # %xla_status names it
     _, out, _ = magic(term, "xla_target", "off")
     assert xlanb.get_target() is None and f"{TARGET} -> off" in out
     _, out, _ = magic(term, "xla_target", "off")
