@@ -981,7 +981,8 @@ class TargetView(Rich):
         self.report, self.what = report, what
 
     def title(self) -> str:
-        return f"{self.what}, compiled for {target_text(self.report.target)} (nothing ran)"
+        how = "refused by the TPU compiler" if self.report.error else "compiled"
+        return f"{self.what}, {how} for {target_text(self.report.target)} (nothing ran)"
 
     def text(self) -> str:
         return f"{self.title()}\n{self.report}"

@@ -326,7 +326,7 @@ class XlaMagics(Magics):
         report = self._compile_for(target, *tensors)
         text = report.hlo()
         if not text:  # the compiler refused (out of HBM...): its answer is the report
-            self._show(xd.TargetView(report, f"no TPU module for the pending graph "
+            self._show(xd.TargetView(report, f"No TPU module: the pending graph "
                                      f"({xd.plural(n_ops, 'op')})"))
             return
         if not args.raw:

@@ -198,6 +198,28 @@ def test_memory_and_hlo_for_a_target(term):
 
 
 @needs_libtpu
+def test_a_step_that_does_not_fit_is_an_answer(nb):
+    """The TPU compiler refuses a 70000x70000 float32 result (18 GiB) on a 16 GiB v5e chip:
+    the magics show its answer. (Lazy: never computed here; dropped before the test ends.)"""
+    try:
+        run(nb, "with xlanb.mode('lazy'):\n    w = torch.ones(1).to('xla')\n"
+                "    big = w.expand(70000, 70000) + 1")
+        pending, compiles = xlanb.pending_count(), counter("UncachedCompile")
+        _, _, (b,) = magic(nb, "xla_memory", f"--target {TARGET}")
+        text = b["text/plain"]
+        assert "of 16.0 GiB HBM: DOES NOT FIT" in text and "CompileTimeHbmOom" in text, text
+        assert "border-left:2px solid #c33" in b["text/html"]  # the HBM line, in red
+        _, _, (b,) = magic(nb, "xla_hlo", f"big --target {TARGET}")
+        text = b["text/plain"]
+        assert text.startswith("No TPU module: the pending graph (2 ops), refused by the TPU "
+                               f"compiler for {TARGET}"), text[:300]
+        assert "DOES NOT FIT" in text and "xlanb-target" in b["text/html"]
+        assert xlanb.pending_count() == pending and counter("UncachedCompile") == compiles
+    finally:
+        nb.user_ns.pop("big", None)  # never synced: 18 GiB on this machine
+
+
+@needs_libtpu
 def test_explain_target_and_the_graph_table(nb):
     run(nb, "x = (torch.ones(128, 128) / 128).to('xla')")
     with pytest.raises(UsageError, match="unknown TPU generation"):
@@ -214,6 +236,9 @@ def test_explain_target_and_the_graph_table(nb):
     assert f"graph {g.hash[:12]}: peak " in text and "fits" in text and "roofline" in text
     assert xlanb.get_target() is None  # only while the cell ran
     assert g.target.target.name == TARGET and g.target.fits is True
+    html = xd.TargetMemory(g.target, "graph").html()  # the displays, on its report
+    assert "HBM" in html and "<table class='xlanb-padding'" in html
+    assert "xlanb-target" in xd.TargetView(g.target, "graph").html()
     # %xla_graphs: the core's columns, the target's among them
     _, _, (b,) = magic(nb, "xla_graphs", "--last 1")
     text = b["text/plain"]
