@@ -973,22 +973,60 @@ class TargetStatus(Rich):
                 f"<div style='color:#666;font-size:85%'>{escape(src)}</div></div>")
 
 
+PADDING_HEADER = ("kind", "buffer", "type", "TPU layout", "logical", "padded", "+pad", "source")
+
+
+def padding_rows(report, resolver: SourceResolver = DEFAULT_RESOLVER, n: int = 12) -> list[tuple]:
+    """A ``TargetReport``'s padding rows (most padding first) as table cells, each
+    source line named by ``resolver`` (``In[5] line 3`` for a cell)."""
+    return [(r.kind, r.name + (f" [{r.scope}]" if r.scope else ""), r.type, r.layout,
+             fmt_bytes(r.logical_bytes), fmt_bytes(r.padded_bytes),
+             _pad(r.padded_bytes - r.logical_bytes, r.logical_bytes),
+             resolver.label_text(r.source))
+            for r in list(report.padding)[:n]]
+
+
 class TargetView(Rich):
     """A ``TargetReport`` under a line that says what was compiled: its text in a
-    terminal, its HTML (HBM bar, padding, collectives, roofline) in a notebook."""
+    terminal, its HTML (HBM bar, padding, collectives, roofline) in a notebook; the
+    padding rows name cells as ``In[5] line 3``."""
 
-    def __init__(self, report, what: str) -> None:
-        self.report, self.what = report, what
+    def __init__(self, report, what: str, resolver: SourceResolver = DEFAULT_RESOLVER) -> None:
+        self.report, self.what, self.resolver = report, what, resolver
+
+    def _body(self) -> str:
+        """The report's text, its padding table's sources named by the resolver."""
+        lines = str(self.report).split("\n")
+        try:
+            start = lines.index("  padding (most first):") + 1
+        except ValueError:
+            return "\n".join(lines)
+        end = start
+        while end < len(lines) and lines[end].startswith("    "):
+            end += 1
+        table = xlanb.format_table(PADDING_HEADER, padding_rows(self.report, self.resolver),
+                                   right=(4, 5, 6), indent="    ")
+        return "\n".join(lines[:start] + [table] + lines[end:])
+
+    def _html(self) -> str:
+        """The report's HTML, its padding sources named by the resolver."""
+        out = self.report._repr_html_()
+        for r in self.report.padding:
+            if not r.source:
+                continue
+            plain = escape(r.source.rsplit("/", 1)[-1])
+            out = out.replace(f"<td>{plain}</td>", f"<td>{escape(self.resolver.label_text(r.source))}</td>")
+        return out
 
     def title(self) -> str:
         how = "refused by the TPU compiler" if self.report.error else "compiled"
         return f"{self.what}, {how} for {target_text(self.report.target)} (nothing ran)"
 
     def text(self) -> str:
-        return f"{self.title()}\n{self.report}"
+        return f"{self.title()}\n{self._body()}"
 
     def html(self) -> str:
-        return f"<div><b>{escape(self.title())}</b></div>{self.report._repr_html_()}"
+        return f"<div><b>{escape(self.title())}</b></div>{self._html()}"
 
 
 def _bar_html(m, t, fits) -> str:
@@ -1010,17 +1048,13 @@ class TargetMemory(Rich):
     """What one graph needs on each chip of a TPU target: peak against HBM, whether it
     fits, arguments / outputs / temporaries, and what the TPU's tiled layouts pad."""
 
-    HEADER = ("kind", "buffer", "type", "TPU layout", "logical", "padded", "+pad", "source")
+    HEADER = PADDING_HEADER
     RIGHT = {4, 5, 6}
 
     def __init__(self, report, what: str, resolver: SourceResolver = DEFAULT_RESOLVER,
                  n: int = 12) -> None:
         self.report, self.what, self.resolver = report, what, resolver
-        self.rows = [(r.kind, r.name + (f" [{r.scope}]" if r.scope else ""), r.type, r.layout,
-                      fmt_bytes(r.logical_bytes), fmt_bytes(r.padded_bytes),
-                      _pad(r.padded_bytes - r.logical_bytes, r.logical_bytes),
-                      resolver.label_text(r.source))
-                     for r in list(report.padding)[:n]]
+        self.rows = padding_rows(report, resolver, n)
 
     def lines(self) -> list[str]:
         r, t = self.report, self.report.target

@@ -327,7 +327,7 @@ class XlaMagics(Magics):
         text = report.hlo()
         if not text:  # the compiler refused (out of HBM...): its answer is the report
             self._show(xd.TargetView(report, f"No TPU module: the pending graph "
-                                     f"({xd.plural(n_ops, 'op')})"))
+                                     f"({xd.plural(n_ops, 'op')})", self.resolver))
             return
         if not args.raw:
             text = xd.tidy_hlo(text)
@@ -704,7 +704,7 @@ class XlaMagics(Magics):
                       else xlanb.get_target())
             what, words = self._pending_or_graph(self._lookup(args.now or []), args.graph)
             report = self._compile_for(target, *what)
-            self._show(xd.TargetView(report, words[0].upper() + words[1:]))
+            self._show(xd.TargetView(report, words[0].upper() + words[1:], self.resolver))
             return
         if args.target is None:
             self._show(xd.TargetStatus(xlanb.get_target()))

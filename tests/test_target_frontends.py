@@ -161,7 +161,9 @@ def test_xla_target_now_shows_the_report_and_runs_nothing(nb):
     text = b["text/plain"]
     assert text.startswith(f"The pending graph (1 op), compiled for {TARGET}"), text
     assert "fits" in text and "memory per chip" in text and "aten::mm" in text
+    assert "In[" in text and "ipython-input" not in text  # padding rows name the cell
     assert "xlanb-target" in b["text/html"] and "HBM" in b["text/html"]
+    assert "In[" in b["text/html"] and "ipython-input" not in b["text/html"]
     assert xlanb.get_target() is None  # --now leaves the session's target as it was
     assert xlanb.pending_count() == pending and counter("UncachedCompile") == compiles
     assert counter("TargetCompile") == 1
