@@ -169,3 +169,16 @@ def test_eager_large_device_index_checked_on_the_device():
                                                                       w.cpu()))
     with pytest.raises(IndexError, match="index out of range in self"):
         F.embedding(ids + 1, w)
+
+
+def test_dropped_pending_work_is_not_checked():
+    # lazy semantics: pending work nobody holds never runs, and its index is not checked
+    xlanb.set_mode("lazy")
+    a = _base().to("xla")
+    out = torch.gather(a, 1, torch.tensor([[0, 9]]).to("xla") * 1)
+    del out
+    xlanb.sync()
+    kept = torch.gather(a, 1, torch.tensor([[0, 9]]).to("xla") * 1)
+    with pytest.raises(RuntimeError, match="index 9 is out of bounds"):
+        xlanb.sync()
+    del kept

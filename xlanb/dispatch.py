@@ -16,8 +16,8 @@ from .base import metrics, rng
 from .base.config import config
 from .base.frames import user_frame
 from .base.session import mode_state, session
-from .execute.checks import (INDEX_RULES, IndexCheck, device_range, host_range, index_error,
-                             pending_index_checks)
+from .execute.checks import (INDEX_RULES, IndexCheck, add_pending_check, device_range, host_range,
+                             index_error)
 from .execute.fills import fill_value, settle_fill
 from .fallback import cpu_fallback
 from .ir import Node, OpInfo, TensorMeta
@@ -486,14 +486,10 @@ def _pending_check(c: IndexCheck, idx: XlaTensor, op: str) -> None:
     """Leave ``c`` (on the pending index ``idx``) to the graph of the next sync."""
     if session.recorder is not None:
         return  # inside xlanb.compile: its replays do not run these checks
-    node = value_node(idx)
-    key = (id(node), c.lo, c.hi, c.ignore)
-    if key not in pending_index_checks:
-        c.index = node
-        c.op = op
-        c.src = user_frame()
-        c.scope = _scope_stack[-1] if _scope_stack else ""
-        pending_index_checks[key] = c
+    c.op = op
+    c.src = user_frame()
+    c.scope = _scope_stack[-1] if _scope_stack else ""
+    add_pending_check(c, value_node(idx))
 
 
 def _check_index_operands(plan: OpPlan, args, kwargs) -> None:

@@ -13,7 +13,8 @@ from .base import metrics
 from .base.frames import format_loc, user_frame
 from .base.config import config
 from .base.session import mode_state, session
-from .execute.checks import bounds_info, pending_index_checks, settle_index_checks, take_index_checks
+from .execute.checks import (bounds_info, pending_devices, pending_index_checks,
+                             settle_index_checks, take_index_checks)
 from .execute.fills import settled_if_empty
 from .execute.graphs import run_graph
 from .execute.memory import sample
@@ -42,13 +43,17 @@ def materialize(roots: list[Node], cause: str) -> None:
     by_device: dict[int, list[Node]] = {}
     for r in roots:
         by_device.setdefault(r.info.device, []).append(r)
-    for c in pending_index_checks.values():
-        by_device.setdefault(c.index.info.device, [])
+    if pending_index_checks:
+        for device in pending_devices():
+            by_device.setdefault(device, [])
     results = []
     for device, nodes in by_device.items():
         checks = take_index_checks(device) if pending_index_checks else ()
         if checks:  # one more output: the range of every pending checked index
             nodes = nodes + [_bounds_node(checks, device)]
+            checks = [c for c, _ in checks]
+        elif not nodes:
+            continue
         plan = plan_graph(nodes)
         if state.mode == "lazy":
             arrays = run_graph(plan, device, cause, src,
@@ -75,10 +80,12 @@ def materialize(roots: list[Node], cause: str) -> None:
 
 
 def _bounds_node(checks, device: int) -> Node:
-    """The node whose value is ``[min, max]`` of each checked index (execute/checks.py)."""
-    metas = tuple(c.index.info.out if not c.index.info.multi else None for c in checks)
-    info = bounds_info(metas, tuple(c.ignore for c in checks), device)
-    return Node(info, tuple(c.index for c in checks), (), None, checks[0].src, checks[0].scope)
+    """The node whose value is ``[min, max]`` of each checked index (execute/checks.py);
+    ``checks``: (IndexCheck, index node) pairs."""
+    metas = tuple(n.info.out for _, n in checks)
+    info = bounds_info(metas, tuple(c.ignore for c, _ in checks), device)
+    first = checks[0][0]
+    return Node(info, tuple(n for _, n in checks), (), None, first.src, first.scope)
 
 
 def placed(roots) -> tuple | None:

@@ -8,6 +8,8 @@ middle: there the result is XLA's (docs/DESIGN.md, "Semantics").
 """
 from __future__ import annotations
 
+import weakref
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -74,7 +76,7 @@ class IndexCheck:
     __slots__ = ("index", "lo", "hi", "ignore", "error", "op", "src", "scope")
 
     def __init__(self, index, lo: int, hi: int, error, ignore=None):
-        self.index = index   # the index tensor (dispatch), then the Node holding its value
+        self.index = index   # the index tensor (dispatch), then a weakref to its value's Node
         self.lo = lo
         self.hi = hi
         self.ignore = ignore
@@ -244,9 +246,30 @@ def bounds_info(metas: tuple, ignores: tuple, device: int) -> OpInfo:
     return info
 
 
+def add_pending_check(c: IndexCheck, node) -> None:
+    """Leave ``c`` to the next sync, which checks the value of ``node`` in its graph. The
+    check holds the node weakly: pending work nobody holds is never run, nor checked."""
+    key = (id(node), c.lo, c.hi, c.ignore)
+    if key not in pending_index_checks:
+        c.index = weakref.ref(node, lambda _, key=key: pending_index_checks.pop(key, None))
+        pending_index_checks[key] = c
+
+
 def take_index_checks(device: int) -> list:
-    """The pending index checks on ``device`` (they stay pending until ``settle_index_checks``)."""
-    return [c for c in pending_index_checks.values() if c.index.info.device == device]
+    """``(check, index node)`` for each pending index check on ``device`` (they stay
+    pending until ``settle_index_checks``)."""
+    out = []
+    for c in list(pending_index_checks.values()):
+        node = c.index()
+        if node is not None and node.info.device == device:
+            out.append((c, node))
+    return out
+
+
+def pending_devices() -> set:
+    """The devices with pending index checks."""
+    return {n.info.device for n in (c.index() for c in list(pending_index_checks.values()))
+            if n is not None}
 
 
 def settle_index_checks(checks: list, ranges, sync_what: str) -> None:
