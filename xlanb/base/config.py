@@ -113,6 +113,9 @@ class Config:
         try:
             limit = os.environ.get("XLANB_MEMORY_LIMIT") or ""
             self.memory_limit: int | None = parse_bytes(limit) if limit else None
+            # xlanb.memory_limit("target"): every graph must fit the target's HBM per
+            # chip, as the TPU compiler says (execute/target.py), before it runs here
+            self.memory_limit_target = False
         except ValueError as e:
             raise ValueError(f"XLANB_MEMORY_LIMIT: {e}") from None
 

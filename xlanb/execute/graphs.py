@@ -29,7 +29,7 @@ from .memory import (GraphMemory, check_graph, device_oom, graph_buffers, graph_
                      is_device_oom)
 from .resident import admit_graph
 from .stages import GraphLowering, kept_shardings, mesh_leaves, sharding_of
-from .target import compile_in_background
+from .target import check_target_fit, compile_in_background
 
 @dataclass
 class CompiledGraph:
@@ -400,8 +400,10 @@ def run_graph(plan: GraphPlan, device: int, cause: str, src, placed=None) -> lis
         metrics.counter("CachedCompile")
         rec.hits += 1
     # the graph's projected peak (and, with xlanb.memory_limit, the check) before it runs
-    check_graph(rec, device, f"the graph of {len(plan.steps)} ops ({cause}) synced at "
-                f"{format_loc(src) or '?'}")
+    what = f"the graph of {len(plan.steps)} ops ({cause}) synced at {format_loc(src) or '?'}"
+    check_graph(rec, device, what)
+    if config.memory_limit_target:  # xlanb.memory_limit("target"): the TPU compiler's word
+        check_target_fit(rec, what)
     t0 = time.perf_counter()
     with jax.enable_x64(True):
         try:

@@ -558,8 +558,15 @@ class MemoryLimit:
     limit comes back at the end of the block."""
 
     def __init__(self, limit):
-        self.previous = config.memory_limit
-        if limit is None:
+        self.previous = (config.memory_limit, config.memory_limit_target)
+        config.memory_limit_target = False
+        if limit == "target":  # the target's HBM, checked by execute/target.py
+            if session.target is None:
+                raise ValueError("xlanb.memory_limit('target') needs a target: "
+                                 "xlanb.set_target('v5e:1x1') (or xlanb.target(...)) first")
+            self.bytes = None
+            config.memory_limit_target = True
+        elif limit is None:
             self.bytes = None
         elif isinstance(limit, int) and not isinstance(limit, bool):
             if limit <= 0:
@@ -576,9 +583,11 @@ class MemoryLimit:
         return self
 
     def __exit__(self, *exc) -> None:
-        config.memory_limit = self.previous
+        config.memory_limit, config.memory_limit_target = self.previous
 
     def __repr__(self) -> str:
+        if config.memory_limit_target and self.bytes is None:
+            return "xlanb.memory_limit('target')"
         return f"xlanb.memory_limit({format_bytes(self.bytes) if self.bytes else None!r})"
 
 
@@ -586,7 +595,10 @@ def memory_limit(limit) -> MemoryLimit:
     """Check every graph (and eager op) before it runs: the live device buffers plus what
     running it adds (its temporaries and outputs, less what it writes into donated
     buffers) must stay under ``limit`` (bytes, ``"16GiB"``, or None for no check),
-    else ``DeviceMemoryError`` names the largest contributors. Also ``XLANB_MEMORY_LIMIT``."""
+    else ``DeviceMemoryError`` names the largest contributors. Also ``XLANB_MEMORY_LIMIT``.
+    ``"target"``: every graph must fit one chip of the target set by ``xlanb.target``, as
+    the TPU compiler says, before it runs here (lazy graphs; the run waits for that
+    compile)."""
     return MemoryLimit(limit)
 
 

@@ -13,6 +13,7 @@ import re
 import types
 
 import jax
+from jax.sharding import SingleDeviceSharding
 
 from ..base.frames import SourceLoc
 from ..ir import GraphPlan, leaf_meta, stable_hash
@@ -291,8 +292,11 @@ class GraphLowering:
                       for s in leaves],
                      [jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type,
                                            sharding=retarget(s.sharding)) for s in scalars])
+            # JAX places a graph by its arguments' devices; one with none (every value
+            # made inside it) is placed by its outputs', or it would lower for the CPU
+            out = None if specs[0] or specs[1] else SingleDeviceSharding(target.devices[0])
             with jax_context():
-                lowered = jax.jit(self.function()).lower(*specs)
+                lowered = jax.jit(self.function(), out_shardings=out).lower(*specs)
         annotate_op_types(lowered, self.op_names)
         return lowered
 

@@ -15,6 +15,7 @@ import re
 import time
 from typing import NamedTuple
 
+import jax
 import torch
 
 from ..base import metrics
@@ -26,7 +27,7 @@ from ..graph.hlo_text import entry_buffers
 from ..graph.layouts import array_layouts, entry_layouts
 from ..runtime.jit import background, compile_lowered
 from ..runtime.targets import Target, TargetError, target as resolve_target
-from .memory import GraphMemory, graph_memory
+from .memory import Contributor, DeviceMemoryError, GraphMemory, graph_memory
 from .stages import GraphLowering
 
 
@@ -348,6 +349,9 @@ def compile_for_target(lowering: GraphLowering, target) -> TargetReport:
                             compile_seconds=secs, error=message,
                             available_bytes=oom[1] if oom else None, notes=_notes(lowering))
     secs = time.perf_counter() - t0
+    if "tpu" not in {d.platform for s in _shardings_of(exe) for d in s.device_set}:
+        raise TargetError(f"xlanb: graph {lowering.hash[:12]} was placed on "
+                          f"{_shardings_of(exe)[:1]}, not on {t.name}'s chips")
     metrics.counter("TargetCompile")
     text = exe.as_text()
     memory = graph_memory(exe)
@@ -369,6 +373,14 @@ def compile_for_target(lowering: GraphLowering, target) -> TargetReport:
         cost=cost, padding=_padding(lowering, text),
         collectives=CollectiveList(parse_collectives(text, axes), lowering.hash or ""),
         compile_seconds=secs, notes=_notes(lowering), executable=exe)
+
+
+def _shardings_of(exe) -> list:
+    try:
+        return jax.tree.leaves((exe.input_shardings, exe.output_shardings),
+                               is_leaf=lambda x: hasattr(x, "device_set"))
+    except Exception:  # an executable that does not say: trust the lowering
+        return []
 
 
 def _compile_quietly(lowering, target):
@@ -410,3 +422,34 @@ def target(name):
         yield session.target
     finally:
         session.target = prev
+
+
+def check_target_fit(rec, what: str) -> None:
+    """With ``xlanb.memory_limit("target")``: before ``rec`` (a CompiledGraph) runs here,
+    raise ``DeviceMemoryError`` if the TPU compiler says it does not fit one chip of the
+    session's target, naming the largest buffers by line. Waits for that compile."""
+    t = session.target
+    if t is None:
+        return
+    if rec._target is None or rec._target.result().target != t:
+        rec._target = compile_in_background(rec.lowering, t)
+    r = rec._target.result()
+    if r.fits is not False:
+        return
+    need = r.memory.peak_bytes if r.memory is not None else None
+    biggest = sorted((p for p in r.padding if p.kind in ("argument", "output", "temp")),
+                     key=lambda p: -p.padded_bytes)[:5]
+    contributors = [Contributor(f"{p.kind} on {t.chip}",
+                                f"{p.name} {p.type}" + (f" at {p.source.rsplit('/', 1)[-1]}"
+                                                       if p.source else "")
+                                + (f" [{p.scope}]" if p.scope else ""), p.padded_bytes)
+                    for p in biggest]
+    lines = [f"xlanb: {what} would not fit one {t.chip} chip of {t.name} "
+             f"({format_bytes(t.hbm_bytes)} HBM): "
+             + (f"it needs {format_bytes(need)} per chip" if need else "")
+             + (f" (the TPU compiler: {r.error})" if r.error else "")]
+    lines += [f"  {format_bytes(c.bytes):>10}  {c.kind}: {c.what}" for c in contributors]
+    lines.append("  Nothing ran: every pending tensor is still pending. Shard it over more "
+                 "chips, shrink the batch, or xlanb.memory_limit(None).")
+    raise DeviceMemoryError("\n".join(lines), device=rec.device, limit=t.hbm_bytes,
+                            projected=need, live=0, contributors=contributors)
