@@ -7,6 +7,16 @@ which every op reaches ``XlaTensor.__torch_dispatch__``.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
+import itertools
+import operator
+import os
+import queue
+import signal
+import sys
+import threading
+import time
 import types
 
 import torch
@@ -30,24 +40,131 @@ def _check_torch():
         raise ImportError(f"xlanb needs torch >= 2.13 (torch._C._acc); found torch {torch.__version__}")
 
 
+# Ctrl-C must never end the process (issue 37). C++ reaches Python from code that cannot
+# carry a Python exception: ``PythonDeviceGuard::getStream`` is noexcept, and autograd calls
+# it for every output of an op on an xla tensor (``set_history``), as the autograd engine
+# does for streams. An exception there is std::terminate ("terminate called without an
+# active exception", rc 134). Two ways a KeyboardInterrupt got there:
+# - a guard method written in Python runs a pending SIGINT's handler at its first bytecode;
+#   so the guard and hooks below are builtin callables that return a constant: they run no
+#   bytecode (nor give debuggers a frame to step into);
+# - before calling any override, pybind11's lookup (``get_type_override``) calls
+#   ``PyObject_Str``, which calls ``PyErr_CheckSignals``, which runs the Python SIGINT
+#   handler; the default one raises, and pybind11 throws the error on. So ``_on_sigint``
+#   below replaces ``signal.default_int_handler``: it raises as that one does, except when
+#   the C stack shows it was called from that lookup in libtorch_python, where it leaves
+#   the interrupt for a moment later and has it delivered again (see ``_interrupt_later``).
+def _constant(value):
+    """A builtin callable of no arguments that returns ``value``."""
+    return itertools.repeat(value).__next__
+
+
 class _Guard(torch._C._acc.DeviceGuard if hasattr(torch._C, "_acc") else object):
-    def type_(self):
-        __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
-        return torch._C._autograd.DeviceType.PrivateUse1
+    type_ = _constant(torch._C._autograd.DeviceType.PrivateUse1)
 
 
 class _Hooks(torch._C._acc.PrivateUse1Hooks if hasattr(torch._C, "_acc") else object):
-    def is_available(self):
-        __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
-        return True
+    is_available = _constant(True)
+    is_built = _constant(True)
+    # has_primary_context(device_index) -> True: ``None is not device_index``, in C
+    has_primary_context = functools.partial(operator.is_not, None)
 
-    def has_primary_context(self, device_index):
-        __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
-        return True
 
-    def is_built(self):
-        __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
-        return True
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+_STACK_DEPTH = 128  # C frames looked at; nested handlers each add about fifteen
+_probe = None  # (backtrace, dladdr, address of PyObject_Str), or False where not available
+_later: "queue.SimpleQueue | None" = None
+_later_pid = 0
+
+
+def _load_probe():
+    try:
+        libc = ctypes.CDLL(None)
+        backtrace, dladdr = libc.backtrace, libc.dladdr
+        backtrace.argtypes = (ctypes.POINTER(ctypes.c_void_p), ctypes.c_int)
+        backtrace.restype = ctypes.c_int
+        dladdr.argtypes = (ctypes.c_void_p, ctypes.POINTER(_DlInfo))
+        dladdr.restype = ctypes.c_int
+        to_str = ctypes.cast(ctypes.pythonapi.PyObject_Str, ctypes.c_void_p).value
+        backtrace((ctypes.c_void_p * 4)(), 4)  # glibc loads its unwinder on the first call
+        return backtrace, dladdr, to_str
+    except (AttributeError, OSError, TypeError, ValueError):
+        return False
+
+
+def _in_override_lookup() -> bool:
+    """Whether this thread's C stack holds ``PyObject_Str`` called from libtorch_python:
+    pybind11 looking up a Python override, which must not see a Python exception."""
+    backtrace, dladdr, to_str = _probe
+    frames = (ctypes.c_void_p * _STACK_DEPTH)()
+    info = _DlInfo()
+    called_by = False  # the frame before was in PyObject_Str
+    for i in range(backtrace(frames, _STACK_DEPTH)):
+        if not frames[i] or not dladdr(frames[i] - 1, ctypes.byref(info)):
+            called_by = False
+            continue
+        if called_by and info.dli_fname and b"libtorch_python" in info.dli_fname:
+            return True
+        called_by = info.dli_saddr == to_str
+    return False
+
+
+def _deliver_later() -> None:
+    while True:
+        main = _later.get()
+        time.sleep(0.002)  # long enough to leave the op's C++; short next to a person
+        try:
+            signal.pthread_kill(main, signal.SIGINT)
+        except (OSError, ValueError):  # the main thread is gone: nothing to interrupt
+            pass
+
+
+def _interrupt_later() -> None:
+    """SIGINT to the main thread again in a moment, from a helper thread: a blocked wait
+    is woken by a real signal, where a tripped flag would wait for the wait to end."""
+    global _later, _later_pid
+    if _later_pid != os.getpid():  # first use, or a forked child without the helper
+        _later, _later_pid = queue.SimpleQueue(), os.getpid()
+        threading.Thread(target=_deliver_later, name="xlanb-sigint", daemon=True).start()
+    _later.put(threading.main_thread().ident)
+
+
+def _on_sigint(signum, frame):
+    """``signal.default_int_handler``, except inside pybind11's override lookup."""
+    __tracebackhide__ = True  # noqa: F841  (IPython and pytest hide this frame)
+    __debuggerskip__ = True  # noqa: F841
+    try:
+        unsafe = bool(_probe) and _in_override_lookup()
+    except Exception:  # noqa: BLE001  (a broken probe: behave as torch alone would)
+        unsafe = False
+    if unsafe:
+        _interrupt_later()
+        return
+    signal.default_int_handler(signum, frame)
+
+
+def install_sigint_handler() -> bool:
+    """Make Ctrl-C safe with the xla device (main thread; idempotent). Replaces only
+    ``signal.default_int_handler``, also where ipykernel puts it back before each cell;
+    a handler of the user's own is left alone. Returns whether ``_on_sigint`` is in place."""
+    global _probe
+    if _probe is None:
+        _probe = _load_probe()
+    if not _probe:
+        return False
+    kernelbase = sys.modules.get("ipykernel.kernelbase")  # never imported from here
+    if getattr(kernelbase, "default_int_handler", None) is signal.default_int_handler:
+        kernelbase.default_int_handler = _on_sigint  # ipykernel's pre_handler_hook
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _on_sigint)
+    except ValueError:  # not the main thread: signals are the main thread's to set
+        pass
+    return signal.getsignal(signal.SIGINT) is _on_sigint
 
 
 def _device_module() -> types.ModuleType:
@@ -129,4 +246,5 @@ def register() -> None:
     # The MHA / TransformerEncoderLayer fast paths call fused CUDA-style kernels when they
     # see a PrivateUse1 backend; the composite path lowers cleanly.
     torch.backends.mha.set_fastpath_enabled(False)
+    install_sigint_handler()
     _registered = True
