@@ -182,3 +182,20 @@ def test_dropped_pending_work_is_not_checked():
     with pytest.raises(RuntimeError, match="index 9 is out of bounds"):
         xlanb.sync()
     del kept
+
+
+@pytest.mark.parametrize("mode_name", ["lazy", "opbyop"])
+def test_a_look_at_a_result_of_a_bad_pending_index_raises(mode_name):
+    # a peek (print, pdb's p) computes pending values op by op: it raises torch's error
+    # rather than show XLA's clamped values, changes no pending graph, and reports once
+    xlanb.set_mode(mode_name)
+    a = _base().to("xla")
+    out = torch.gather(a, 1, torch.tensor([[0, 9]]).to("xla") * 1)
+    with pytest.raises(RuntimeError, match="index 9 is out of bounds") as info:
+        xlanb.peek(out)
+    assert "look" in "\n".join(info.value.__notes__)
+    assert out._storage.node.data is None  # still pending
+    xlanb.sync()  # reported once
+    good = torch.gather(a, 1, torch.tensor([[0, 2]]).to("xla") * 1)
+    torch.testing.assert_close(xlanb.peek(good), torch.tensor([[0.0, 2.0]]))
+    torch.testing.assert_close(good.cpu(), torch.tensor([[0.0, 2.0]]))

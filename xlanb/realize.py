@@ -13,7 +13,7 @@ from .base import metrics
 from .base.frames import format_loc, user_frame
 from .base.config import config
 from .base.session import mode_state, session
-from .execute.checks import (bounds_info, pending_devices, pending_index_checks,
+from .execute.checks import (bounds_info, check_looked, pending_devices, pending_index_checks,
                              settle_index_checks, take_index_checks)
 from .execute.fills import settled_if_empty
 from .execute.graphs import run_graph
@@ -147,6 +147,8 @@ def peek_node(node: Node):
         if arr is None:
             (arr,) = run_op_by_op(plan, keep=peek_values)
         block_until_ready(arr)
+    if pending_index_checks:  # a look never shows what XLA made of a bad index
+        check_looked(peek_values)
     return arr
 
 

@@ -73,7 +73,7 @@ class IndexCheck:
     """One index operand of one op call: valid values lie in ``[lo, hi)`` or equal
     ``ignore``; ``error(v)`` is the exception CPU torch raises for the bad value ``v``."""
 
-    __slots__ = ("index", "lo", "hi", "ignore", "error", "op", "src", "scope")
+    __slots__ = ("index", "lo", "hi", "ignore", "error", "op", "src", "scope", "looked")
 
     def __init__(self, index, lo: int, hi: int, error, ignore=None):
         self.index = index   # the index tensor (dispatch), then a weakref to its value's Node
@@ -84,6 +84,7 @@ class IndexCheck:
         self.op = ""
         self.src = None
         self.scope = ""
+        self.looked = False  # a look computed its index, in range (check_looked)
 
     def bad_value(self, mn: int, mx: int):
         """The value to report when the index's range ``[mn, mx]`` leaves the bounds."""
@@ -308,3 +309,28 @@ def index_error(c: IndexCheck, v: int, how: str) -> Exception:
     scope = f" [{c.scope}]" if c.scope else ""
     err.add_note(f"xlanb: in {c.op}{where}{scope}; {how}.")
     return err
+
+
+def check_looked(values) -> None:
+    """After a look (a peek) computed pending values op by op (``values``: node id ->
+    array): raise for a pending index check whose index it computed and that leaves its
+    bounds, so that a look never shows the values XLA made from a bad index. Reported
+    once: a check that raises, or passes, here is not looked at again (the sync still
+    runs it in its graph, unless it raised)."""
+    for key, c in list(pending_index_checks.items()):
+        node = c.index()
+        if c.looked or node is None:
+            continue
+        arr = values.get(id(node))
+        if arr is None:
+            continue
+        v = np.asarray(arr).reshape(-1)
+        if c.ignore is not None:
+            v = v[v != c.ignore]
+        bad = c.bad_value(int(v.min()), int(v.max())) if v.size else None
+        c.looked = True
+        if bad is not None:
+            pending_index_checks.pop(key, None)
+            raise index_error(c, bad, "found when a look (peek, print, pdb) computed its "
+                              "index; the pending tensors are unchanged, and the next sync "
+                              "gives XLA's values for it (reported once)")
