@@ -1,0 +1,288 @@
+"""Compiling for a TPU target with the real TPU compiler (libtpu, no TPU): xlanb's
+``compile_for`` report held against JAX's own ahead-of-time compile of the same math for
+the same topology, the compiler's out-of-memory as an answer, a sharded graph's
+collectives by line, background compiles under ``xlanb.target``, and that nothing runs.
+
+Each TPU compile takes seconds on a 2-core machine, so the graphs are small and few.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import pytest
+import torch
+
+import xlanb
+from xlanb.base import metrics
+from xlanb.execute.target import parse_hbm_oom
+from xlanb.graph.layouts import entry_layouts
+from xlanb.runtime import libtpu, targets
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.filterwarnings("ignore:xlanb. compiles too frequent")
+
+# what must not move while compile_for works: the CPU's compiles and runs
+_CPU_COUNTERS = ("UncachedCompile", "CachedCompile", "OpCompile", "OpCacheHit")
+_CPU_METRICS = ("CompileTime", "ExecuteTime", "OpCompileTime", "LowerTime")
+
+
+def _cpu_state() -> tuple:
+    return (tuple(metrics.counter_value(n) for n in _CPU_COUNTERS),
+            tuple((metrics.metric_data(n) or (0,))[0] for n in _CPU_METRICS),
+            len(xlanb.graphs()), xlanb.pending_count(), xlanb.pending_ir())
+
+
+def _jax_reference(fn, specs, topology: str):
+    """JAX's own ahead-of-time compile of ``fn`` for one chip of ``topology``."""
+    dev = xlanb.Target(topology).devices[0]
+    s = jax.sharding.SingleDeviceSharding(dev)
+    args = [jax.ShapeDtypeStruct(shape, dtype, sharding=s) for shape, dtype in specs]
+    with jax.enable_x64(True):
+        return jax.jit(fn).lower(*args).compile()
+
+
+def test_report_matches_jax_aot_compile_and_runs_nothing():
+    # three arguments whose TPU tiles pad differently: a 1000-wide bf16 matrix (1000 -> 1024),
+    # a small 3-D f32 array (tiles of 4 x 128) and int8 (tiles of 8 x 128 in 4-row groups)
+    a = torch.randn(1000, 1000).bfloat16().to("xla")
+    b = torch.randn(1000, 1000).bfloat16().to("xla")
+    c = torch.randn(3, 5, 7).to("xla")
+    d = torch.randint(-5, 5, (17, 33), dtype=torch.int8).to("xla")
+    xlanb.sync()
+    y = (a @ b).relu().sum() + c.sum() + d.float().sum()
+    before = _cpu_state()
+    r = xlanb.compile_for("v5e:1x1", y)
+    assert _cpu_state() == before  # nothing compiled or ran here, the pending graph intact
+
+    ref = _jax_reference(
+        lambda a, b, c, d: (jnp.maximum(a @ b, 0).sum() + c.sum() + d.astype(jnp.float32).sum()),
+        [((1000, 1000), jnp.bfloat16), ((1000, 1000), jnp.bfloat16), ((3, 5, 7), jnp.float32),
+         ((17, 33), jnp.int8)], "v5e:1x1")
+    ma = ref.memory_analysis()
+    assert r.error is None and r.fits is True
+    assert r.target.name == "v5e:1x1" and r.target.chip == "TPU v5 lite"
+    assert r.target.num_devices == 1 and r.target.hbm_bytes == 16 << 30
+    assert r.memory.argument_bytes == ma.argument_size_in_bytes
+    flops = ref.cost_analysis()["flops"]
+    assert abs(r.cost.flops - flops) <= 0.05 * flops
+    assert r.cost.compute_seconds == pytest.approx(r.cost.flops / 197e12)
+    assert r.cost.bound in r.roofline
+
+    # the padding rows agree with the layouts in the compiled modules (xlanb's and JAX's)
+    args = [p for p in r.padding if p.kind == "argument"]
+    assert sum(p.padded_bytes for p in args) == r.memory.argument_bytes
+    params, _ = entry_layouts(ref.as_text())
+    ref_layouts = sorted((a.type, a.layout) for arrays in params for a in arrays)
+    assert sorted((p.type, p.layout) for p in args) == ref_layouts
+    wide = [p for p in args if p.type == "bf16[1000,1000]"]
+    assert len(wide) == 2 and all(p.padded_bytes == 1000 * 1024 * 2 for p in wide)
+    assert all(p.logical_bytes == 1000 * 1000 * 2 for p in wide)
+    assert all(p.source.endswith("test_target.py:" + str(_line_of("a = torch.randn(1000")))
+               or p.source.endswith("test_target.py:" + str(_line_of("b = torch.randn(1000")))
+               for p in wide)
+    small = next(p for p in args if p.type == "f32[3,5,7]")
+    assert small.layout in r.hlo() and small.padded_bytes > small.logical_bytes
+    assert "entry_computation_layout" in r.hlo() and "T(8,128)" in r.hlo()
+    assert r.compile_seconds > 0 and "fits" in r.summary_line()
+
+    # and the sync that follows is the CPU's, with torch's value
+    want = ((a.cpu().float() @ b.cpu().float()).bfloat16().relu().sum().float()
+            + c.cpu().sum() + d.cpu().float().sum())
+    assert float(y) == pytest.approx(float(want), rel=2e-2)
+
+
+def _line_of(text: str) -> int:
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if text in line)
+
+
+def _huge_step_reports(*targets_: str) -> list:
+    """Reports of a step of three 9.3 GiB arrays, made pending and dropped unrun (if it
+    ever ran here it would take 28 GiB of this machine's memory)."""
+    z = torch.zeros(50000, 50000, device="xla")  # pending: nothing is allocated here
+    w = torch.ones(50000, 50000, device="xla")
+    y = z.exp() @ w.T
+    try:
+        before = _cpu_state()
+        out = [xlanb.compile_for(t, y, z, w) for t in targets_]
+        assert _cpu_state() == before
+        return out
+    finally:
+        del y, z, w  # dropped, so no later sync runs them
+
+
+def test_out_of_memory_is_an_answer_not_an_exception():
+    r, big = _huge_step_reports("v5e:1x1", "v5p:1x1x1")
+    assert xlanb.pending_count() == 0
+    assert r.fits is False and "CompileTimeHbmOom" in r.error, r.error
+    need, available = parse_hbm_oom(r.error)
+    assert r.memory.peak_bytes >= need > available and available <= r.target.hbm_bytes
+    assert "DOES NOT FIT" in r.summary_line()
+    # the same step compiles for a chip with more HBM
+    assert big.error is None and big.fits is True and big.memory.peak_bytes >= 3 * 10e9
+    assert big.target.hbm_bytes == 95 << 30
+
+
+def test_memory_limit_target_refuses_before_the_cpu_run():
+    before = metrics.counter_value("UncachedCompile") or 0
+
+    def refused():
+        x = torch.zeros(48000, 48000, device="xla")
+        y = x + 1
+        pending = xlanb.pending_count()
+        try:
+            with pytest.raises(xlanb.DeviceMemoryError) as e:
+                xlanb.sync()
+            assert xlanb.pending_count() == pending  # nothing ran
+            return str(e.value)
+        finally:
+            del x, y  # dropped unrun
+
+    with xlanb.target("v5e:1x1"), xlanb.memory_limit("target"):
+        message = refused()
+    assert "v5e:1x1" in message and "HBM" in message and "test_target.py" in message
+    assert xlanb.get_target() is None and xlanb.pending_count() == 0
+    with pytest.raises(ValueError, match="needs a target"):
+        xlanb.memory_limit("target")
+    # the refused graph compiled for the CPU (for its own memory check) and never ran
+    assert (metrics.counter_value("UncachedCompile") or 0) == before + 1
+
+
+def test_target_compiles_every_graph_in_the_background():
+    m = torch.nn.Linear(256, 128).to("xla")
+    x = torch.randn(16, 256, device="xla")
+    xlanb.sync()
+    with xlanb.target("v5e:1x1") as t:
+        assert t == xlanb.get_target() and t.name == "v5e:1x1"
+        loss = m(x).pow(2).mean()
+        loss.backward()
+        xlanb.sync()
+    assert xlanb.get_target() is None
+    g = xlanb.graphs()[-1]
+    r = g.target  # waits for the TPU compile
+    assert isinstance(r, xlanb.TargetReport) and r.graph_hash == g.hash_full
+    assert r.fits is True and r.memory.argument_bytes > 0
+    assert [c.header for c in xlanb.graphs().columns()][-5:] == [
+        "target", "TPU peak", "fits", "TPU est.", "TPU compile"]
+    assert "v5e:1x1" in str(xlanb.graphs())
+    # the CPU step's value is the CPU's
+    assert m.weight.grad is not None and torch.isfinite(m.weight.grad.cpu()).all()
+    # a graph compiled with no target set has none
+    (x * 3).sum().item()
+    assert xlanb.graphs()[-1].target is None
+
+
+def test_dtypes_a_tpu_treats_differently_are_noted():
+    x = torch.arange(8, dtype=torch.float64).to("xla")
+    r = xlanb.compile_for("v5e:1x1", (x * 2).sum())
+    assert any("float64" in n for n in r.notes)
+    i = torch.arange(8).to("xla")
+    r = xlanb.compile_for("v5e:1x1", i * 3)
+    assert any("int64" in n for n in r.notes) and not any("float64" in n for n in r.notes)
+    xlanb.sync()
+
+
+def test_bad_targets_are_clear_errors(monkeypatch):
+    x = torch.ones(4, device="xla") + 1
+    pending = xlanb.pending_count()
+    with pytest.raises(ValueError, match="known generations: v4, v5e, v5p, v6e"):
+        xlanb.compile_for("v9:2x2", x)
+    with pytest.raises(xlanb.TargetError, match="cannot make the TPU topology v5e:3x3"):
+        xlanb.compile_for("v5e:3x3", x)
+    with pytest.raises(ValueError, match="a TPU topology such as 'v5e:2x2'"):
+        xlanb.set_target("tpu")
+    monkeypatch.setattr(libtpu, "installed", lambda: False)
+    targets.target.cache_clear()
+    targets._topology.cache_clear()
+    try:
+        with pytest.raises(ImportError, match=r'pip install "xlanb\[tpu\]"'):
+            xlanb.compile_for("v6e:1x1", x)
+    finally:
+        targets.target.cache_clear()
+        targets._topology.cache_clear()
+    assert xlanb.pending_count() == pending and x.cpu().tolist() == [2.0] * 4
+
+
+_SHARDED = textwrap.dedent('''
+    import json, sys, warnings
+    import jax, jax.numpy as jnp, torch, xlanb
+    import xlanb.spmd as xs
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    mesh = xs.Mesh(list(range(4)), (4,), ("data",))
+    x = torch.randn(64, 512).to("xla")
+    w = torch.randn(512, 256).to("xla")
+    xs.mark_sharding(x, mesh, ("data", None))
+    xlanb.sync()
+    y = (x @ w).sum()  # LINE_OF_Y
+    r = xlanb.compile_for("v5e:2x2", y)
+    out = {"collectives": [[c.kind, c.source, c.op] for c in r.collectives],
+           "args": r.memory.argument_bytes, "flops": r.cost.flops, "fits": r.fits,
+           "chips": r.target.num_devices, "pending": xlanb.pending_count(),
+           "compiles": xlanb.metrics.counter_value("UncachedCompile")}
+    # JAX's own compile of the same math on the same topology, sharded the same way
+    t = xlanb.Target("v5e:2x2")
+    tmesh = jax.sharding.Mesh(list(t.devices), ("data",))
+    ref = jax.jit(lambda x, w: (x @ w).sum()).lower(
+        jax.ShapeDtypeStruct((64, 512), jnp.float32, sharding=NamedSharding(tmesh, P("data"))),
+        jax.ShapeDtypeStruct((512, 256), jnp.float32, sharding=NamedSharding(tmesh, P()))).compile()
+    out["ref_args"] = ref.memory_analysis().argument_size_in_bytes
+    out["ref_flops"] = ref.cost_analysis()["flops"]
+    try:
+        xlanb.compile_for("v5e:4x4", y)
+    except xlanb.TargetError as e:
+        out["mismatch"] = str(e)
+    out["value_ok"] = abs(float(y) - float((x.cpu() @ w.cpu()).sum())) < 1e-2 * max(1, abs(float(y)))
+    print("RESULT" + json.dumps(out))
+''')
+
+
+def test_sharded_graph_on_a_topology_names_the_collectives_line(tmp_path):
+    script = tmp_path / "sharded_target.py"
+    script.write_text(_SHARDED)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.split("RESULT", 1)[1])
+    line = next(i for i, s in enumerate(_SHARDED.splitlines(), 1) if "LINE_OF_Y" in s)
+    assert out["chips"] == 4 and out["fits"] is True
+    assert out["pending"] > 0 and out["compiles"] is None  # nothing ran for the report
+    assert out["args"] == out["ref_args"]
+    assert abs(out["flops"] - out["ref_flops"]) <= 0.05 * out["ref_flops"]
+    assert any(kind == "all-reduce" and src.endswith(f"sharded_target.py:{line}")
+               for kind, src, _ in out["collectives"]), out["collectives"]
+    assert "has 16" in out["mismatch"] and "'v5e:2x2'" in out["mismatch"]
+    assert out["value_ok"]
+    # libtpu's start-up warnings never reached the user
+    assert "TPU_WORKER_HOSTNAMES" not in proc.stderr and "InitGoogle" not in proc.stderr
+
+
+def test_processes_compile_for_targets_side_by_side():
+    """libtpu's lock file would let only one process load it; without a TPU, xlanb lifts
+    it (runtime/libtpu.py), so two processes compile for targets at once."""
+    code = ("import torch, xlanb; x = torch.ones(128, 128, device='xla'); "
+            "r = xlanb.compile_for('v5e:1x1', x @ x); print('FITS', r.fits)")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("ALLOW_MULTIPLE_LIBTPU_LOAD", None)
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0 and "FITS True" in out, err[-2000:]
+        assert "TPU_WORKER_HOSTNAMES" not in err and "TPU_ACCELERATOR_TYPE" not in err
+
+
+def test_bad_xlanb_target_names_the_variable():
+    env = dict(os.environ, PYTHONPATH=ROOT, XLANB_TARGET="v7x:2x2")
+    proc = subprocess.run([sys.executable, "-c", "import xlanb"], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode != 0
+    assert re.search(r"XLANB_TARGET='v7x:2x2': .*unknown TPU generation", proc.stderr)
