@@ -1,4 +1,4 @@
-"""Ctrl-C never ends the process (issue 37, item 2).
+"""Ctrl-C never ends the process (issue 37, item 2) nor breaks the session (item 3).
 
 C++ calls the Python device guard from code that cannot carry a Python exception
 (``PythonDeviceGuard::getStream`` is noexcept; autograd calls it for every output of an op
@@ -178,3 +178,83 @@ def test_random_ctrl_c_in_eager_training_never_aborts(seed):
     got = last_json_line(out)
     assert got["interrupted"] >= 6, got  # most timers fire inside a step
     assert got["loss"] == got["loss"] and got["loss"] < 1e6, got  # the model still runs
+
+
+# Item 3: the first xla op imports parts of torch (torch.distributed.tensor, sympy,
+# torch._dynamo) and JAX. A Ctrl-C halfway through left half-imported modules behind, and
+# every later op failed with "module 'sympy' has no attribute 'core'", in every mode. Here
+# the Ctrl-C comes exactly when the first op's import reaches TARGET (a meta-path finder
+# raises SIGINT there); sympy.printing is one point where the default handler breaks it.
+HALF_IMPORT = """
+import importlib.abc, json, signal, sys, time, torch, xlanb
+MODE, TARGET, HANDLER = sys.argv[1], sys.argv[2], sys.argv[3]
+if HANDLER == "default":
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+xlanb.set_mode(MODE)
+class Trip(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == TARGET:
+            sys.meta_path.remove(self)
+            signal.raise_signal(signal.SIGINT)
+        return None
+assert TARGET not in sys.modules
+sys.meta_path.insert(0, Trip())
+try:
+    a = torch.randn(4, 4, device="xla")
+    (a @ a + 1).sum().item()
+    time.sleep(1)
+    first = "lost"
+except KeyboardInterrupt:
+    first = "interrupted"
+errors = []
+for m in ("lazy", "eager", "opbyop"):
+    xlanb.set_mode(m)
+    try:
+        a = torch.arange(6.).reshape(2, 3).to("xla")
+        v = (a * 2 + 1).sum().item()
+        assert v == 36.0, v
+    except Exception as e:
+        errors.append(f"{m}: {type(e).__name__}: {e}"[:300])
+print(json.dumps({"first": first, "errors": errors,
+                  "tripped": not any(isinstance(f, Trip) for f in sys.meta_path)}))
+"""
+
+
+def _half_import(mode: str, target: str, handler: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", HALF_IMPORT, mode, target, handler],
+                          env=_child_env(None), capture_output=True, text=True, timeout=240)
+    _assert_alive(proc.returncode, proc.stderr)
+    return last_json_line(proc.stdout)
+
+
+@pytest.mark.parametrize("mode", ["eager", "lazy"])
+def test_ctrl_c_during_the_first_ops_imports_leaves_every_mode_working(mode):
+    got = _half_import(mode, "sympy.printing", "ours")
+    assert got == {"first": "interrupted", "errors": [], "tripped": True}, got
+
+
+def test_the_half_import_probe_breaks_the_default_handler():
+    got = _half_import("eager", "sympy.printing", "default")
+    assert got["tripped"] and len(got["errors"]) == 3, got
+    assert all("has no attribute" in e for e in got["errors"]), got
+
+
+def test_an_import_holds_back_ctrl_c_only_for_its_grace_period(python_child, tmp_path):
+    """A module that runs for long at import still gets its Ctrl-C, after the grace."""
+    (tmp_path / "slow_module.py").write_text("import time\ntime.sleep(60)\n")
+    out = python_child(f"""
+import json, os, signal, sys, threading, time, xlanb
+from xlanb import backend
+backend._IMPORT_GRACE_S = 1.0
+sys.path.insert(0, {str(tmp_path)!r})
+threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+t0 = time.monotonic()
+try:
+    import slow_module
+    r = "imported"
+except KeyboardInterrupt:
+    r = "interrupted"
+print(json.dumps({{"r": r, "after": time.monotonic() - t0}}))
+""")
+    got = last_json_line(out)
+    assert got["r"] == "interrupted" and 1.0 <= got["after"] < 10, got

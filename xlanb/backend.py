@@ -54,6 +54,9 @@ def _check_torch():
 #   below replaces ``signal.default_int_handler``: it raises as that one does, except when
 #   the C stack shows it was called from that lookup in libtorch_python, where it leaves
 #   the interrupt for a moment later and has it delivered again (see ``_interrupt_later``).
+# The same handler holds a Ctrl-C back while an import runs: the first op imports parts of
+# torch (torch.distributed.tensor, sympy, torch._dynamo) and JAX, and a half-done import
+# broke every later op (``module 'sympy' has no attribute 'core'``).
 def _constant(value):
     """A builtin callable of no arguments that returns ``value``."""
     return itertools.repeat(value).__next__
@@ -113,37 +116,62 @@ def _in_override_lookup() -> bool:
     return False
 
 
+def _importing(frame) -> bool:
+    """Whether ``frame`` runs inside an import (the first xla op imports parts of torch,
+    sympy and JAX; an import cut in half leaves a module that later ops find broken)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+_IMPORT_GRACE_S = 10.0  # how long an import may hold back a Ctrl-C; past that it is delivered
+_deferred_since: "float | None" = None
+
+
 def _deliver_later() -> None:
     while True:
-        main = _later.get()
-        time.sleep(0.002)  # long enough to leave the op's C++; short next to a person
+        main, delay = _later.get()
+        time.sleep(delay)
         try:
             signal.pthread_kill(main, signal.SIGINT)
         except (OSError, ValueError):  # the main thread is gone: nothing to interrupt
             pass
 
 
-def _interrupt_later() -> None:
-    """SIGINT to the main thread again in a moment, from a helper thread: a blocked wait
-    is woken by a real signal, where a tripped flag would wait for the wait to end."""
+def _interrupt_later(delay: float) -> None:
+    """SIGINT to the main thread again after ``delay``, from a helper thread: a blocked
+    wait is woken by a real signal, where a tripped flag would wait for the wait to end."""
     global _later, _later_pid
     if _later_pid != os.getpid():  # first use, or a forked child without the helper
         _later, _later_pid = queue.SimpleQueue(), os.getpid()
         threading.Thread(target=_deliver_later, name="xlanb-sigint", daemon=True).start()
-    _later.put(threading.main_thread().ident)
+    _later.put((threading.main_thread().ident, delay))
 
 
 def _on_sigint(signum, frame):
-    """``signal.default_int_handler``, except inside pybind11's override lookup."""
+    """``signal.default_int_handler``, except where a KeyboardInterrupt would do harm:
+    inside pybind11's override lookup (it would end the process) it waits 2 ms; inside an
+    import (it would leave a half-imported module behind) it waits for the import to end,
+    at most ``_IMPORT_GRACE_S``."""
+    global _deferred_since
     __tracebackhide__ = True  # noqa: F841  (IPython and pytest hide this frame)
     __debuggerskip__ = True  # noqa: F841
     try:
-        unsafe = bool(_probe) and _in_override_lookup()
-    except Exception:  # noqa: BLE001  (a broken probe: behave as torch alone would)
-        unsafe = False
-    if unsafe:
-        _interrupt_later()
-        return
+        if _probe and _in_override_lookup():
+            _interrupt_later(0.002)
+            return
+        if _importing(frame):
+            now = time.monotonic()
+            if _deferred_since is None:
+                _deferred_since = now
+            if now - _deferred_since < _IMPORT_GRACE_S:
+                _interrupt_later(0.01)
+                return
+    except Exception:  # noqa: BLE001  (a broken probe: behave as the default handler)
+        pass
+    _deferred_since = None
     signal.default_int_handler(signum, frame)
 
 
@@ -154,8 +182,6 @@ def install_sigint_handler() -> bool:
     global _probe
     if _probe is None:
         _probe = _load_probe()
-    if not _probe:
-        return False
     kernelbase = sys.modules.get("ipykernel.kernelbase")  # never imported from here
     if getattr(kernelbase, "default_int_handler", None) is signal.default_int_handler:
         kernelbase.default_int_handler = _on_sigint  # ipykernel's pre_handler_hook
