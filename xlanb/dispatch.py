@@ -467,19 +467,25 @@ def _index_range(idx: XlaTensor, ignore):
     or can get them without a sync: kept from the host (from_host), or, with
     ``config.check_device_indices``, read back when computed (eager mode) or already
     materialized (an index too big to read back whole is reduced on the device).
-    ``_PENDING`` for a pending index, which the next sync checks in its graph; None when
-    empty or unchecked."""
+    ``_PENDING`` for a pending index (recorded, or in eager mode waiting on a background
+    compile), which the sync that computes it checks in its graph; None when empty or
+    unchecked."""
     if not idx._view:
         host = session.host_values.get(idx._storage.node)
         if host is not None:
             return host_range(host, ignore)
     if not config.check_device_indices:
         return None
-    if (not idx._view and idx._storage.node.data is not None) or mode_state().mode == "eager":
-        if idx.numel() <= _CHECKED_INDEX_MAX:
-            return host_range(to_host(idx, cause="index bounds check"), ignore)
-        return device_range(node_array(value_node(idx), cause="index bounds check"), ignore)
-    return _PENDING
+    node = idx._storage.node if not idx._view else None
+    if node is None or node.data is None:
+        state = mode_state()
+        if state.mode != "eager" or state.deferred:
+            # pending: recorded (lazy, opbyop), or eager ops waiting on background compiles,
+            # which reading it would make wait here: checked where it runs
+            return _PENDING
+    if idx.numel() <= _CHECKED_INDEX_MAX:
+        return host_range(to_host(idx, cause="index bounds check"), ignore)
+    return device_range(node_array(value_node(idx), cause="index bounds check"), ignore)
 
 
 def _pending_check(c: IndexCheck, idx: XlaTensor, op: str) -> None:
