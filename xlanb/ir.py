@@ -10,12 +10,12 @@ A node with ``data`` set is materialized: graphs treat it as an input (a leaf).
 from __future__ import annotations
 
 import hashlib
-import os
 import itertools
 from typing import Callable, NamedTuple
 
 import torch
 
+from .base.config import config
 from .base.frames import SourceLoc
 from .base.session import session
 
@@ -51,7 +51,7 @@ def result_bytes(out) -> int:
 
 # Eager results of at least this many bytes remember the line that made them (set by
 # xlanb.memory_lines; XLANB_MEMORY_LINE_BYTES).
-LINE_BYTES = [int(os.environ.get("XLANB_MEMORY_LINE_BYTES") or 256 << 10)]
+LINE_BYTES = [config.memory_line_bytes]  # checked in base/config.py
 
 
 # Never reset: a uid names an OpInfo for the life of the process (graph keys hold them).

@@ -64,60 +64,172 @@ def parse_bytes(text: str) -> int:
     return n
 
 
+PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+class SettingError(ValueError):
+    """An ``XLANB_*`` variable (or ``xlanb.config`` field) with a value it does not take."""
+
+
+def _refuse(name: str, value, accepts: str):
+    raise SettingError(f"{name}={value!r} is not valid: it takes {accepts}")
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """An on/off variable: 1/0, true/false, yes/no, on/off (empty: off)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    v = raw.strip().lower()
+    if v in _TRUE or v in _FALSE:
+        return v in _TRUE
+    _refuse(name, raw, "1 or 0 (also true/false, yes/no, on/off)")
+
+
+def check_count(name: str, value, minimum: int, accepts: str = "") -> int:
+    """``value`` as a whole number of at least ``minimum``, or a SettingError naming ``name``."""
+    what = f"a whole number >= {minimum}" + (f" ({accepts})" if accepts else "")
+    try:
+        n = int(str(value).strip()) if not isinstance(value, bool) else None
+    except ValueError:
+        n = None
+    if n is None or n < minimum:
+        _refuse(name, value, what)
+    return n
+
+
+def env_count(name: str, default: int, minimum: int, accepts: str = "") -> int:
+    raw = os.environ.get(name)
+    return default if raw in (None, "") else check_count(name, raw, minimum, accepts)
+
+
+def check_size(name: str, value, minimum: int = 1) -> int:
+    """A byte count (an int, or text with a K/M/G/T suffix) of at least ``minimum``."""
+    what = ("a size in bytes" + (" > 0" if minimum > 0 else " >= 0")
+            + ", as a number or with a K, M, G or T suffix (e.g. 500M, 2G)")
+    if isinstance(value, bool):
+        _refuse(name, value, what)
+    if isinstance(value, int):
+        n = value
+    elif minimum <= 0 and str(value).strip() == "0":
+        n = 0
+    else:
+        try:
+            n = parse_bytes(str(value))
+        except ValueError:
+            _refuse(name, value, what)
+    if n < minimum:
+        _refuse(name, value, what)
+    return n
+
+
+def env_size(name: str, default, minimum: int = 1):
+    raw = os.environ.get(name)
+    return default if raw in (None, "") else check_size(name, raw, minimum)
+
+
+def env_choice(name: str, choices, default):
+    raw = os.environ.get(name)
+    if raw in (None, ""):
+        return default
+    if raw.strip().lower() not in choices:
+        _refuse(name, raw, "one of " + ", ".join(choices))
+    return raw.strip().lower()
+
+
+def _check_environment() -> None:
+    """The variables read elsewhere, when they are read (xlanb.distributed, the launcher),
+    checked here at import so a bad one is named before anything runs."""
+    env_count("XLANB_NUM_PROCESSES", 1, 1)
+    env_count("XLANB_PROCESS_ID", 0, 0)
+    address = os.environ.get("XLANB_COORDINATOR_ADDRESS")
+    if address:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            _refuse("XLANB_COORDINATOR_ADDRESS", address, "host:port (e.g. 127.0.0.1:1234)")
+
+
+class _Checked:
+    """A ``Config`` field whose every value, set from the environment or at run time,
+    passes ``check(name, value)``."""
+
+    def __init__(self, check, *args):
+        self.check, self.args = check, args
+
+    def __set_name__(self, owner, attr):
+        self.attr, self.slot = attr, "_" + attr
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else getattr(obj, self.slot)
+
+    def __set__(self, obj, value):
+        setattr(obj, self.slot, self.check(f"xlanb.config.{self.attr}", value, *self.args))
+
+
 class Config:
-    """``xlanb.config``: a plain object whose setters validate."""
+    """``xlanb.config``: a plain object whose setters validate. Every ``XLANB_*`` variable
+    is read and checked here, once, at import: a bad value is a ``SettingError`` that names
+    the variable, its value and what it takes."""
+
+    max_executables = _Checked(check_count, 0, "0: from the kernel's limit on memory mappings")
+    max_graphs = _Checked(check_count, 1)
+    peek_cache_bytes = _Checked(check_size, 0)
+    frequent_compiles = _Checked(check_count, 1)
 
     def __init__(self) -> None:
-        self.platform: str | None = os.environ.get("XLANB_PLATFORM") or None
+        # the execution mode a new session starts in (base/session.py)
+        self.start_mode: str = env_choice("XLANB_MODE", MODES, "lazy")
+        platform = os.environ.get("XLANB_PLATFORM") or None
+        if platform and not all(p.strip().lower() in PLATFORMS for p in platform.split(",")):
+            _refuse("XLANB_PLATFORM", platform, "one of " + ", ".join(PLATFORMS)
+                    + " (or a comma-separated list of them)")
+        self.platform: str | None = platform
         # checked (and resolved) at import by xlanb.set_target
         self.target: str | None = os.environ.get("XLANB_TARGET") or None
         self.cache_dir: str | None = _default_cache_dir()
         # The executable store's cap; least recently used entries go first.
-        try:
-            self.cache_max_bytes: int = parse_bytes(os.environ.get("XLANB_CACHE_MAX_BYTES") or "2G")
-        except ValueError as e:
-            raise ValueError(f"XLANB_CACHE_MAX_BYTES: {e}") from None
+        self.cache_max_bytes: int = env_size("XLANB_CACHE_MAX_BYTES", 2 << 30)
         # Signs the store's entries; outside the cache directory, readable only by the user.
         self.store_key_file: str = os.environ.get("XLANB_STORE_KEY") or _default_store_key()
-        self._inspect = "peek"
-        self.inspect = os.environ.get("XLANB_INSPECT", "peek")
+        self._inspect = env_choice("XLANB_INSPECT", INSPECT_CHOICES, "peek")
         # Warn once per op that falls back to CPU torch.
         self.warn_fallbacks = True
         # XLA clamps an out-of-range index where torch raises IndexError. Index values the
         # host has are always checked (free); with this on, so are small index tensors
         # already on the device (read back: a transfer, never a sync of pending work).
-        self.check_device_indices = os.environ.get("XLANB_CHECK_DEVICE_INDICES", "1") not in ("", "0")
+        self.check_device_indices = env_flag("XLANB_CHECK_DEVICE_INDICES", True)
         # Print every recompile with its explanation (XLANB_DEBUG=1).
-        self.debug = os.environ.get("XLANB_DEBUG", "") not in ("", "0")
+        self.debug = env_flag("XLANB_DEBUG", False)
         # Eager mode: compile new ops' executables on background threads (dispatch.py).
-        self.background_compile = os.environ.get("XLANB_BACKGROUND_COMPILE", "1") not in ("", "0")
+        self.background_compile = env_flag("XLANB_BACKGROUND_COMPILE", True)
         # Peeks (a look in pdb) first compile missing single-op executables quickly, with
         # LLVM's optimizations off, and the optimized ones after, in the background.
-        self.quick_peeks = os.environ.get("XLANB_QUICK_PEEKS", "1") not in ("", "0")
+        self.quick_peeks = env_flag("XLANB_QUICK_PEEKS", True)
         # Warn when one source line compiles this many graphs in at most twice as many syncs.
         self.frequent_compiles = 3
         # Check every sync (and every eager op) for NaN/Inf and name the first op that
         # made one. Turned on and off with xlanb.debug_nans(), which also records where
         # backward ops come from; XLANB_DEBUG_NANS=1 turns it on at import.
-        self.debug_nans = os.environ.get("XLANB_DEBUG_NANS", "") not in ("", "0")
+        self.debug_nans = env_flag("XLANB_DEBUG_NANS", False)
         # Bytes of peeked values kept until the next sync (base/session.py PeekCache).
-        self.peek_cache_bytes = int(os.environ.get("XLANB_PEEK_CACHE_BYTES") or 256 << 20)
+        self.peek_cache_bytes = env_size("XLANB_PEEK_CACHE_BYTES", 256 << 20, 0)
         # Single-op executables kept loaded (execute/resident.py); 0: derived from the
         # kernel's limit on memory mappings, which XLA's executables use up.
-        self.max_executables = int(os.environ.get("XLANB_MAX_EXECUTABLES") or 0)
+        self.max_executables = env_count("XLANB_MAX_EXECUTABLES", 0, 0,
+                                         "0: from the kernel's limit on memory mappings")
         # Graph executables kept loaded (execute/resident.py); a dropped one comes back
         # from the executable store, or compiles again, when its graph runs again.
-        self.max_graphs = int(os.environ.get("XLANB_MAX_GRAPHS") or 256)
+        self.max_graphs = env_count("XLANB_MAX_GRAPHS", 256, 1)
+        # Eager results of at least this many bytes remember their line (ir.LINE_BYTES)
+        self.memory_line_bytes: int = env_size("XLANB_MEMORY_LINE_BYTES", 256 << 10, 0)
         # Device bytes a graph (or an eager op) may take, checked before it runs
         # (execute/memory.py; xlanb.memory_limit); None: no check.
-        try:
-            limit = os.environ.get("XLANB_MEMORY_LIMIT") or ""
-            self.memory_limit: int | None = parse_bytes(limit) if limit else None
-            # xlanb.memory_limit("target"): every graph must fit the target's HBM per
-            # chip, as the TPU compiler says (execute/target.py), before it runs here
-            self.memory_limit_target = False
-        except ValueError as e:
-            raise ValueError(f"XLANB_MEMORY_LIMIT: {e}") from None
+        self.memory_limit: int | None = env_size("XLANB_MEMORY_LIMIT", None)
+        # xlanb.memory_limit("target"): every graph must fit the target's HBM per
+        # chip, as the TPU compiler says (execute/target.py), before it runs here
+        self.memory_limit_target = False
+        _check_environment()
 
     @property
     def inspect(self) -> str:
@@ -126,7 +238,7 @@ class Config:
     @inspect.setter
     def inspect(self, value: str) -> None:
         if value not in INSPECT_CHOICES:
-            raise ValueError(f"xlanb.config.inspect must be one of {', '.join(INSPECT_CHOICES)}; got {value!r}")
+            raise SettingError(f"xlanb.config.inspect must be one of {', '.join(INSPECT_CHOICES)}; got {value!r}")
         self._inspect = value
 
     def __repr__(self) -> str:

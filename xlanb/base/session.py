@@ -11,12 +11,11 @@ metrics, an observer with its own ``clear``.
 """
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from collections import OrderedDict
 
-from .config import check_mode, config
+from .config import MODES, config, env_choice
 
 
 class PeekCache:
@@ -165,7 +164,7 @@ class Session:
 
 
 def starting_mode() -> str:
-    return check_mode(os.environ.get("XLANB_MODE", "lazy") or "lazy")
+    return env_choice("XLANB_MODE", MODES, "lazy")  # a bad value is named (base/config.py)
 
 
 session = Session(starting_mode())

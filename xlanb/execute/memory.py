@@ -32,7 +32,7 @@ from ..base.config import config, parse_bytes
 from ..base.frames import SourceLoc, format_loc
 from ..base.session import session
 from ..base.tables import format_bytes, format_table
-from ..graph.hlo_text import entry_buffers
+from ..graph.hlo_text import array_sizes, entry_buffers
 from ..ir import LINE_BYTES, result_bytes
 from ..runtime.devices import device_index, jax_device, jax_devices
 from ..tensor import Storage, XlaTensor
@@ -666,6 +666,25 @@ def _graph_contributors(rec, n: int = 5) -> list[Contributor]:
     return out
 
 
+def _output_contributors(rec) -> list[Contributor]:
+    """The graph's outputs that an op in it makes (outputs that are inputs passed through
+    take no new memory), each with its op and line: the pending tensors the sync makes."""
+    summary = getattr(rec, "summary", None)
+    if summary is None:
+        return []
+    n_in, out = len(summary.inputs), []
+    for pos in dict.fromkeys(summary.outputs):
+        if pos < n_in or pos - n_in >= len(summary.ops):
+            continue
+        op = summary.ops[pos - n_in]
+        nbytes = sum(b for b, _ in array_sizes(op.aval))
+        if nbytes:
+            src = format_loc(op.src).strip() if op.src is not None else ""
+            where = op.name + (f" at {src}" if src else "") + (f" [{op.scope}]" if op.scope else "")
+            out.append(Contributor("pending output", f"{where} {_shape_text(op.aval)}", nbytes))
+    return out
+
+
 def _message(head: str, index: int, limit, projected, live, extra_text, contributors) -> str:
     lines = [head]
     if limit is not None and projected is not None:
@@ -729,8 +748,10 @@ def check_graph(rec, index: int, what: str) -> None:
     limit = config.memory_limit
     if limit is None or projected <= limit:
         return
-    contributors = sorted(_live_contributors(index) + _graph_contributors(rec),
-                          key=lambda c: -c.bytes)[:5]
+    # what makes the peak, by line: the live tensors, the outputs the graph makes (the
+    # pending tensors it realizes) and its largest temporaries
+    contributors = sorted(_live_contributors(index) + _output_contributors(rec)
+                          + _graph_contributors(rec), key=lambda c: -c.bytes)[:6]
     extra = (f"{format_bytes(mem.extra_bytes)} to run the graph (outputs "
              f"{format_bytes(mem.output_bytes)}, temps {format_bytes(mem.temp_bytes)}, less "
              f"{format_bytes(mem.alias_bytes)} donated)")

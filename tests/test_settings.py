@@ -1,0 +1,91 @@
+"""Every XLANB_* setting is checked in one place, ``Config`` (issue 37, item 4): a bad value
+is a SettingError (a ValueError) that names the variable, its value and what it takes,
+before anything runs. Before, XLANB_MAX_EXECUTABLES=-1 was accepted and every op then failed
+with "generator raised StopIteration", and XLANB_MAX_EXECUTABLES=abc failed ``import
+xlanb`` with "invalid literal for int() with base 10: 'abc'"."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import xlanb
+from conftest import _child_env
+from xlanb.base.config import Config, SettingError
+
+BAD = [
+    ("XLANB_MAX_EXECUTABLES", "-1", "whole number >= 0"),
+    ("XLANB_MAX_EXECUTABLES", "abc", "whole number >= 0"),
+    ("XLANB_MAX_GRAPHS", "-5", "whole number >= 1"),
+    ("XLANB_MAX_GRAPHS", "1.5", "whole number >= 1"),
+    ("XLANB_MAX_GRAPHS", "0", "whole number >= 1"),
+    ("XLANB_PEEK_CACHE_BYTES", "-1", "size in bytes >= 0"),
+    ("XLANB_PEEK_CACHE_BYTES", "abc", "size in bytes >= 0"),
+    ("XLANB_MEMORY_LINE_BYTES", "lots", "size in bytes >= 0"),
+    ("XLANB_MEMORY_LIMIT", "-3G", "size in bytes > 0"),
+    ("XLANB_CACHE_MAX_BYTES", "0", "size in bytes > 0"),
+    ("XLANB_MODE", "fast", "one of lazy, eager, opbyop"),
+    ("XLANB_INSPECT", "all", "one of peek, sync, meta"),
+    ("XLANB_PLATFORM", "quantum", "one of cpu, gpu"),
+    ("XLANB_DEBUG", "maybe", "1 or 0"),
+    ("XLANB_DEBUG_NANS", "2", "1 or 0"),
+    ("XLANB_BACKGROUND_COMPILE", "off please", "1 or 0"),
+    ("XLANB_QUICK_PEEKS", "-1", "1 or 0"),
+    ("XLANB_CHECK_DEVICE_INDICES", "sometimes", "1 or 0"),
+    ("XLANB_NUM_PROCESSES", "0", "whole number >= 1"),
+    ("XLANB_PROCESS_ID", "-1", "whole number >= 0"),
+    ("XLANB_COORDINATOR_ADDRESS", "localhost", "host:port"),
+]
+
+
+@pytest.mark.parametrize("name,value,accepts", BAD, ids=[f"{n}={v}" for n, v, _ in BAD])
+def test_a_bad_setting_names_the_variable_its_value_and_what_it_takes(monkeypatch, name,
+                                                                      value, accepts):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingError) as e:
+        Config()
+    msg = str(e.value)
+    assert msg.startswith(f"{name}={value!r} is not valid") and accepts in msg, msg
+    assert isinstance(e.value, ValueError)
+
+
+def test_good_settings_are_read(monkeypatch):
+    for name, value in [("XLANB_MAX_EXECUTABLES", "300"), ("XLANB_MAX_GRAPHS", "12"),
+                        ("XLANB_PEEK_CACHE_BYTES", "0"), ("XLANB_MEMORY_LINE_BYTES", "1M"),
+                        ("XLANB_MEMORY_LIMIT", "1.5G"), ("XLANB_DEBUG", "true"),
+                        ("XLANB_BACKGROUND_COMPILE", "0"), ("XLANB_MODE", "Eager"),
+                        ("XLANB_PLATFORM", "cpu"), ("XLANB_COORDINATOR_ADDRESS", "10.0.0.1:8476")]:
+        monkeypatch.setenv(name, value)
+    c = Config()
+    assert (c.max_executables, c.max_graphs, c.peek_cache_bytes, c.memory_line_bytes) == \
+        (300, 12, 0, 1 << 20)
+    assert c.memory_limit == int(1.5 * (1 << 30)) and c.debug and not c.background_compile
+    assert c.start_mode == "eager" and c.platform == "cpu"
+
+
+def test_the_defaults_hold_with_nothing_set(monkeypatch):
+    for name in {n for n, _, _ in BAD}:
+        monkeypatch.delenv(name, raising=False)
+    c = Config()
+    assert (c.max_executables, c.max_graphs, c.peek_cache_bytes, c.memory_limit) == \
+        (0, 256, 256 << 20, None)
+    assert c.check_device_indices and c.background_compile and not c.debug
+
+
+@pytest.mark.parametrize("field,value", [("max_executables", -1), ("max_graphs", 0),
+                                         ("max_graphs", "many"), ("peek_cache_bytes", -1),
+                                         ("frequent_compiles", 0)])
+def test_setting_a_bad_value_at_run_time_is_refused_and_changes_nothing(field, value):
+    before = getattr(xlanb.config, field)
+    with pytest.raises(SettingError, match=f"xlanb.config.{field}="):
+        setattr(xlanb.config, field, value)
+    assert getattr(xlanb.config, field) == before
+
+
+def test_import_xlanb_names_the_bad_variable():
+    proc = subprocess.run([sys.executable, "-c", "import xlanb"], capture_output=True, text=True,
+                          env=_child_env({"XLANB_MAX_EXECUTABLES": "abc"}), timeout=180)
+    assert proc.returncode != 0
+    assert "XLANB_MAX_EXECUTABLES='abc' is not valid: it takes a whole number >= 0" in proc.stderr
+    assert "invalid literal" not in proc.stderr
