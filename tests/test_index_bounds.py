@@ -202,3 +202,31 @@ def test_a_look_at_a_result_of_a_bad_pending_index_raises(mode_name):
     good = torch.gather(a, 1, torch.tensor([[0, 2]]).to("xla") * 1)
     torch.testing.assert_close(xlanb.peek(good), torch.tensor([[0.0, 2.0]]))
     torch.testing.assert_close(good.cpu(), torch.tensor([[0.0, 2.0]]))
+
+
+def test_eager_index_waiting_on_a_background_compile_raises_at_the_op(tmp_path):
+    # PyTorch's test_trivial_fancy_out_of_bounds in a fresh process: the ops that make
+    # the index wait on background compiles, and the op reading it still raises (the
+    # index alone is computed, as a look does; the other waiting ops stay waiting)
+    import subprocess
+    import sys
+    code = (
+        "import torch, xlanb\n"
+        "from xlanb.base.session import mode_state\n"
+        "xlanb.set_mode('eager')\n"
+        "a = torch.zeros(5, device='xla')\n"
+        "other = a + 1\n"
+        "ind = torch.ones(20, dtype=torch.int64, device='xla')\n"
+        "ind[-1] = 10\n"
+        "print('deferred', mode_state().deferred)\n"
+        "try:\n"
+        "    a[ind]\n"
+        "except IndexError as e:\n"
+        "    print('raised', e)\n"
+        "print(other.cpu().tolist(), a[ind.clamp(max=4)].cpu().sum().item())\n")
+    env = dict(__import__("os").environ, XLANB_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "raised index 10 is out of bounds for dimension 0 with size 5" in out.stdout
+    assert "[1.0, 1.0, 1.0, 1.0, 1.0] 0.0" in out.stdout

@@ -30,7 +30,8 @@ from .reads import to_host
 from .inplace_meta import resize_, resize_out, set_
 from .record import (cast_node, output_node, run_cached, run_node, value_node, wrap_results,
                      write)
-from .realize import node_array
+from .realize import node_array, peek_node
+from .runtime.transfer import array_to_host
 from .runtime.devices import device_index
 from .templates import readable_sig
 from .tensor import BaseLayout, XlaTensor, new_base, set_handler
@@ -467,9 +468,8 @@ def _index_range(idx: XlaTensor, ignore):
     or can get them without a sync: kept from the host (from_host), or, with
     ``config.check_device_indices``, read back when computed (eager mode) or already
     materialized (an index too big to read back whole is reduced on the device).
-    ``_PENDING`` for a pending index (recorded, or in eager mode waiting on a background
-    compile), which the sync that computes it checks in its graph; None when empty or
-    unchecked."""
+    ``_PENDING`` for a pending index (lazy, opbyop), which the sync that computes it
+    checks in its graph; None when empty or unchecked."""
     if not idx._view:
         host = session.host_values.get(idx._storage.node)
         if host is not None:
@@ -479,10 +479,15 @@ def _index_range(idx: XlaTensor, ignore):
     node = idx._storage.node if not idx._view else None
     if node is None or node.data is None:
         state = mode_state()
-        if state.mode != "eager" or state.deferred:
-            # pending: recorded (lazy, opbyop), or eager ops waiting on background compiles,
-            # which reading it would make wait here: checked where it runs
-            return _PENDING
+        if state.mode != "eager":
+            return _PENDING  # recorded: checked in the graph of the sync that computes it
+        if state.deferred:
+            # eager ops wait on background compiles: compute the index alone, as a look
+            # does (the waiting ops stay as they are), rather than run them all now
+            arr = peek_node(value_node(idx))
+            if idx.numel() <= _CHECKED_INDEX_MAX:
+                return host_range(array_to_host(arr), ignore)
+            return device_range(arr, ignore)
     if idx.numel() <= _CHECKED_INDEX_MAX:
         return host_range(to_host(idx, cause="index bounds check"), ignore)
     return device_range(node_array(value_node(idx), cause="index bounds check"), ignore)
