@@ -16,10 +16,11 @@ COMPLEX32 = "the result would be complex32 (torch.chalf), which XLA lacks"
 QUANTIZED = "quantized tensors on xla: XLA has no quantized types torch's kernels accept"
 CONJ_BITS = ("torch's lazy conj/neg bits: xla computes the conjugate, so .imag of it is not "
              "flagged is_neg()")
-CLAMPED_INDEX = ("XLA clamps out-of-range indices: xlanb raises torch's IndexError for index "
-                 "values the host has or can read without a sync (host lists and tensors, "
-                 "computed ones in eager mode or after a sync), but a pending index tensor "
-                 "would need a sync per indexing op to check; CUDA skips the same test")
+CLAMPED_INDEX = ("XLA clamps out-of-range indices: xlanb raises torch's IndexError at the op "
+                 "for index values the host has or can read without a sync (host lists and "
+                 "tensors, computed ones in eager mode or after a sync); a pending index "
+                 "tensor is checked in the graph of the next sync, so the error comes there, "
+                 "not at the op; CUDA skips the same test")
 
 WAITS = "issue 23 (PyTorch suite) follow-up"
 XFAILS: dict[str, tuple[str, str, tuple | None]] = {
@@ -37,7 +38,7 @@ XFAILS: dict[str, tuple[str, str, tuple | None]] = {
     "TestShapeOpsXLA::test_flip_xla_float32": (QUANTIZED, "none: no quantized types", None),
     "TestViewOpsXLA::test_conj_imag_view_xla_*": (CONJ_BITS, WAITS, None),
     # raising where CPU torch raises
-    "NumpyTestsXLA::test_trivial_fancy_out_of_bounds_xla": (CLAMPED_INDEX, "a check inside the graph",
+    "NumpyTestsXLA::test_trivial_fancy_out_of_bounds_xla": (CLAMPED_INDEX, "none: raised at the sync",
                                                             ("opbyop",)),
 }
 
