@@ -430,7 +430,7 @@ def test_cli_refuses_a_store_others_can_write(store):
         assert "writable by group or others" in proc.stderr
     assert os.path.exists(exe_store._path(KEY)), "touched a refused store"
     info = _cli(store, "info")
-    assert info.returncode == 0 and "status:   off:" in info.stdout, info.stdout
+    assert info.returncode == 1 and "status:   off:" in info.stdout, info.stdout  # as prune, clear
 
 
 def test_cli_usage_errors():

@@ -5,7 +5,8 @@
            abandoned temporary files, then least recently used entries down to the cap.
 ``clear``  delete every entry.
 
-Exit status: 0 done, 1 the store is off or refused (nothing touched), 2 usage error.
+Exit status: 0 done, 1 the store is off or refused (nothing touched; ``info`` still
+prints why), 2 usage error.
 """
 from __future__ import annotations
 
@@ -18,14 +19,11 @@ from .base.config import config, parse_bytes
 from .base.tables import format_bytes
 from .runtime import store as exe_store
 
-_STALE_TMP_S = 3600  # a write in progress takes seconds; older temporary files are leftovers
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     root = _root()
     if args.command == "info":
-        return _info(root)
+        return _info(root)  # 1 when the store is off, as for prune and clear
     problem = _problem(root)
     if problem is not None:
         print(f"xlanb: the executable store is off: {problem}; nothing done.", file=sys.stderr)
@@ -75,6 +73,8 @@ def _problem(root: str | None) -> str | None:
 def _info(root: str | None) -> int:
     problem = _problem(root)
     found = exe_store.entries(root) if root and problem is None and os.path.isdir(root) else []
+    tmp = [e for e in found if exe_store.is_leftover(e)]
+    found = [e for e in found if not exe_store.is_leftover(e)]
     stale = [e for e in found if not e.current]
     key_state = "" if os.path.exists(config.store_key_file) else " (created on first use)"
     print(f"store:    {root or '-'}")
@@ -84,11 +84,14 @@ def _info(root: str | None) -> int:
     print(f"entries:  {len(found)}, {format_bytes(sum(e.size for e in found))}")
     print(f"  other versions: {len(stale)}, {format_bytes(sum(e.size for e in stale))} "
           "(deleted by prune, and first when over the cap)")
-    return 0
+    print(f"leftover temporary files: {len(tmp)}, {format_bytes(sum(e.size for e in tmp))} "
+          "(writes that died; counted toward the cap, deleted by prune)")
+    return 1 if problem else 0
 
 
 def _prune(root: str, max_bytes: int) -> int:
-    stale = [e for e in exe_store.entries(root) if not e.current]
+    found = exe_store.entries(root)
+    stale = [e for e in found if not e.current and not exe_store.is_leftover(e)]
     n_stale = _remove([e.path for e in stale])
     n_tmp = _remove(_leftover_tmp(root))
     gone, left = exe_store.evict(root, max_bytes)
@@ -100,7 +103,7 @@ def _prune(root: str, max_bytes: int) -> int:
 
 
 def _clear(root: str) -> int:
-    found = exe_store.entries(root)
+    found = exe_store.entries(root, leftovers=False)
     _remove([e.path for e in found] + _leftover_tmp(root))
     _remove_empty_dirs(root)
     print(f"deleted {len(found)} entries ({format_bytes(sum(e.size for e in found))}) from {root}")
@@ -109,7 +112,7 @@ def _clear(root: str) -> int:
 
 def _leftover_tmp(root: str) -> list[str]:
     """Temporary files of writes that died (old enough not to be in progress)."""
-    cutoff = time.time() - _STALE_TMP_S
+    cutoff = time.time() - exe_store.STALE_TMP_S
     found = []
     for dirpath, _dirs, files in os.walk(root):
         for name in files:

@@ -38,9 +38,11 @@ import hmac
 import os
 import pickle
 import secrets
+import shutil
 import stat
 import tempfile
 import threading
+import time
 import warnings
 import zlib
 from typing import NamedTuple
@@ -104,8 +106,10 @@ def _refusal(cache_dir: str, key_file: str) -> str | None:
     with _setup_lock:  # compile threads may ask first, together
         if k in _refusals:
             return _refusals[k]
-        _make_private_dirs(cache_dir)
-        why = dir_problem(cache_dir)
+        why = dir_problem(cache_dir)  # before creating anything in it (issue 37)
+        if why is None:
+            _make_private_dirs(cache_dir)
+            why = dir_problem(cache_dir)
         if why is not None:
             remedy = ("Run chmod go-w on it if it is yours, or set XLANB_CACHE_DIR to a "
                       "directory only you can write (empty: no store)")
@@ -148,9 +152,11 @@ def _mkdirs_private(d: str) -> None:
 
 
 def dir_problem(cache_dir: str) -> str | None:
-    """Why ``cache_dir`` or the store root in it is not private, or None. A level that
-    does not exist is fine: it is created 0700 when first written."""
-    for d in (cache_dir, os.path.join(cache_dir, _DIR)):
+    """Why ``cache_dir``, the store root in it or a folder inside that root (environment
+    and shard folders) is not private, or None. A level that does not exist is fine: it is
+    created 0700 when first written."""
+    root = os.path.join(cache_dir, _DIR)
+    for d in (cache_dir, root):
         try:
             st = os.stat(d)
         except OSError:
@@ -158,7 +164,31 @@ def dir_problem(cache_dir: str) -> str | None:
         why = _not_private(st)
         if why is not None:
             return f"{d} is {why}"
+    for d in _subfolders(root):
+        try:
+            st = os.lstat(d)
+        except OSError:
+            continue
+        why = _not_private(st)
+        if why is not None:
+            return f"{d} is {why}"
     return None
+
+
+def _subfolders(root: str, depth: int = 2) -> list[str]:
+    """The folders under the store root, ``depth`` levels down (environment, shard)."""
+    found, level = [], [root]
+    for _ in range(depth):
+        nxt = []
+        for d in level:
+            try:
+                with os.scandir(d) as it:
+                    nxt += [e.path for e in it if e.is_dir(follow_symlinks=False)]
+            except OSError:
+                pass
+        found += nxt
+        level = nxt
+    return found
 
 
 def _not_private(st: os.stat_result) -> str | None:
@@ -209,17 +239,30 @@ def _read_or_create_secret(path: str) -> bytes:
 
 
 def _read_secret(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            raise ValueError("not a regular file of yours")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ValueError("a symbolic link, not a file") from None
+        raise
+    try:
+        st = os.fstat(fd)  # before any read: a directory or FIFO is named as such
+        if stat.S_ISDIR(st.st_mode):
+            raise ValueError("a directory, not a file")
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        if st.st_uid != os.geteuid():
+            raise ValueError(f"owned by uid {st.st_uid}, not by you (uid {os.geteuid()})")
         if st.st_mode & 0o077:
             raise ValueError(f"readable or writable by others (mode {stat.S_IMODE(st.st_mode):04o}); "
                              "chmod 600 it")
-        secret = f.read(_TAG_LEN + 1)
+        if st.st_size != _TAG_LEN:
+            raise ValueError(f"not an xlanb store key ({st.st_size} bytes, not {_TAG_LEN})")
+        secret = os.read(fd, _TAG_LEN + 1)
+    finally:
+        os.close(fd)
     if len(secret) != _TAG_LEN:
-        raise ValueError(f"not an xlanb store key ({len(secret)} bytes, not {_TAG_LEN})")
+        raise ValueError(f"not an xlanb store key ({len(secret)} bytes read, not {_TAG_LEN})")
     return secret
 
 
@@ -368,15 +411,29 @@ def _touch(fd: int) -> None:
         pass
 
 
+def _delete(path: str) -> str | None:
+    """Delete what is at ``path`` (a file, link, FIFO or a planted directory tree, whose
+    links are removed, never followed); None once it is gone, else why not."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
 def _reject(path: str, why: str) -> None:
     metrics.counter("PersistentCacheRejected")
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+    failed = _delete(path)
     if not _rejected:
         _rejected.append(path)
-        warnings.warn(f"xlanb: rejected and deleted an executable-store entry ({why}): {path}. "
+        done = "rejected and deleted" if failed is None else \
+            f"rejected (and could not delete it: {failed})"
+        warnings.warn(f"xlanb: {done} an executable-store entry ({why}): {path}. "
                       "Only entries written by your xlanb, signed with your key, are loaded.",
                       RuntimeWarning, stacklevel=3)
 
@@ -429,7 +486,11 @@ def _write(path: str, key: str, body: bytes) -> None:
             with os.fdopen(fd, "wb") as f:
                 f.write(_MAGIC + tag)
                 f.write(body)  # not joined: a graph's entry can be megabytes
-            os.replace(tmp, path)  # atomic: a reader sees the whole entry or none
+            try:
+                os.replace(tmp, path)  # atomic: a reader sees the whole entry or none
+            except IsADirectoryError:  # planted at this entry's path: remove it, once
+                _reject(path, "a directory")
+                os.replace(tmp, path)
         except BaseException:
             os.unlink(tmp)
             raise
@@ -467,24 +528,38 @@ class Entry(NamedTuple):
     current: bool  # written by this xlanb source, torch, JAX and jaxlib
 
 
-def entries(root: str) -> list[Entry]:
-    """Every entry under the store root ``root``; writes in progress left out. Files of
-    another layout (older xlanb) count as entries of another environment."""
+STALE_TMP_S = 3600  # a write in progress takes seconds; older temporary files are leftovers
+
+
+def entries(root: str, leftovers: bool = True) -> list[Entry]:
+    """Every entry under the store root ``root``. Files of another layout (older xlanb)
+    count as entries of another environment; so do temporary files of writes that died
+    (a kill -9), older than ``STALE_TMP_S`` (unless ``leftovers`` is false): they take
+    disk like entries, so they count toward the cap and are evicted first. Writes in
+    progress are left out."""
     current_env = env_tag()
+    cutoff = time.time_ns() - int(STALE_TMP_S * 1e9)
     found = []
     for dirpath, _dirnames, filenames in os.walk(root):
         rel = os.path.relpath(dirpath, root).split(os.sep)
         current = len(rel) == 2 and rel[0] == current_env
         for name in filenames:
-            if name.startswith(_TMP_PREFIX):
+            tmp = name.startswith(_TMP_PREFIX)
+            if tmp and not leftovers:
                 continue
             path = os.path.join(dirpath, name)
             try:
                 st = os.lstat(path)
             except OSError:
                 continue
-            found.append(Entry(path, st.st_size, st.st_mtime_ns, current))
+            if tmp and st.st_mtime_ns >= cutoff:
+                continue  # a write in progress
+            found.append(Entry(path, st.st_size, st.st_mtime_ns, current and not tmp))
     return found
+
+
+def is_leftover(entry: Entry) -> bool:
+    return os.path.basename(entry.path).startswith(_TMP_PREFIX)
 
 
 def evict(root: str, max_bytes: int) -> tuple[list[Entry], int]:
