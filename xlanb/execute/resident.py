@@ -27,9 +27,11 @@ _graphs = session.resident_graphs  # id -> CompiledGraph with its executable loa
 # Measured 3.2 mappings per XLA:CPU single-op executable; a graph's can take more.
 _MAPS_PER_EXECUTABLE = 4
 _DEFAULT_CAP = 4096
-# Above this share of vm.max_map_count, drop half the loaded single-op executables before
-# compiling another; above the second, refuse with ExecutableLimitError.
-_SHRINK_AT, _REFUSE_AT = 0.75, 0.9
+# Above this share of vm.max_map_count, drop loaded single-op executables before compiling
+# another: as many as bring the count back to the second share (not more: a dropped one
+# costs a reload); above the third, and only then, drop graph executables and collect
+# cycles, and refuse with ExecutableLimitError if that leaves too little room.
+_SHRINK_AT, _SHRINK_TO, _REFUSE_AT = 0.75, 0.7, 0.9
 # user threads may run ops at once: the table is changed under this lock
 _lock = threading.RLock()
 
@@ -140,8 +142,9 @@ class _Check:
 
 def reserve() -> None:
     """Called before compiling or loading an executable. Reads the process's mapping
-    count now and then (more often as it nears the limit): near the limit it drops half
-    the loaded single-op executables; if that leaves too little room, it raises
+    count now and then (more often as it nears the limit): near the limit it drops the
+    least recently used single-op executables, as many as the excess is worth; close to
+    the limit, half of them and of the graphs; if that leaves too little room, it raises
     ``ExecutableLimitError`` rather than let XLA crash the process."""
     _Check.calls += 1
     if _Check.calls < _Check.next_at:
@@ -151,11 +154,24 @@ def reserve() -> None:
         _Check.next_at = 1 << 62
         return
     used = maps.count()
+    mark = _SHRINK_AT
     if used > lim * _SHRINK_AT:
-        shrink(len(_resident) // 2)
-        shrink_graphs(len(_graphs) // 2)
-        gc.collect()  # executables held only by reference cycles
+        # proportionate (issue 37): drop what the excess over _SHRINK_TO is worth in
+        # executables, at most an eighth of them a pass, not half; and no full
+        # gc.collect() (a second on a big heap) before the last resort below
+        excess = used - int(lim * _SHRINK_TO)
+        n = min(-(-excess // _MAPS_PER_EXECUTABLE), max(1, len(_resident) // 8))
+        shrink(len(_resident) - n)
         used = maps.count()
+        if used > lim * _REFUSE_AT:  # the last resort, before refusing
+            shrink(len(_resident) // 2)
+            shrink_graphs(len(_graphs) // 2)
+            gc.collect()  # executables held only by reference cycles
+            used = maps.count()
+        if used > lim * _SHRINK_AT:
+            # the mappings are not (only) executables': dropping more would not help;
+            # read the count again as the room left before the refusal is used up
+            mark = _REFUSE_AT
         if used > lim * _REFUSE_AT:
             _Check.next_at = _Check.calls + 1
             raise ExecutableLimitError(
@@ -167,7 +183,7 @@ def reserve() -> None:
                 "first); a lower XLANB_MAX_EXECUTABLES keeps fewer loaded; or raise the "
                 "limit: sysctl -w vm.max_map_count=262144")
     # sample again before the room left could be used up, at most every 256 calls
-    room = (lim * _SHRINK_AT - used) / _MAPS_PER_EXECUTABLE
+    room = (lim * mark - used) / _MAPS_PER_EXECUTABLE
     _Check.next_at = _Check.calls + max(1, min(256, int(room // 2)))
 
 
