@@ -12,7 +12,7 @@
     xsync                      run the pending work now (mark_step)
     xmode [lazy|eager|opbyop]  show or switch the execution mode
     xgraphs                    every compiled graph: hash, size, cause, source, times
-    xnans                      the frame's xla tensors holding NaN/Inf, and where made
+    xnans [EXPR]               the frame's (or EXPR's) xla tensors holding NaN/Inf, and where made
     xmem [--by-line | --graph I]   device memory: what holds it, from which line
     xtarget [NAME|off] [--now [EXPR] | --graph I]
                                compile for a TPU topology (v5e:2x2...) too; --now: the
@@ -332,10 +332,11 @@ class XlaPdb(pdb.Pdb):
 
     @_command
     def do_xnans(self, arg):
-        """xnans
+        """xnans [EXPR]
         Peek every xla tensor in the current frame (locals, and tensors in their tuples,
-        lists and dicts) and list the ones holding NaN or Inf, with the line and module
-        that made them. Peeking changes no pending graph.
+        lists and dicts) -- or, with EXPR, the tensors EXPR evaluates to -- and list the
+        ones holding NaN or Inf, with the line and module that made them. Peeking changes
+        no pending graph.
         """
         import torch
         found = []
@@ -361,10 +362,13 @@ class XlaPdb(pdb.Pdb):
                 for k, x in list(v.items())[:64]:
                     visit(f"{label}[{k!r}]", x, depth + 1)
 
-        for name, v in list(self.curframe_locals.items()):
-            visit(name, v)
+        if arg:  # an expression of the frame's: a name that is not there is an error
+            visit(arg, self._eval(arg))
+        else:
+            for name, v in list(self.curframe_locals.items()):
+                visit(name, v)
         if not seen:
-            self.message("no xla tensors in this frame")
+            self.message(f"no xla tensors in {arg!r}" if arg else "no xla tensors in this frame")
         elif not found:
             self.message(f"{len(seen)} xla tensors, all finite")
         else:
