@@ -9,8 +9,12 @@ TPU module. The compiler's out-of-memory refusal is an answer too (``fits=False`
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import html
+import os
+import queue
+import threading
 import re
 import time
 from typing import NamedTuple
@@ -325,12 +329,14 @@ def _notes(lowering: GraphLowering) -> list[str]:
     return notes
 
 
-def compile_for_target(lowering: GraphLowering, target) -> TargetReport:
-    """Lower and compile ``lowering`` for ``target`` (a name or a ``Target``); runs
-    nothing. The compiler's refusal is in the report (``error``; ``fits=False`` for lack
-    of HBM); a mesh that does not fit the topology raises ``TargetError``."""
+def compile_for_target(lowering: GraphLowering, target, lowered=None) -> TargetReport:
+    """Lower (unless ``lowered`` is given) and compile ``lowering`` for ``target`` (a
+    name or a ``Target``); runs nothing. The compiler's refusal is in the report
+    (``error``; ``fits=False`` for lack of HBM); a mesh that does not fit the topology
+    raises ``TargetError``."""
     t = resolve_target(target)
-    lowered = lowering.lower_for(t)
+    if lowered is None:
+        lowered = lowering.lower_for(t)
     t0 = time.perf_counter()
     try:
         exe = compile_lowered(lowered, metric="TargetCompileTime")
@@ -383,17 +389,59 @@ def _shardings_of(exe) -> list:
         return []
 
 
-def _compile_quietly(lowering, target):
+def _compile_quietly(lowering, target, lowered=None):
     try:
-        return compile_for_target(lowering, target)
+        return compile_for_target(lowering, target, lowered)
     except Exception as e:  # a graph that cannot go to the target (a mesh that does not fit)
         return TargetReport(resolve_target(target), lowering.hash, error=_first_line(e))
 
 
-def compile_in_background(lowering: GraphLowering, target):
-    """A Future of ``lowering``'s ``TargetReport``: compiled on xlanb's compile threads
-    after every compile somebody waits for, so the CPU run never waits for it."""
-    return background(_compile_quietly, lowering, target, later=True)
+# A target compile takes from seconds to minutes (a 2-layer BERT step: 64-90 s on a
+# loaded 2-core VM). It is lowered on xlanb's compile threads (Python, holding the GIL:
+# at a low priority it would hold the GIL while starved of CPU, and stall the user's
+# thread), then compiled on a thread of its own at the lowest CPU priority, so that it
+# neither holds a compile thread that long nor takes a core from the CPU's steps. A
+# daemon thread: a compile nobody waited for never delays exit.
+_queue: queue.SimpleQueue = queue.SimpleQueue()
+_worker: list = []
+_worker_lock = threading.Lock()
+
+
+def _work() -> None:
+    try:  # on Linux, this thread only (and the threads libtpu starts from it)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
+    while True:
+        future, args = _queue.get()
+        try:
+            future.set_result(_compile_quietly(*args))
+        except BaseException as e:  # noqa: BLE001 - the Future carries it to whoever waits
+            future.set_exception(e)
+
+
+def _lower_then_queue(future, lowering: GraphLowering, target) -> None:
+    try:
+        lowered = lowering.lower_for(resolve_target(target))
+    except Exception as e:  # a graph that cannot go to the target (a mesh that does not fit)
+        future.set_result(TargetReport(resolve_target(target), lowering.hash,
+                                       error=_first_line(e)))
+        return
+    with _worker_lock:
+        if not _worker:
+            _worker.append(threading.Thread(target=_work, name="xlanb-target-compile",
+                                            daemon=True))
+            _worker[0].start()
+    _queue.put((future, (lowering, target, lowered)))
+
+
+def compile_in_background(lowering: GraphLowering, target) -> concurrent.futures.Future:
+    """A Future of ``lowering``'s ``TargetReport`` (see above): the CPU run never waits
+    for it."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_running_or_notify_cancel()
+    background(_lower_then_queue, future, lowering, target, later=True)
+    return future
 
 
 # ---------------------------------------------------------------------------------------
