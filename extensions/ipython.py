@@ -49,7 +49,9 @@ and help, ``UsageError`` for bad input. Bad input never touches the pending grap
 from __future__ import annotations
 
 import ast
+import os
 import re
+import sys
 import time
 import warnings
 
@@ -605,11 +607,22 @@ class XlaMagics(Magics):
         per step, time by module scope (an icicle chart in a notebook), by line and by
         aten op. Returns the Profile."""
         args = parse_argstring(self.xla_profile, line)
+        if args.export:  # a folder that is not there: said before the cell runs, not after
+            args.export = os.path.expanduser(args.export)
+            folder = os.path.dirname(os.path.abspath(args.export))
+            if not os.path.isdir(folder):
+                raise UsageError(f"--export {args.export}: the folder {folder} does not exist "
+                                 "(create it, or give another path); the cell did not run")
         with xlanb.profile(device=args.device, replay=args.replay) as p:
             self._run_cell_body(cell)
         if args.export:
-            p.export(args.export)
-            print(f"xla profile: trace written to {args.export}")
+            try:
+                p.export(args.export)
+                print(f"xla profile: trace written to {args.export}")
+            except OSError as e:  # the profile itself is kept: it is what this returns
+                print(f"xla profile: cannot write the trace to {args.export}: "
+                      f"{e.strerror or e}; p.export(PATH) on the returned profile writes it",
+                      file=sys.stderr)
         return p
 
     # ------------------------------------------------------------------ %%xla_compare
