@@ -751,7 +751,7 @@ def check_graph(rec, index: int, what: str) -> None:
     # what makes the peak, by line: the live tensors, the outputs the graph makes (the
     # pending tensors it realizes) and its largest temporaries
     contributors = sorted(_live_contributors(index) + _output_contributors(rec)
-                          + _graph_contributors(rec), key=lambda c: -c.bytes)[:6]
+                          + _graph_contributors(rec), key=lambda c: -c.bytes)[:5]
     extra = (f"{format_bytes(mem.extra_bytes)} to run the graph (outputs "
              f"{format_bytes(mem.output_bytes)}, temps {format_bytes(mem.temp_bytes)}, less "
              f"{format_bytes(mem.alias_bytes)} donated)")
