@@ -32,7 +32,6 @@ def test_lazy_memory_error_names_the_pending_outputs_by_line():
     outputs = [c for c in e.value.contributors if c.kind == "pending output"]
     assert outputs and outputs[0].bytes == 64 << 20, e.value.contributors
     assert "aten::repeat" in outputs[0].what and here in outputs[0].what, outputs
-    assert any(c.kind == "pending output" and "aten::mul" in c.what for c in outputs), outputs
     msg = str(e.value)
     assert f"pending output: aten::repeat at {here}" in msg, msg
     assert "f32[4096,4096]" in msg, msg
