@@ -143,6 +143,15 @@ def _embedding_rule(args, kwargs):
     return [IndexCheck(index, 0, n, lambda v: IndexError("index out of range in self"))]
 
 
+def _embedding_bag_rule(args, kwargs):
+    weight, index = args[0], _arg(args, kwargs, 1, "indices")
+    n = weight.shape[0] if weight.dim() else 1
+    # CPU torch names the position too ("Index 1 of input takes value ..."): a range
+    # found on the device has no position
+    return [IndexCheck(index, 0, n, lambda v: RuntimeError(
+        f"Index of input takes value {v} which is not in the valid range [0, {n})"))]
+
+
 def _nll_rule(args, kwargs):
     self, target = args[0], _arg(args, kwargs, 1, "target")
     n = self.shape[0 if self.dim() == 1 else 1] if self.dim() else 1
@@ -183,6 +192,8 @@ INDEX_RULES = {
     "aten::index_reduce_": _along_dim(_bounds_error(IndexError, "index out of range in self")),
     "aten::index_select": _index_select_rule,
     "aten::embedding": _embedding_rule,
+    "aten::_embedding_bag": _embedding_bag_rule,
+    "aten::_embedding_bag_forward_only": _embedding_bag_rule,
     "aten::nll_loss_forward": _nll_rule, "aten::nll_loss2d_forward": _nll_rule,
     "aten::multi_margin_loss": _margin_rule,
     "aten::take": _flat_rule, "aten::put": _flat_rule, "aten::put_": _flat_rule,
