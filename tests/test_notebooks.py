@@ -48,6 +48,11 @@ def _text(cell) -> str:
     return "".join(parts)
 
 
+# Each notebook's own settings: 07's BERT-base runs with 1 layer here (each TPU compile of
+# its 12-layer step takes minutes on 2 cores).
+NOTEBOOK_ENV = {"07_tpu_from_a_laptop": {"BERT_LAYERS": "1"}}
+
+
 def execute(path: pathlib.Path, kernel_dirs) -> "nbformat.NotebookNode":
     nb = nbformat.read(path, as_version=4)  # run under the xlanb kernel, whatever it names
     for cell in nb.cells:  # run from a clean slate, whatever was saved
@@ -62,6 +67,8 @@ def execute(path: pathlib.Path, kernel_dirs) -> "nbformat.NotebookNode":
         for k in [k for k in os.environ if k.startswith("XLANB_")]:
             mp.delenv(k)
         mp.setenv("PYTHONWARNINGS", env.get("PYTHONWARNINGS", "ignore"))
+        for k, v in NOTEBOOK_ENV.get(path.stem, {}).items():
+            mp.setenv(k, v)
         client.execute()
     return nb
 
@@ -122,6 +129,18 @@ def test_notebook_runs(path, kernel_dirs):
         assert "first losses, still readable" in all_text
         pngs = [o for c in code for o in _outputs(c) if "image/png" in o.get("data", {})]
         assert pngs, "no timeline plot"
+    if path.stem == "07_tpu_from_a_laptop":
+        assert "BERT: 1 layers, hidden 768, 12 heads; 4 CPU devices" in all_text
+        for batch in (8, 32, 128):
+            assert re.search(rf"batch +{batch}: v5e:1x1 \(1 x TPU v5 lite\): peak .* of 16.0 GiB "
+                             r"HBM per chip, (fits|DOES NOT FIT)", all_text), batch
+        assert "pending ops left: 0" in all_text
+        assert re.search(r"(memory|compute)-bound on TPU v5 lite", all_text)
+        assert re.search(r"f32\[1000,1000\] +\{1,0:T\(8,128\)\} +3.8 MiB +3.9 MiB +\+2.4%", all_text)
+        assert "v5e:2x2 (4 x TPU v5 lite)" in all_text and "all-reduce" in all_text
+        assert re.search(r"xlanb.run: graph #\d+ .* on v5e:1x1", all_text), all_text[-2000:]
+        html = [o for c in code for o in _outputs(c) if "text/html" in o.get("data", {})]
+        assert any("xlanb-target" in o["data"]["text/html"] for o in html)
     if path.stem == "05_reading_hlo":
         assert "same module for 0.1 and 0.2: True" in all_text
     if path.stem == "sharding":
