@@ -320,9 +320,9 @@ def _notes(lowering: GraphLowering) -> list[str]:
     notes = []
     if torch.float64 in dtypes or torch.complex128 in dtypes:
         notes.append("float64 values: TPUs have no 64-bit float units; XLA's TPU compiler "
-                     "emulates them in 32-bit pieces, slowly, and they take TPU tiles of "
-                     "64-bit elements (torch_xla's XLA_USE_BF16/downcasting or .float() "
-                     "avoids it)")
+                     "emulates float64 with pairs of float32 (about 48 bits of mantissa, "
+                     "float32's exponent range, a dozen instructions per multiply), so values "
+                     "differ from the CPU's and run slowly; .float() avoids it")
     if torch.int64 in dtypes:
         notes.append("int64 values: TPUs compute 64-bit integers as pairs of 32-bit ones "
                      "(slower; torch_xla users often keep indices int32)")
