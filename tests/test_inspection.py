@@ -296,7 +296,7 @@ def test_graphs_table_and_html():
     gl = xlanb.graphs()
     text = str(gl)
     header = text.splitlines()[0].split()
-    for col in ("hash", "nodes", "in", "out", "compile", "hits", "cause", "source"):
+    for col in ("hash", "ops", "in", "out", "compile", "hits", "cause", "source"):
         assert col in header
     last = [ln for ln in text.splitlines() if gl[-1].hash[:12] in ln]
     assert last and f"{HERE}:{line}" in last[0] and "mark_step" in last[0]

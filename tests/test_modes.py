@@ -164,4 +164,6 @@ def test_xlanb_mode_env_var_bad_value(python_child):
     with pytest.raises(AssertionError) as err:
         python_child(code, {"XLANB_MODE": "bogus"})
     text = str(err.value)
-    assert "ValueError" in text and "lazy" in text and "opbyop" in text
+    # SettingError is the ValueError of a bad XLANB_* value, naming the variable
+    assert "SettingError" in text and "XLANB_MODE='bogus'" in text
+    assert "lazy" in text and "opbyop" in text
