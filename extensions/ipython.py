@@ -299,12 +299,7 @@ class XlaMagics(Magics):
         args.dialect = args.dialect or "stablehlo"
         if args.dialect not in ("stablehlo", "hlo"):
             raise UsageError(f"unknown dialect {args.dialect!r}; use stablehlo or hlo")
-        tensors = self._lookup(args.names)
-        n_ops = xd.pending_count(*tensors)
-        if not n_ops:
-            what = " ".join(args.names) or "any live tensor"
-            raise UsageError(f"nothing is pending for {what}, so there is no graph to show "
-                             f"(mode {xlanb.get_mode()}); record some ops first")
+        tensors, n_ops = self._pending(args.names)
         try:
             text = xlanb.hlo(*tensors, dialect=args.dialect, optimized=args.optimized)
         except (TypeError, ValueError) as e:
@@ -314,17 +309,23 @@ class XlaMagics(Magics):
         self._show(xd.HloView(text, "optimized HLO" if args.optimized else args.dialect,
                               args.optimized, n_ops))
 
+    def _pending(self, names) -> tuple:
+        """The tensors ``names`` give and how many ops are pending for them (a
+        UsageError if none)."""
+        tensors = self._lookup(names)
+        n_ops = xd.pending_count(*tensors)
+        if not n_ops:
+            what = " ".join(names) or "any live tensor"
+            raise UsageError(f"nothing is pending for {what}, so there is no graph to show "
+                             f"(mode {xlanb.get_mode()}); record some ops first")
+        return tensors, n_ops
+
     def _target_hlo(self, args) -> None:
         if args.dialect is not None or args.optimized:
             raise UsageError("--target shows the TPU compiler's optimized HLO: it takes no "
                              "--dialect or --optimized")
         target = self._target(args.target)
-        tensors = self._lookup(args.names)
-        n_ops = xd.pending_count(*tensors)
-        if not n_ops:
-            what = " ".join(args.names) or "any live tensor"
-            raise UsageError(f"nothing is pending for {what}, so there is no graph to show "
-                             f"(mode {xlanb.get_mode()}); record some ops first")
+        tensors, n_ops = self._pending(args.names)
         report = self._compile_for(target, *tensors)
         text = report.hlo()
         if not text:  # the compiler refused (out of HBM...): its answer is the report
