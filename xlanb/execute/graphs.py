@@ -29,7 +29,7 @@ from .memory import (GraphMemory, check_graph, device_oom, graph_buffers, graph_
                      is_device_oom)
 from .resident import admit_graph
 from .stages import GraphLowering, kept_shardings, mesh_leaves, sharding_of
-from .target import check_target_fit, compile_in_background
+from .target import check_target_fit, compile_in_background, format_seconds
 
 @dataclass
 class CompiledGraph:
@@ -198,7 +198,7 @@ def _estimate(r) -> str:
     if r.cost is None:
         return "?"
     secs = r.cost.seconds or r.cost.roofline_seconds  # XLA's, else the roofline's bound
-    return f"{secs * 1e3:.3g}ms" + ("" if r.cost.seconds else "+")
+    return format_seconds(secs) + ("" if r.cost.seconds else "+")
 
 
 def _fits(r) -> str:

@@ -59,11 +59,12 @@ class TargetCost(NamedTuple):
         return (f"{self.bound} on {t.chip}: {self.flops / 1e9:.3g} GFLOP and "
                 f"{format_bytes(int(self.bytes_accessed))} accessed per chip, "
                 f"{intensity:.3g} FLOP/byte against the chip's ridge of {ridge:.0f} "
-                f"(compute {_time(self.compute_seconds)} at {t.peak_flops / 1e12:.0f} TFLOP/s, "
-                f"memory {_time(self.memory_seconds)} at {t.hbm_bytes_per_s / 1e9:.0f} GB/s)")
+                f"(compute {format_seconds(self.compute_seconds)} at {t.peak_flops / 1e12:.0f} TFLOP/s, "
+                f"memory {format_seconds(self.memory_seconds)} at {t.hbm_bytes_per_s / 1e9:.0f} GB/s)")
 
 
-def _time(s: float) -> str:
+def format_seconds(s: float) -> str:
+    """``2.1e-05`` -> ``21 µs``: a duration for people."""
     if s >= 1:
         return f"{s:.3g} s"
     if s >= 1e-3:
@@ -161,9 +162,9 @@ class TargetReport:
         verdict = {True: "fits", False: "DOES NOT FIT", None: "?"}[self.fits]
         est = ""
         if self.cost and self.cost.seconds:
-            est = f", est. {_time(self.cost.seconds)}/step"
+            est = f", est. {format_seconds(self.cost.seconds)}/step"
         elif self.cost:  # XLA gave no estimate (custom calls): the roofline's bound
-            est = f", at least {_time(self.cost.roofline_seconds)}/step (roofline)"
+            est = f", at least {format_seconds(self.cost.roofline_seconds)}/step (roofline)"
         return (f"{head}: peak {format_bytes(self.memory.peak_bytes)} of "
                 f"{format_bytes(self.target.hbm_bytes)} HBM per chip, {verdict}{est}, "
                 f"TPU compile {self.compile_seconds:.2f}s")
@@ -223,7 +224,7 @@ class TargetReport:
                 f"(arguments {e(format_bytes(m.argument_bytes))}, outputs "
                 f"{e(format_bytes(m.output_bytes))}, temporaries {e(format_bytes(m.temp_bytes))})</div>")
         if self.cost is not None:
-            parts.append(f"<div>{e(self.roofline)}; XLA estimates {e(_time(self.cost.seconds))} a step</div>")
+            parts.append(f"<div>{e(self.roofline)}; XLA estimates {e(format_seconds(self.cost.seconds))} a step</div>")
         for note in self.notes:
             parts.append(f"<div><i>note: {e(note)}</i></div>")
         if self.padding:
