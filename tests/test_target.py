@@ -286,3 +286,30 @@ def test_bad_xlanb_target_names_the_variable():
                           text=True, env=env, timeout=300)
     assert proc.returncode != 0
     assert re.search(r"XLANB_TARGET='v7x:2x2': .*unknown TPU generation", proc.stderr)
+
+
+def test_device_profile_after_a_target_falls_back_instead_of_crashing():
+    """With libtpu's plugin loaded for a target and no TPU, JAX's profiler crashes the
+    process (SIGSEGV in PluginTracer::Start): xlanb.profile estimates device times by
+    replay instead, and says so."""
+    xlanb.compile_for("v5e:1x1", torch.ones(4, device="xla") * 2)
+    with pytest.warns(RuntimeWarning, match="JAX's profiler crashes"):
+        with xlanb.profile(device=True) as p:
+            (torch.ones(4, device="xla") + 1).sum().item()
+    assert p.device is False and p.replay_on_exit is True
+
+
+def test_a_fresh_process_keeps_the_tpu_plugin_out_of_jax():
+    """libtpu installed, no TPU: JAX's own device search never loads libtpu (its profiler
+    would crash), the CPU is the device, and the device profiler works."""
+    code = ("import torch, xlanb, jax; "
+            "x = torch.ones(8, device='xla'); "
+            "p = xlanb.profile(device=True)\n"
+            "with p: (x * 2).sum().item()\n"
+            "print('PLATFORM', jax.devices()[0].platform, jax.config.jax_platforms, p.device)")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("JAX_PLATFORMS", None)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "PLATFORM cpu cpu True" in proc.stdout

@@ -40,6 +40,7 @@ import shutil
 import tempfile
 import threading
 import time
+import warnings
 from collections import defaultdict
 from typing import NamedTuple
 
@@ -52,6 +53,7 @@ from .base.frames import SourceLoc, format_loc, user_frame
 from .base.scopes import current_scope
 from .base.session import mode_state, session
 from .base.tables import format_table
+from .runtime import libtpu
 from .debug import backward_origin, note_forward
 from .execute.graphs import graph_log
 from .execute.opbyop import time_op_by_op
@@ -170,6 +172,16 @@ class Profile:
         if self._running:
             raise RuntimeError("this profile is already recording")
         self._running = True
+        if self.device and not libtpu.profiler_safe():
+            # libtpu was loaded for a TPU target with no TPU here: JAX's profiler would
+            # crash the process (runtime/libtpu.py); the op-by-op estimate stands in
+            warnings.warn("xlanb.profile(device=True): JAX's profiler crashes in a process "
+                          "where libtpu was loaded for a TPU target without a TPU; device "
+                          "times are estimated by replaying op by op instead (profile in a "
+                          "process that has not used xlanb.compile_for/xlanb.target)",
+                          RuntimeWarning, stacklevel=2)
+            self.device = False
+            self.replay_on_exit = True
         if self.device:
             self._jax_dir = tempfile.mkdtemp(prefix="xlanb-profile-")
             opts = jax.profiler.ProfileOptions()

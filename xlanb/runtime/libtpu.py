@@ -27,6 +27,10 @@ _NOISE = re.compile(
 
 startup_log: list[str] = []  # the libtpu output ``quiet`` kept from the terminal
 _lock = threading.Lock()
+# Whether libtpu's plugin was loaded into this process with no TPU here (for a target).
+# JAX's profiler then crashes the process (SIGSEGV in xla::profiler::PluginTracer::Start,
+# libtpu 0.0.52, jax 0.10.2): ``profiler_safe`` says whether it may start.
+_plugin_loaded = [False]
 
 
 def installed() -> bool:
@@ -40,11 +44,38 @@ def has_tpu() -> bool:
     return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
+def _gpu_plugin_installed() -> bool:
+    return any(importlib.util.find_spec(name) is not None for name in
+               ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin"))
+
+
 def prepare() -> None:
-    """Before JAX first loads libtpu: without a TPU, let every process load it (the
-    user's own setting wins)."""
-    if installed() and not has_tpu():
-        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    """Before JAX first looks for devices, where libtpu is installed and no TPU is here:
+    let every process load libtpu (for targets), and keep JAX's own search for devices
+    from loading it. JAX would try the TPU, fail, and go on with the CPU, but with the
+    plugin loaded its profiler crashes the process. With no GPU plugin either, the CPU
+    is the only platform there is, so JAX is told so (``jax_platforms="cpu"``: what the
+    user's own JAX code gets is unchanged). The user's own settings win."""
+    if not installed() or has_tpu():
+        return
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    if "JAX_PLATFORMS" in os.environ or _gpu_plugin_installed():
+        return
+    import jax
+    from jax._src import xla_bridge
+    if jax.config.jax_platforms is None and not xla_bridge._backends:
+        jax.config.update("jax_platforms", "cpu")
+
+
+def plugin_loaded() -> None:
+    """A target loaded libtpu's plugin into this process (see ``_plugin_loaded``)."""
+    if not has_tpu():
+        _plugin_loaded[0] = True
+
+
+def profiler_safe() -> bool:
+    """Whether JAX's profiler can start here without crashing (see ``_plugin_loaded``)."""
+    return not _plugin_loaded[0]
 
 
 @contextlib.contextmanager

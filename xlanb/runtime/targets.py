@@ -79,6 +79,7 @@ def _topology(gen: str, shape: str):
                           'pip install "xlanb[tpu]"')
     from jax.experimental import topologies
     libtpu.prepare()
+    libtpu.plugin_loaded()
     try:
         with libtpu.quiet():
             return topologies.get_topology_desc(platform="tpu", topology_name=f"{gen}:{shape}",
