@@ -53,6 +53,7 @@ from .base.frames import SourceLoc, format_loc, user_frame
 from .base.scopes import current_scope
 from .base.session import mode_state, session
 from .base.tables import format_table
+from .execute.background import compiles_in_flight
 from .runtime import libtpu
 from .debug import backward_origin, note_forward
 from .execute.graphs import graph_log
@@ -183,6 +184,12 @@ class Profile:
             self.device = False
             self.replay_on_exit = True
         if self.device:
+            # XLA compiles still running on the compile threads (a tier-up nobody waits
+            # for) would be traced as device work, and starting JAX's profiler while
+            # they run is where a full test run once crashed: let them finish (30 s at most)
+            deadline = time.perf_counter() + 30
+            while compiles_in_flight() and time.perf_counter() < deadline:
+                time.sleep(0.002)
             self._jax_dir = tempfile.mkdtemp(prefix="xlanb-profile-")
             opts = jax.profiler.ProfileOptions()
             opts.python_tracer_level = 0  # JAX's Python tracer would time every call
