@@ -1,15 +1,18 @@
-"""Every notebook in examples/ runs top to bottom under the xlanb kernel (nbclient), with no
-cell errors (cells tagged ``raises-exception`` show an error on purpose).
-
-The kernel spec is installed into a temporary prefix, so the machine's kernels are never
-touched. With Graphviz's ``dot`` installed, ``%xla_pending`` cells must show SVG.
+"""Every notebook in examples/ runs top to bottom as the README says (the standard
+``python3`` kernel, a fresh ``HOME``, ``%load_ext xlanb`` in the first cell), with no cell
+errors (cells tagged ``raises-exception`` show an error on purpose), and its stored
+outputs are those of a fresh run: the notebooks are documentation read on GitHub without
+running, so an output that is missing or stale fails here (``tools/store_notebooks.py``
+stores fresh ones). With Graphviz's ``dot`` installed, ``%xla_pending`` cells must show SVG.
 """
 from __future__ import annotations
 
+import copy
 import os
 import pathlib
 import re
 import shutil
+import tempfile
 
 import pytest
 
@@ -20,18 +23,9 @@ pytest.importorskip("ipykernel")
 from jupyter_client.kernelspec import KernelSpecManager  # noqa: E402
 from jupyter_client.manager import KernelManager  # noqa: E402
 
-from xlanb.kernel import spec  # noqa: E402
-
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 NOTEBOOKS = sorted(EXAMPLES.glob("*.ipynb"))
 HAVE_DOT = shutil.which("dot") is not None
-
-
-@pytest.fixture(scope="module")
-def kernel_dirs(tmp_path_factory):
-    prefix = str(tmp_path_factory.mktemp("nbkernel"))
-    spec.install("xlanb-nbtest", prefix=prefix, mode="lazy")
-    return [os.path.join(prefix, "share", "jupyter", "kernels")]
 
 
 def _outputs(cell) -> list:
@@ -53,24 +47,117 @@ def _text(cell) -> str:
 NOTEBOOK_ENV = {"07_tpu_from_a_laptop": {"BERT_LAYERS": "1"}}
 
 
-def execute(path: pathlib.Path, kernel_dirs) -> "nbformat.NotebookNode":
-    nb = nbformat.read(path, as_version=4)  # run under the xlanb kernel, whatever it names
+def execute(path: pathlib.Path, kernel_dirs=None) -> "nbformat.NotebookNode":
+    """Run ``path`` as a new user would: the ``python3`` kernel that ipykernel installs,
+    a fresh HOME (no xlanb kernel spec, no executable store, no settings)."""
+    nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:  # run from a clean slate, whatever was saved
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    km = KernelManager(kernel_name="xlanb-nbtest",
-                       kernel_spec_manager=KernelSpecManager(kernel_dirs=kernel_dirs))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("XLANB_")}
-    client = nbclient.NotebookClient(nb, km=km, timeout=300, startup_timeout=120,
-                                     resources={"metadata": {"path": str(EXAMPLES)}})
-    with pytest.MonkeyPatch.context() as mp:
-        for k in [k for k in os.environ if k.startswith("XLANB_")]:
+    # matplotlib's font cache is not the README's business: built once, kept outside
+    # HOME, so no run prints "building the font cache"
+    mpl = os.environ.get("MPLCONFIGDIR") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                           "matplotlib")
+    with tempfile.TemporaryDirectory(prefix="xlanb-nb-home-") as home, \
+            pytest.MonkeyPatch.context() as mp:
+        for k in [k for k in os.environ
+                  if k.startswith(("XLANB_", "JUPYTER", "XDG_", "IPYTHONDIR"))]:
             mp.delenv(k)
-        mp.setenv("PYTHONWARNINGS", env.get("PYTHONWARNINGS", "ignore"))
+        mp.setenv("HOME", home)
+        mp.setenv("MPLCONFIGDIR", mpl)
+        mp.setenv("PYTHONWARNINGS", os.environ.get("PYTHONWARNINGS", "ignore"))
         for k, v in NOTEBOOK_ENV.get(path.stem, {}).items():
             mp.setenv(k, v)
+        ksm = KernelSpecManager(kernel_dirs=kernel_dirs) if kernel_dirs else KernelSpecManager()
+        km = KernelManager(kernel_name="python3", kernel_spec_manager=ksm)
+        client = nbclient.NotebookClient(nb, km=km, timeout=300, startup_timeout=120,
+                                         resources={"metadata": {"path": str(EXAMPLES)}})
         client.execute()
     return nb
+
+
+# -- stored outputs against a fresh run's
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_UNIT = r"(?:s|ms|µs|us|ns|B|KiB|MiB|GiB|TiB|%)"
+
+
+def normalize(text: str) -> str:
+    """What may differ between two honest runs, made equal: timings and every other
+    number (but a cell's ``In[N]``), addresses, hashes, kernel processes' temp folders,
+    column padding. What is left says what was shown and where."""
+    text = _ANSI.sub("", text)
+    text = re.sub(r"ipykernel_\d+", "ipykernel_N", text)
+    text = re.sub(r"0x[0-9a-fA-F]+", "0x?", text)
+    text = re.sub(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{8,}\b", "<hex>", text)
+    text = re.sub(r"(?<![\w\[])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?!\])(?:\s*" + _UNIT + r"(?!\w))?",
+                  "#", text)
+    return "\n".join(" ".join(line.split()) for line in text.splitlines() if line.strip())
+
+
+def shown(cell) -> tuple[list, list]:
+    """(the kinds of output a cell shows, its normalized lines, sorted: tables sorted by
+    a time change their order between runs)."""
+    kinds, texts = set(), []
+    for o in _outputs(cell):
+        t = o.get("output_type")
+        if t == "stream":
+            kinds.add(f"stream:{o.get('name')}")
+            texts.append(o.get("text", ""))
+        elif t == "error":
+            kinds.add(f"error:{o.get('ename')}")
+            texts.append(o.get("evalue", ""))
+        else:
+            data = o.get("data", {})
+            kinds.add("display:" + ",".join(sorted(data)))
+            if "application/vnd.jupyter.widget-view+json" not in data:  # a model id
+                texts.append(data.get("text/plain", ""))
+    return sorted(kinds), sorted(normalize("\n".join(texts)).splitlines())
+
+
+def stale_outputs(stored, fresh) -> list[str]:
+    """The code cells whose stored outputs differ from a fresh run's (or are missing).
+    A cell tagged ``output-varies`` (a table ranked by measured time) is checked for the
+    kinds of output only."""
+    problems = []
+    s_code = [c for c in stored.cells if c.cell_type == "code"]
+    f_code = [c for c in fresh.cells if c.cell_type == "code"]
+    for i, (s, f) in enumerate(zip(s_code, f_code)):
+        s_kinds, s_lines = shown(s)
+        f_kinds, f_lines = shown(f)
+        where = f"code cell {i + 1} ({s.source.splitlines()[0][:50] if s.source else ''!r})"
+        if f_kinds and not s_kinds:
+            problems.append(f"{where}: no stored output")
+        elif s_kinds != f_kinds:
+            problems.append(f"{where}: stored {s_kinds}, a fresh run shows {f_kinds}")
+        elif "output-varies" not in s.metadata.get("tags", []) and s_lines != f_lines:
+            old = [x for x in s_lines if x not in f_lines][:3]
+            new = [x for x in f_lines if x not in s_lines][:3]
+            problems.append(f"{where}: stored {old}, a fresh run shows {new}")
+        if f_kinds and s.get("execution_count") != f.get("execution_count"):
+            problems.append(f"{where}: stored as In[{s.get('execution_count')}], "
+                            f"runs as In[{f.get('execution_count')}]")
+    return problems
+
+
+def test_stale_outputs_are_found():
+    """The check itself: a missing output, an old cell number and a changed message
+    fail; another run's timings, addresses and temp folders do not."""
+    def nb(*outputs, count=3):
+        cell = nbformat.v4.new_code_cell("x", execution_count=count, outputs=list(outputs))
+        return nbformat.v4.new_notebook(cells=[cell])
+    out = lambda text: nbformat.v4.new_output("stream", name="stdout", text=text)  # noqa: E731
+    fresh = nb(out("synced at In[3]:4 step: 27 ops in 218 ms, 0x7f3a at "
+                   "/tmp/ipykernel_123/1.py graph 3fa2b1c4d5e6\n"))
+    assert stale_outputs(nb(out("synced at In[3]:4 step: 27 ops in  1.2 s, 0x7f11 at "
+                                "/tmp/ipykernel_9/1.py graph 00aa11bb22cc\n")), fresh) == []
+    assert stale_outputs(nb(), fresh)[0].endswith("no stored output")
+    assert "In[4]" in stale_outputs(nb(out("synced at In[4]:4 step: 27 ops in 218 ms, 0x7f3a at "
+                                           "/tmp/ipykernel_123/1.py graph 3fa2b1c4d5e6\n")),
+                                    fresh)[0]
+    assert stale_outputs(nb(out("synced at In[3]:4 step: 27 nodes in 218 ms\n")), fresh)
+    assert "runs as In[3]" in stale_outputs(nb(copy.deepcopy(fresh.cells[0].outputs[0]),
+                                               count=2), fresh)[0]
 
 
 def test_there_are_example_notebooks():
@@ -79,8 +166,9 @@ def test_there_are_example_notebooks():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs(path, kernel_dirs):
-    nb = execute(path, kernel_dirs)
+def test_notebook_runs(path):
+    stored = nbformat.read(path, as_version=4)
+    nb = execute(path)
     code = [c for c in nb.cells if c.cell_type == "code"]
     for cell in code:
         errors = [o for o in _outputs(cell) if o.get("output_type") == "error"]
@@ -150,3 +238,7 @@ def test_notebook_runs(path, kernel_dirs):
             o.get("evalue", "") + o.get("text", "") for c in code for o in _outputs(c))
         assert "Shard(xla:0, [0:64], (64,))" in all_text
         assert "sharding={'data'} on mesh (data=2, model=4) (marked at" in all_text
+    stale = stale_outputs(stored, nb)
+    assert not stale, (f"{path.name}: stored outputs differ from a fresh run's (store fresh "
+                       f"ones: python tools/store_notebooks.py {path.stem}):\n"
+                       + "\n".join(stale))
