@@ -59,6 +59,16 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n} {word if n == 1 else (many or word + 's')}"
 
 
+def pending_words(n_ops: int, mode: str) -> str:
+    """``27 ops (mode lazy)``; in eager mode, what pending ops are there: ops that wait for
+    their executables, still compiling in the background (eager mode records nothing else)."""
+    if mode == "eager" and n_ops:
+        return (f"{plural(n_ops, 'op')} waiting for executables still compiling in the "
+                "background (mode eager: they run, in order, once those are ready or a value "
+                "is read)")
+    return f"{plural(n_ops, 'op')} (mode {mode})"
+
+
 def is_xla_tensor(value) -> bool:
     return isinstance(value, torch.Tensor) and value.device.type == "xla"
 
@@ -324,7 +334,7 @@ class PendingGraph(Rich):
             return f"{self.title}: {plural(self.n_ops, 'op')}"
         mode = xlanb.get_mode()
         what = f" of {self.title}" if self.title else ""
-        return f"pending{what}: {plural(self.n_ops, 'op')} (mode {mode})"
+        return f"pending{what}: {pending_words(self.n_ops, mode)}"
 
     def text(self) -> str:
         if self.n_ops == 0 and not self.show_dot:
@@ -661,7 +671,12 @@ class SyncSummary(Rich):
                            f"in {fmt_time(g.compile_time)}")
             out.append(f"  run: {run}")
         else:
-            out.append(f"xla sync ({self.mode}): {plural(self.n_ops, 'op')} run one by one · "
+            ran = (f"{plural(self.n_ops, 'op')} that waited for background compiles ran"
+                   if self.mode == "eager" else f"{plural(self.n_ops, 'op')} run one by one")
+            wait = a.total("OpCompileWaitTime")
+            if self.mode == "eager" and wait:
+                ran = f"waited {fmt_time(wait)} for background compiles; {ran}"
+            out.append(f"xla sync ({self.mode}): {ran} · "
                        f"{plural(a.op_compiles, 'op compile')} "
                        f"({fmt_time(a.total('OpCompileTime'))}), "
                        f"{plural(a.op_hits, 'op cache hit')} · run {run}")
