@@ -35,19 +35,8 @@ _CSS_MONO = "font-family: var(--jp-code-font-family, monospace); font-size: 12px
 # --------------------------------------------------------------------------- small helpers
 
 def fmt_time(seconds: float | None) -> str:
-    """``2.1 s``, ``25 ms``, ``310 µs``: short, for summaries."""
-    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
-        return "-"
-    a = abs(seconds)
-    if a >= 100:
-        return f"{seconds:.0f} s"
-    if a >= 1:
-        return f"{seconds:.2g} s" if a < 10 else f"{seconds:.1f} s"
-    if a >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    if a == 0:
-        return "0 s"
-    return f"{seconds * 1e6:.3g} µs"
+    """``2.13 s``, ``25 ms``, ``310 µs``: the core's one duration format."""
+    return xlanb.format_duration(seconds)
 
 
 def fmt_bytes(n: int) -> str:
@@ -85,7 +74,7 @@ def escape(text: str) -> str:
 # --------------------------------------------------------------------------- source lines
 
 class SourceResolver:
-    """Names an ``xlanb.SourceLoc`` as a reader can find it: ``In[5] line 3`` for a
+    """Names an ``xlanb.SourceLoc`` as a reader can find it: ``In[5]:3 forward`` for a
     notebook cell, ``model.py:42 forward`` for a file, ``%xla_sync`` for one of our
     magics; plus the line of code itself.
 
@@ -108,7 +97,7 @@ class SourceResolver:
         return self.label(loc), code
 
     def label(self, loc: xlanb.SourceLoc | None) -> str:
-        """``In[5] line 3``, ``model.py:42 forward`` or ``%xla_sync``; "" for None."""
+        """``In[5]:3 forward``, ``model.py:42 forward`` or ``%xla_sync``; "" for None."""
         if loc is None:
             return ""
         if _our_magic(loc):
@@ -116,19 +105,20 @@ class SourceResolver:
         # Not cached: a cell's name hashes its code, so running the same code again
         # moves the name to the new execution count.
         number = self._cell_names().get(loc.file)
-        return f"In[{number}] line {loc.line}" if number is not None else loc.short
+        return (xlanb.format_cell_loc(number, loc.line, loc.function) if number is not None
+                else loc.short)
 
 
     def label_text(self, where: str) -> str:
         """A ``file:line`` string (as a ``TargetReport``'s padding rows hold it) named
-        like ``label``: ``In[5] line 3`` for a cell, ``model.py:42`` for a file."""
+        like ``label``: ``In[5]:3`` for a cell, ``model.py:42`` for a file."""
         if not where:
             return ""
         file, _, line = where.rpartition(":")
         if not file or not line.isdigit():
             return os.path.basename(where)
         number = self._cell_names().get(file)
-        return f"In[{number}] line {line}" if number is not None else \
+        return f"In[{number}]:{line}" if number is not None else \
             f"{os.path.basename(file)}:{line}"
 
 
@@ -471,20 +461,21 @@ class HloView(Rich):
 # --------------------------------------------------------------------------- %xla_metrics
 
 # Compiles first, then execution, transfers, caches; fallbacks follow, then anything else.
+# What each one means: the core's xlanb.metrics.describe (one description everywhere).
 KNOWN_NAMES = (
-    ("UncachedCompile", "counter", "whole graphs compiled"),
-    ("CachedCompile", "counter", "whole graphs found in the compile cache"),
-    ("CompileTime", "metric", "time compiling whole graphs"),
-    ("LowerTime", "metric", "of which tracing and lowering them (JAX)"),
-    ("OpCompile", "counter", "single-op executables compiled"),
-    ("OpCacheHit", "counter", "single-op executables reused"),
-    ("OpCompileTime", "metric", "time compiling single-op executables"),
-    ("OpLowerTime", "metric", "of which tracing and lowering them (JAX)"),
-    ("ExecuteTime", "metric", "time running graphs and ops"),
-    ("TransferToDeviceTime", "metric", "host -> device copies"),
-    ("TransferFromDeviceTime", "metric", "device -> host copies"),
-    ("PersistentCacheHit", "counter", "found in the on-disk compilation cache"),
-    ("PersistentCacheMiss", "counter", "not found in the on-disk compilation cache"),
+    ("UncachedCompile", "counter"),
+    ("CachedCompile", "counter"),
+    ("CompileTime", "metric"),
+    ("LowerTime", "metric"),
+    ("OpCompile", "counter"),
+    ("OpCacheHit", "counter"),
+    ("OpCompileTime", "metric"),
+    ("OpLowerTime", "metric"),
+    ("ExecuteTime", "metric"),
+    ("TransferToDeviceTime", "metric"),
+    ("TransferFromDeviceTime", "metric"),
+    ("PersistentCacheHit", "counter"),
+    ("PersistentCacheMiss", "counter"),
 )
 
 
@@ -503,22 +494,23 @@ class MetricsTable(Rich):
 
     def __init__(self, show_all: bool = False, note: str = "") -> None:
         self.note = note
-        known = {n for n, _, _ in KNOWN_NAMES}
+        known = {n for n, _ in KNOWN_NAMES}
+        what = xlanb.metrics.describe
         counters = set(xlanb.metrics.counter_names())
         mets = set(_metric_names())
         rows = []
-        for name, kind, what in KNOWN_NAMES:
+        for name, kind in KNOWN_NAMES:
             present = name in (counters if kind == "counter" else mets)
             if present or show_all:
-                rows.append(self._row(name, kind, what))
+                rows.append(self._row(name, kind, what(name)))
         fallbacks = sorted(n for n in counters if n.startswith("aten::"))
         for name in fallbacks:
-            rows.append(self._row(name, "counter", "ran on CPU torch: no lowering"))
+            rows.append(self._row(name, "counter", what(name)))
         if show_all:
             for name in sorted(counters - known - set(fallbacks)):
-                rows.append(self._row(name, "counter", ""))
+                rows.append(self._row(name, "counter", what(name)))
             for name in sorted(mets - known):
-                rows.append(self._row(name, "metric", ""))
+                rows.append(self._row(name, "metric", what(name)))
         self.rows = rows
         self.summary = self._summary()
 

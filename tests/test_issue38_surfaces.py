@@ -23,3 +23,53 @@ def test_eager_pending_ops_are_said_to_wait_for_background_compiles():
         xlanb.set_mode(prev)
     # lazy and opbyop keep their words: pending ops there are a recorded graph
     assert "run one by one" in xd.SyncSummary(xd.Activity(), 3, "opbyop").lines()[0]
+
+
+def test_one_duration_format_everywhere():
+    """``218 ms`` in the magics' summaries, the graph table, the TPU report: one format."""
+    from xlanb.execute.target import format_seconds
+    for secs, text in ((0.218, "218 ms"), (2.134, "2.13 s"), (0.00031, "310 µs"),
+                       (250.0, "250 s"), (0.0, "0 s")):
+        assert xlanb.format_duration(secs) == text
+        assert xd.fmt_time(secs) == text
+        if secs:
+            assert format_seconds(secs) == text
+    compile_col = next(c for c in xlanb.graph_columns([]) if c.header == "compile")
+    run_col = next(c for c in xlanb.graph_columns([]) if c.header == "run")
+
+    class G:
+        compile_time, run_time = 0.218, 0.0021
+    assert compile_col.get(G()) == "218 ms" and run_col.get(G()) == "2.1 ms"
+
+
+def test_one_location_format_for_cells():
+    """A cell's line reads ``In[7]:4 forward`` in every message (the core's labeler, set
+    by the extension) and every table, graph and widget (the front end's resolver)."""
+    loc = xlanb.SourceLoc("/tmp/ipykernel_1/123.py", 4, "forward")
+    r = xd.SourceResolver(lambda: {"/tmp/ipykernel_1/123.py": 7})
+    assert r.label(loc) == xlanb.format_cell_loc(7, 4, "forward") == "In[7]:4 forward"
+    assert r.label_text("/tmp/ipykernel_1/123.py:4") == "In[7]:4"
+
+
+def _recorded_names() -> set[str]:
+    """Every counter and metric name xlanb's sources record."""
+    import pathlib
+    import re
+    root = pathlib.Path(xlanb.__file__).parent
+    pat = re.compile(r"""(?:metrics\.(?:counter|record|timer)\(\s*|metric=|lower_metric=|"""
+                     r"""\.lower\()"([A-Z]\w+)\"""")
+    return {m for p in root.rglob("*.py") for m in pat.findall(p.read_text())}
+
+
+def test_every_metric_has_a_description():
+    names = _recorded_names()
+    assert {"OpQuickCompile", "OpTierUp", "UncachedCompile", "LowerTime"} <= names
+    missing = sorted(n for n in names if not xlanb.metrics.describe(n))
+    assert not missing, f"metrics without a description: {missing}"
+    for n in names:  # %xla_metrics --all shows each with its description
+        if n.endswith("Time"):
+            xlanb.metrics.record(n, 0.001)
+        else:
+            xlanb.metrics.counter(n, 0)
+    rows = xd.MetricsTable(show_all=True).rows
+    assert rows and all(r[-1] for r in rows), [r[0] for r in rows if not r[-1]]

@@ -106,6 +106,8 @@ __all__ = [
     "snapshot",
     "diff",
     "format_time",
+    "DESCRIPTIONS",
+    "describe",
     # torch_xla-style aliases
     "metrics_report",
     "short_metrics_report",
@@ -113,6 +115,67 @@ __all__ = [
     "clear_counters",
     "clear_metrics",
 ]
+
+#: What each counter and metric xlanb records means, in a reader's words: the one
+#: source for every table that shows them (``%xla_metrics``, the dashboard). A name
+#: missing here is a name nobody can read; tests check that every recorded name has one.
+DESCRIPTIONS = {
+    # whole graphs
+    "UncachedCompile": "whole graphs compiled",
+    "CachedCompile": "whole graphs found in the compile cache",
+    "CompileTime": "time compiling whole graphs",
+    "LowerTime": "of which tracing and lowering them (JAX)",
+    "GraphReload": "graph executables loaded again after being dropped (XLANB_MAX_GRAPHS)",
+    "GraphExecutableEvicted": "graph executables dropped to bound the loaded ones",
+    "CompiledReplay": "xlanb.compile steps replayed without running Python",
+    "MarkStep": "xm.mark_step() calls (torch_xla compat)",
+    # single ops
+    "OpCompile": "single-op executables compiled",
+    "OpCacheHit": "single-op executables reused",
+    "OpCompileTime": "time compiling single-op executables",
+    "OpLowerTime": "of which tracing and lowering them (JAX)",
+    "OpQuickCompile": "single-op executables compiled quickly first (LLVM's optimizations "
+                      "off), to run at once",
+    "OpTierUp": "quick single-op executables replaced by their optimized compile",
+    "OpTierUpCompileTime": "time compiling the optimized executables that replace quick ones "
+                           "(background)",
+    "OpBackgroundCompileTime": "of the single-op compile time, what ran on a background "
+                               "compile thread",
+    "OpCompileWaitTime": "time waiting for a single-op executable still compiling in the "
+                         "background",
+    "OpExecutableEvicted": "single-op executables dropped to bound the loaded ones",
+    # looks at pending values
+    "PeekCompile": "quick graphs compiled for a first look at a pending value",
+    "PeekCompileTime": "time compiling them",
+    "PeekCompileFallback": "first looks that fell back to running op by op",
+    # running and copying
+    "ExecuteTime": "time running graphs and ops",
+    "TransferToDeviceTime": "host -> device copies",
+    "TransferFromDeviceTime": "device -> host copies",
+    "CollectiveOps": "collectives run (all-reduce, all-gather, ...) on a mesh",
+    "CollectiveBytes": "bytes per device the collectives moved",
+    # the executable store
+    "PersistentCacheHit": "executables loaded from the on-disk store instead of compiled",
+    "PersistentCacheMiss": "executables not in the on-disk store (compiled)",
+    "PersistentCacheWrite": "executables written to the on-disk store",
+    "PersistentCacheRejected": "store entries not this user's or not signed: deleted unread",
+    "PersistentCacheEvicted": "store entries deleted to keep it under its cap",
+    # TPU targets
+    "TargetCompile": "graphs compiled for a TPU target (not run)",
+    "TargetCompileRefused": "graphs the TPU compiler refused (too large, unsupported)",
+    "TargetCompileTime": "time the TPU compiler took",
+    # tensors
+    "CreateXlaTensor": "tensors created on the xla device",
+    "DestroyXlaTensor": "tensors on the xla device freed",
+}
+
+
+def describe(name: str) -> str:
+    """What counter or metric ``name`` counts, in a reader's words ("" if unknown)."""
+    if name.startswith("aten::"):
+        return "ran on CPU torch: no lowering"
+    return DESCRIPTIONS.get(name, "")
+
 
 #: Recent samples kept per metric (for percentiles and rate).
 SAMPLE_CAPACITY = 1024

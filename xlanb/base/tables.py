@@ -1,4 +1,6 @@
-"""Plain-text tables: the one formatter behind graph lists, metrics and profiles."""
+"""Plain-text formats: the one table formatter behind graph lists, metrics and profiles,
+and the one way each of bytes, durations and notebook-cell locations is written, so that
+every surface (text, HTML, pdb, widgets) says the same thing the same way."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -28,3 +30,26 @@ def format_bytes(n: int) -> str:
         if x < 1024 or unit == "TiB":
             return f"{x:.1f} {unit}"
     return f"{x:.1f} TiB"
+
+
+def format_duration(seconds: float | None) -> str:
+    """``218 ms``, ``2.13 s``, ``310 µs``: a duration for people (three significant
+    digits; whole seconds from 100 s); ``-`` for None or NaN."""
+    if seconds is None or seconds != seconds:
+        return "-"
+    a = abs(seconds)
+    if a == 0:
+        return "0 s"
+    if a >= 100:
+        return f"{seconds:.0f} s"
+    if a >= 1:
+        return f"{seconds:.3g} s"
+    if a >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} µs"
+
+
+def format_cell_loc(number: int, line: int, function: str) -> str:
+    """``In[5]:3 forward``: a line of notebook cell ``number``, as every message, table
+    and graph names it."""
+    return f"In[{number}]:{line} {function}"

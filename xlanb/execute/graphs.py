@@ -14,7 +14,7 @@ from ..base import metrics
 from ..base.config import config
 from ..base.frames import SourceLoc, format_loc
 from ..base.session import session
-from ..base.tables import format_bytes, format_table
+from ..base.tables import format_bytes, format_duration, format_table
 from ..graph.collectives import CollectiveList, parse_collectives
 from ..graph.explain import explain
 from ..graph.render import render_dot, render_text
@@ -210,9 +210,9 @@ GRAPH_COLUMNS = (
     Column("ops", True, lambda g: str(g.n_nodes)),
     Column("in", True, lambda g: str(g.n_inputs)),
     Column("out", True, lambda g: str(g.n_outputs)),
-    Column("compile", True, lambda g: f"{g.compile_time:.2f}s"),
+    Column("compile", True, lambda g: format_duration(g.compile_time)),
     Column("hits", True, lambda g: str(g.hits)),
-    Column("run", True, lambda g: f"{g.run_time:.3f}s"),
+    Column("run", True, lambda g: format_duration(g.run_time)),
     Column("peak mem", True, lambda g: format_bytes(g.memory.peak_bytes) if g.memory else "?"),
     Column("cause", False, lambda g: g.cause),
     Column("source", False, lambda g: format_loc(g.src)),
@@ -224,7 +224,8 @@ TARGET_COLUMNS = (
         g, lambda r: format_bytes(r.memory.peak_bytes) if r.memory else "?")),
     Column("fits", False, lambda g: _target_cell(g, _fits)),
     Column("TPU est.", True, lambda g: _target_cell(g, _estimate)),
-    Column("TPU compile", True, lambda g: _target_cell(g, lambda r: f"{r.compile_seconds:.2f}s")),
+    Column("TPU compile", True, lambda g: _target_cell(
+        g, lambda r: format_duration(r.compile_seconds))),
 )
 
 

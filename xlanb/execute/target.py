@@ -25,7 +25,7 @@ import torch
 from ..base import metrics
 from ..base.frames import SourceLoc
 from ..base.session import session
-from ..base.tables import format_bytes, format_table
+from ..base.tables import format_bytes, format_duration, format_table
 from ..graph.collectives import CollectiveList, parse_collectives
 from ..graph.hlo_text import entry_buffers
 from ..graph.layouts import array_layouts, entry_layouts
@@ -64,12 +64,8 @@ class TargetCost(NamedTuple):
 
 
 def format_seconds(s: float) -> str:
-    """``2.1e-05`` -> ``21 µs``: a duration for people."""
-    if s >= 1:
-        return f"{s:.3g} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.3g} ms"
-    return f"{s * 1e6:.3g} µs"
+    """``2.1e-05`` -> ``21 µs``: the core's one duration format."""
+    return format_duration(s)
 
 
 class PaddingRow(NamedTuple):
@@ -167,7 +163,7 @@ class TargetReport:
             est = f", at least {format_seconds(self.cost.roofline_seconds)}/step (roofline)"
         return (f"{head}: peak {format_bytes(self.memory.peak_bytes)} of "
                 f"{format_bytes(self.target.hbm_bytes)} HBM per chip, {verdict}{est}, "
-                f"TPU compile {self.compile_seconds:.2f}s")
+                f"TPU compile {format_duration(self.compile_seconds)}")
 
     def __str__(self) -> str:
         lines = [f"graph {self.graph_hash[:12]} for {self.summary_line()}"]
@@ -201,7 +197,7 @@ class TargetReport:
         e = html.escape
         parts = [f"<div class='xlanb-target'><b>{e(t.name)}</b>: {t.num_devices} x {e(t.chip)}, "
                  f"{e(format_bytes(t.hbm_bytes))} HBM per chip; graph {e(self.graph_hash[:12])}, "
-                 f"TPU compile {self.compile_seconds:.2f}s</div>"]
+                 f"TPU compile {format_duration(self.compile_seconds)}</div>"]
         if self.error:
             parts.append(f"<div style='color:#b00'>compiler: {e(self.error)}</div>")
         m = self.memory
