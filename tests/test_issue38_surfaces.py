@@ -73,3 +73,16 @@ def test_every_metric_has_a_description():
             xlanb.metrics.counter(n, 0)
     rows = xd.MetricsTable(show_all=True).rows
     assert rows and all(r[-1] for r in rows), [r[0] for r in rows if not r[-1]]
+
+
+def test_replica_groups_use_the_mesh_axis_names():
+    """XLA adds an axis of size 1 to a (data=2, model=4) mesh; the groups still read in
+    the user's names, not ``mesh['axis_0'=2,'axis_1'=1,'axis_2'=4] {'axis_0'}``."""
+    from xlanb.graph.collectives import _named_axes
+    axes = {"data": 2, "model": 4}
+    assert _named_axes("mesh['axis_0'=2,'axis_1'=1,'axis_2'=4] {'axis_0'}", axes) == \
+        "mesh['data'=2,'model'=4] {'data'}"
+    assert _named_axes("mesh['axis_0'=2,'axis_1'=4] {'axis_0','axis_1'}", axes) == \
+        "mesh['data'=2,'model'=4] {'data','model'}"
+    # another mesh than the graph's: XLA's own words stay
+    assert _named_axes("mesh['axis_0'=8] {'axis_0'}", axes) == "mesh['axis_0'=8] {'axis_0'}"

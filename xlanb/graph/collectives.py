@@ -37,16 +37,29 @@ _MESH_GROUPS = re.compile(r"^mesh\[([^\]]*)\]")
 
 def _named_axes(groups: str, axes) -> str:
     """XLA prints mesh replica groups over axes it calls ``axis_0``...; when they are
-    the graph's mesh axes (same sizes, same order), use the user's names."""
+    the graph's mesh axes (same sizes, same order), use the user's names. XLA may add
+    axes of size 1 of its own (``mesh['axis_0'=2,'axis_1'=1,'axis_2'=4]`` for a
+    ``(data=2, model=4)`` mesh): they group nothing, and are left out."""
     m = _MESH_GROUPS.match(groups)
     if not m or not axes:
         return groups
     found = re.findall(r"'(axis_\d+)'=(\d+)", m.group(1))
-    if [int(n) for _, n in found] != [int(n) for n in axes.values()]:
+    names, sizes = list(axes), [int(n) for n in axes.values()]
+    rename, k = {}, 0
+    for xla_name, n in found:
+        if k < len(sizes) and int(n) == sizes[k]:
+            rename[xla_name] = names[k]
+            k += 1
+        elif int(n) != 1:  # not the user's mesh: say what XLA says
+            return groups
+    if k != len(sizes):
         return groups
-    for (xla_name, _), name in zip(found, axes):
-        groups = groups.replace(f"'{xla_name}'", repr(name))
-    return groups
+    head = "mesh[" + ",".join(f"{rename[x]!r}={n}" for x, n in found if x in rename) + "]"
+    rest = groups[m.end():]
+    for xla_name, _ in found:  # the grouped axes: the user's names; an added one: gone
+        rest = re.sub(rf"'{xla_name}'(,\s*)?", (f"{rename[xla_name]!r}\\1" if xla_name in rename
+                                               else ""), rest)
+    return head + re.sub(r",\s*\}", "}", rest)
 
 
 def parse_collectives(text: str, axes: dict | None = None) -> list[Collective]:
