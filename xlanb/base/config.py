@@ -229,6 +229,10 @@ class Config:
         # xlanb.memory_limit("target"): every graph must fit the target's HBM per
         # chip, as the TPU compiler says (execute/target.py), before it runs here
         self.memory_limit_target = False
+        # The precision of float32 dots and convolutions, XLA's "default" | "high" |
+        # "highest" (torch_xla.backends.set_mat_mul_precision); None: torch's own knobs
+        # decide (torch.set_float32_matmul_precision, torch.backends.cudnn.allow_tf32)
+        self.mat_mul_precision: str | None = None
         _check_environment()
 
     @property

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from jax import lax
 import torch
 
+from xlanb.base.config import config
 from xlanb.lowering._util import aten, ntuple
 from xlanb.lowering.registry import register
 
@@ -16,11 +17,21 @@ _PRECISION = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH,
               "medium": lax.Precision.DEFAULT}
 
 
+# torch_xla's names (xlanb.config.mat_mul_precision, set by torch_xla.backends.
+# set_mat_mul_precision): dots and convolutions alike, over torch's knobs
+_XLA_PRECISION = {"default": lax.Precision.DEFAULT, "high": lax.Precision.HIGH,
+                  "highest": lax.Precision.HIGHEST}
+
+
 def _precision():
+    if config.mat_mul_precision is not None:
+        return _XLA_PRECISION[config.mat_mul_precision]
     return _PRECISION[torch.get_float32_matmul_precision()]
 
 
 def _conv_precision():
+    if config.mat_mul_precision is not None:
+        return _XLA_PRECISION[config.mat_mul_precision]
     # torch lets cuDNN use TF32 for convolutions unless told otherwise.
     return lax.Precision.HIGH if torch.backends.cudnn.allow_tf32 else lax.Precision.HIGHEST
 

@@ -317,9 +317,12 @@ def _environment() -> bytes:
     import torch
     settings = tuple((k, getattr(getattr(jax_config, k, None), "value", None))
                      for k in _LOWERING_SETTINGS)
-    # torch's default dtype can reach inside a decomposition without showing in its result
+    # torch's default dtype can reach inside a decomposition without showing in its result;
+    # the mat-mul precisions are read where dots and convolutions are lowered
+    precision = (config.mat_mul_precision, torch.get_float32_matmul_precision(),
+                 torch.backends.cudnn.allow_tf32)
     return _versions() + repr((os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""),
-                               settings, torch.get_default_dtype())).encode()
+                               settings, torch.get_default_dtype(), precision)).encode()
 
 
 @functools.cache
