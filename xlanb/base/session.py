@@ -100,6 +100,9 @@ class Session:
         self.spmd = False
         # the TPU topology every new graph also compiles for (xlanb.target), or None
         self.target = None
+        # several processes (xlanb.distributed): called before every run over more than
+        # one process, to check that all of them run the same; None in one process
+        self.agree = None
 
         # -- what ops are and how each signature evaluates (dispatch, ops/)
         self.plans: dict = {}          # id(OpOverload) -> OpPlan

@@ -355,6 +355,8 @@ def _replay(cf: CompiledFunction, entry: _Entry, flat_in):
     scalars = list(trace.scalars)
     for p in trace.key_pos:
         scalars[p] = rng.next_key()
+    if session.agree is not None:  # several processes: all about to run the same graph
+        session.agree(entry.record, user_frame())
     t0 = time.perf_counter()
     with jax.enable_x64(True):
         outs = entry.executable(leaves, scalars)

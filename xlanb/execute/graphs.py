@@ -405,6 +405,8 @@ def run_graph(plan: GraphPlan, device: int, cause: str, src, placed=None) -> lis
     check_graph(rec, device, what)
     if config.memory_limit_target:  # xlanb.memory_limit("target"): the TPU compiler's word
         check_target_fit(rec, what)
+    if session.agree is not None:  # several processes: all about to run the same one
+        session.agree(rec, src)
     t0 = time.perf_counter()
     with jax.enable_x64(True):
         try:

@@ -82,7 +82,10 @@ def run_op(info: OpInfo, arrays: list, scalars) -> object:
         mesh = common_mesh([getattr(a, "sharding", None) for a in arrays])
         if mesh is not None:
             arrays = [on_mesh(a, mesh) for a in arrays]
-            return sharded_executable(info, arrays, mesh)(*arrays, *scalars)
+            exe = sharded_executable(info, arrays, mesh)
+            if session.agree is not None:  # several processes: all about to run the same op
+                session.agree(exe, info, arrays)
+            return exe(*arrays, *scalars)
     return op_executable(info)(*arrays, *scalars)
 
 
@@ -120,9 +123,10 @@ def sharded_executable(info: OpInfo, arrays: list, mesh):
 
 class _Sharded:
     """A single-op executable for sharded inputs, with the collectives it runs."""
-    __slots__ = ("exe", "collectives", "nbytes")
+    __slots__ = ("exe", "collectives", "nbytes", "agree")
 
     def __init__(self, exe, collectives):
+        self.agree = None  # what it publishes before a run over several processes
         self.exe = exe
         self.collectives = collectives
         self.nbytes = sum(c.bytes for c in collectives)

@@ -9,6 +9,7 @@ import torch
 
 from ..base import metrics
 from ..base.dtypes import numpy_to_tensor, tensor_to_numpy
+from ..base.session import session
 from .devices import jax_device
 
 
@@ -51,6 +52,8 @@ def array_to_host(arr) -> torch.Tensor:
         if arr.is_fully_replicated:
             arr = arr.addressable_data(0)
         else:
+            if session.agree is not None:  # a collective: every process must read it too
+                session.agree(arr)
             from jax.experimental import multihost_utils
             arr = multihost_utils.process_allgather(arr, tiled=True)
     host = numpy_to_tensor(np.asarray(arr))
