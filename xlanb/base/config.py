@@ -20,6 +20,11 @@
                      libtpu and no TPU (``xlanb.target``); execution stays here
 ``XLANB_PEEK_CACHE_BYTES``  how many bytes of values peeks keep until the next sync
                      (default 256 MiB); past that the least recently used are recomputed
+``XLANB_DIST_CHECK``  0: several processes do not check that they agree before each run
+                     over all of them (``xlanb.distributed``; default on)
+``XLANB_DIST_TIMEOUT``  seconds a process waits for the others at that check before it
+                     names the missing one and every process stops (default 600)
+``XLANB_DIST_RECENT``  multi-process runs each process remembers (``xlanb.distributed.recent()``)
 """
 from __future__ import annotations
 
@@ -124,6 +129,22 @@ def check_size(name: str, value, minimum: int = 1) -> int:
     return n
 
 
+def check_seconds(name: str, value) -> float:
+    """A positive number of seconds (``1.5`` works)."""
+    try:
+        n = float(str(value).strip()) if not isinstance(value, bool) else 0.0
+    except ValueError:
+        n = 0.0
+    if not n > 0 or n == float("inf"):
+        _refuse(name, value, "a positive number of seconds (e.g. 600, 2.5)")
+    return n
+
+
+def env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    return default if raw in (None, "") else check_seconds(name, raw)
+
+
 def env_size(name: str, default, minimum: int = 1):
     raw = os.environ.get(name)
     return default if raw in (None, "") else check_size(name, raw, minimum)
@@ -176,6 +197,8 @@ class Config:
     max_graphs = _Checked(check_count, 1)
     peek_cache_bytes = _Checked(check_size, 0)
     frequent_compiles = _Checked(check_count, 1)
+    dist_timeout = _Checked(check_seconds)
+    dist_recent = _Checked(check_count, 1)
 
     def __init__(self) -> None:
         # the execution mode a new session starts in (base/session.py)
@@ -233,6 +256,16 @@ class Config:
         # "highest" (torch_xla.backends.set_mat_mul_precision); None: torch's own knobs
         # decide (torch.set_float32_matmul_precision, torch.backends.cudnn.allow_tf32)
         self.mat_mul_precision: str | None = None
+        # Several processes (xlanb.distributed): before each run over more than one of
+        # them, every process checks that the others run the same thing (one exchange
+        # through jax.distributed's key-value store per run).
+        self.dist_check = env_flag("XLANB_DIST_CHECK", True)
+        # How long a process waits there for the others. A peer may be compiling the
+        # same graph for the first time (minutes for a large model): a process found
+        # compiling when the time is up is waited for again.
+        self.dist_timeout = env_seconds("XLANB_DIST_TIMEOUT", 600.0)
+        # Multi-process runs each process remembers (its flight recorder).
+        self.dist_recent = env_count("XLANB_DIST_RECENT", 64, 1)
         _check_environment()
 
     @property
