@@ -309,7 +309,8 @@ class XlaPdb(pdb.Pdb):
             how.append(f"{d['CachedCompile']} graph from the cache")
         if d["OpCompile"] or d["OpCacheHit"]:
             how.append(f"{d['OpCompile']} single-op compiles, {d['OpCacheHit']} single-op cache hits")
-        self.message(f"synced {n} ops in {dt:.3f}s" + (f" ({'; '.join(how)})" if how else ""))
+        self.message(f"synced {n} ops in {xlanb.format_duration(dt)}"
+                     + (f" ({'; '.join(how)})" if how else ""))
 
     @_command
     def do_xmode(self, arg):

@@ -302,6 +302,8 @@ def test_commands_work():
     assert s.out("xgraphs", 0).strip() == "no compiled graphs yet"
     assert "HloModule" in s.out("xhlo --optimized")
     assert s.out("xsync", 0).startswith("synced 8 ops") and "1 graph from the cache" in s.out("xsync", 0)
+    # the core's one duration format, as the magics write it (not "0.218s")
+    assert re.match(r"synced 8 ops in \d[\d.]* (s|ms|µs)\b", s.out("xsync", 0)), s.out("xsync", 0)
     assert s.out("xsync", 1).strip() == "nothing pending"
     xla = s.out("xla", 1)
     assert "pending  0 ops" in xla and "1 compiled, 1 cache hits" in xla, xla

@@ -145,3 +145,57 @@ def test_cell_magic(tmp_path):
     p = ip.run_cell_magic("xla_profile", f"--export {out}", "step()\nstep()")
     assert isinstance(p, xlanb.Profile) and len(p.steps) == 2
     assert os.path.getsize(out) > 0
+
+
+def test_tables_trace_and_chart_explain_themselves(tmp_path):
+    """Issue 38 item 9: ``share`` is defined, once under a whole profile; names are
+    left-aligned in HTML; a ``Parent.?Module`` scope is explained; the icicle chart has a
+    bar for the ops outside every module; the trace nests module scopes as slices around
+    their ops, so a viewer reads ``Net`` > ``Net.enc`` > ``aten::addmm``."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.nn.ReLU()(self.enc(x))  # a module made during the call
+
+    xlanb.set_mode("eager")
+    net = Net().to("xla")
+    x = torch.randn(4, 8).to("xla")
+    (net(x) * 2).sum().item()  # compiles outside the profile
+    with xlanb.profile() as p:
+        for _ in range(2):
+            y = (net(x) * 2).sum()  # the mul and sum: outside every module
+            xlanb.sync()
+    text = str(p)
+    assert text.count("share: the row's total time") == 1, text
+    scope = str(p.by_scope())
+    assert "share: the row's total time" in scope and "Net.?ReLU" in scope
+    assert "Parent.?Module: a module its parent made during the call" in scope
+    assert "Parent.?Module" not in str(p.by_op())
+    html = p._repr_html_()
+    assert "<td style='text-align:left'>Net.enc</td>" in html
+    assert html.count("share: the row") == 1
+    from xlanb.profile import icicle_svg
+    assert "(top level)" in icicle_svg(p)
+
+    path = p.export(str(tmp_path / "t.json"))
+    events = [e for e in json.load(open(path))["traceEvents"]
+              if e.get("ph") == "X" and e.get("cat") in ("op", "module")]
+    mods = [e for e in events if e["cat"] == "module"]
+    assert {e["name"] for e in mods} >= {"Net", "Net.enc", "Net.?ReLU"}
+
+    def inside(a, b):  # a within b
+        return b["ts"] <= a["ts"] and a["ts"] + a["dur"] <= b["ts"] + b["dur"] + 1e-3
+    addmm = [e for e in events if e["name"] == "aten::addmm"]
+    assert addmm and all(any(inside(a, m) for m in mods if m["name"] == "Net.enc")
+                         for a in addmm)
+    assert all(any(inside(m, n) for n in mods if n["name"] == "Net")
+               for m in mods if m["name"] == "Net.enc")
+    # properly nested: two slices on the thread either hold one another or do not meet
+    for a in events:
+        for b in events:
+            overlap = a["ts"] < b["ts"] + b["dur"] and b["ts"] < a["ts"] + a["dur"]
+            assert not overlap or inside(a, b) or inside(b, a), (a, b)
+    y = None

@@ -70,6 +70,12 @@ PHASE_OF = {
     "ExecuteTime": "execute", "OpCompileWaitTime": "wait",
 }
 PHASES = ("python", "xlanb ops", "compile", "transfer", "execute", "wait")
+# What the tables' words mean, said under them (once under a whole profile).
+SHARE_NOTE = ("share: the row's total time (with its device time, where shown) as a "
+              "percentage of the profiled wall time; rows overlap (a scope holds the scopes "
+              "inside it), so shares need not add up to 100%")
+UNNAMED_SCOPE_NOTE = ("Parent.?Module: a module its parent made during the call (not one of "
+                      "its attributes, e.g. a loss built inside forward), named by its class")
 _current_node = torch._C._current_autograd_node
 
 
@@ -366,14 +372,17 @@ class Profile:
             row = (label(k), str(calls), f"{self_s:.4f}", f"{total:.4f}",
                    f"{100 * (total + rep) / wall:.1f}%")
             rows.append(row + ((f"{rep:.4f}",) if replayed else ()))
-        note = "" if self.device_ops or not self.graphs else (
-            "lazy graphs ran fused: their execute time is one row at the line that synced "
-            "(xlanb.profile(device=True) measures it per instruction through XLA's "
-            "profiler; p.replay() estimates it op by op)")
+        notes = [SHARE_NOTE]
         if self.device_kind == "measured":
-            note = ("device: each lazy graph's instructions as XLA's profiler timed them, "
-                    "by the aten op, scope and line in their HLO metadata")
-        return ProfileTable(title, head, rows, note, [k for k, _ in items])
+            notes.append("device: each lazy graph's instructions as XLA's profiler timed "
+                         "them, by the aten op, scope and line in their HLO metadata")
+        elif self.graphs and not self.device_ops:
+            notes.append("lazy graphs ran fused: their execute time is one row at the line "
+                         "that synced (xlanb.profile(device=True) measures it per instruction "
+                         "through XLA's profiler; p.replay() estimates it op by op)")
+        if any(isinstance(k, str) and ".?" in k for k, _ in items):
+            notes.append(UNNAMED_SCOPE_NOTE)
+        return ProfileTable(title, head, rows, "\n".join(notes), [k for k, _ in items])
 
     def by_line(self, limit: int | None = 20) -> "ProfileTable":
         """Time per user source line: calls, self time (the ops' own), total (with the
@@ -452,6 +461,7 @@ class Profile:
                        "args": {"scope": e.scope, "line": format_loc(e.src),
                                 "file": e.src.file if e.src else "",
                                 "self_us": round(e.self_s * 1e6, 3)}})
+        ev += self._scope_slices(us)
         for e in self.phase_events:
             ev.append({"name": e.name, "cat": e.phase or "background", "ph": "X",
                        "ts": us(e.start), "dur": round(e.dur * 1e6, 3), "pid": pid,
@@ -462,6 +472,40 @@ class Profile:
         ev.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 0,
                    "args": {"name": "steps"}})
         return ev + self._jax_events()
+
+    def _scope_slices(self, us) -> list[dict]:
+        """Module scopes as slices around their ops, nested as the modules were (as
+        PyTorch's profiler does with ``with_modules``): a trace viewer, which shows
+        names, reads ``Net`` > ``Net.encoder`` > ``Net.encoder.0`` > ``aten::addmm``.
+        A scope's slice spans its consecutive ops within one step."""
+        out: list[dict] = []
+        pid = os.getpid()
+        stack: list[list] = []  # [scope path, start, end], outermost first
+
+        def close(depth: int) -> None:
+            while len(stack) > depth:
+                name, t0, t1 = stack.pop()
+                out.append({"name": name, "cat": "module", "ph": "X", "ts": us(t0),
+                            "dur": round((t1 - t0) * 1e6, 3), "pid": pid, "tid": self._tid,
+                            "args": {"scope": name}})
+
+        step = None
+        for e in sorted(self.ops, key=lambda e: e.start):
+            if e.step != step:
+                close(0)
+                step = e.step
+            parts = e.scope.split(".") if e.scope else []
+            paths = [".".join(parts[:i + 1]) for i in range(len(parts))]
+            same = 0
+            while same < min(len(stack), len(paths)) and stack[same][0] == paths[same]:
+                same += 1
+            close(same)
+            for path in paths[same:]:
+                stack.append([path, e.start, e.start])
+            for frame in stack:
+                frame[2] = max(frame[2], e.start + e.dur)
+        close(0)
+        return out
 
     def _raw_jax_events(self) -> list[dict]:
         """JAX's trace events as its profiler wrote them ([] without device=True)."""
@@ -518,17 +562,27 @@ class Profile:
 
     # -- display
 
+    def _views(self) -> tuple[list, list[str]]:
+        """The four tables without their notes, and the notes once each, in order."""
+        tables = [self.phases(), self.by_scope(10), self.by_line(10), self.by_op(10)]
+        notes: list[str] = []
+        for t in tables:
+            notes += [n for n in t.note.split("\n") if n and n not in notes]
+            t.note = ""
+        return tables, notes
+
     def __str__(self) -> str:
-        return "\n\n".join(str(t) for t in (self.phases(), self.by_scope(10), self.by_line(10),
-                                             self.by_op(10)))
+        tables, notes = self._views()
+        return "\n\n".join([str(t) for t in tables]
+                           + (["\n".join(f"({n})" for n in notes)] if notes else []))
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
+        tables, notes = self._views()
         return ("<div class='xlanb-profile'>" + icicle_svg(self)
-                + "".join(t._repr_html_() for t in (self.phases(), self.by_scope(10),
-                                                    self.by_line(10), self.by_op(10)))
-                + "</div>")
+                + "".join(t._repr_html_() for t in tables)
+                + "".join(f"<p><i>{html.escape(n)}</i></p>" for n in notes) + "</div>")
 
 
 class ProfileTable:
@@ -542,15 +596,19 @@ class ProfileTable:
     def __str__(self) -> str:
         text = f"{self.title}\n" + format_table(self.head, self.rows,
                                                   right=tuple(range(1, len(self.head))))
-        return text + (f"\n({self.note})" if self.note else "")
+        return text + "".join(f"\n({n})" for n in self.note.split("\n") if n)
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{html.escape(h)}</th>" for h in self.head)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
+        # names left, numbers right: Jupyter right-aligns every cell unless told
+        align = lambda i: "left" if i == 0 else "right"  # noqa: E731
+        head = "".join(f"<th style='text-align:{align(i)}'>{html.escape(h)}</th>"
+                       for i, h in enumerate(self.head))
+        body = "".join("<tr>" + "".join(f"<td style='text-align:{align(i)}'>{html.escape(c)}</td>"
+                                        for i, c in enumerate(r)) + "</tr>"
                        for r in self.rows)
-        note = f"<p><i>{html.escape(self.note)}</i></p>" if self.note else ""
+        note = "".join(f"<p><i>{html.escape(n)}</i></p>" for n in self.note.split("\n") if n)
         return (f"<h4>{html.escape(self.title)}</h4><table class='xlanb-profile-table'>"
                 f"<tr>{head}</tr>{body}</table>{note}")
 
@@ -567,6 +625,12 @@ def icicle_svg(p: Profile, width: int = 900, row_h: int = 18) -> str:
         for part in (scope.split(".") if scope else []):
             node = node.setdefault(part, {})
             node[""] = node.get("", 0.0) + total + rep
+    # the ops outside every module (the optimizer, the loop's own lines, a lazy graph's
+    # run at the line that synced) get a bar of their own under the top one: without it
+    # the row under "all ops" was as empty as their share
+    outside = sum(total + rep for scope, (_c, _s, total, rep) in flat.items() if not scope)
+    if outside:
+        tree["(top level)"] = {"": outside}
     top = tree.get("", 0.0) or 1.0
     rects = []
     depth_max = [0]

@@ -47,7 +47,7 @@ def run_op_by_op(plan: GraphPlan, keep=None) -> list:
             elif session.spmd:  # chosen by the inputs' shardings (execute/single_op.py)
                 t0 = time.perf_counter()
                 try:
-                    out = run_op(info, args, plan.scalars[k:k + n])
+                    out = run_op(info, args, plan.scalars[k:k + n], node.src)
                 except Exception as e:
                     add_op_note(e, "running failed for", info, node.src, node.scope)
                     raise
