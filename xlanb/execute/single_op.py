@@ -71,11 +71,12 @@ def direct_call(exe):
 # ---------------------------------------------------------------------------------------
 # Sharded inputs (xlanb.spmd): one executable per (signature, input shardings)
 
-def run_op(info: OpInfo, arrays: list, scalars) -> object:
+def run_op(info: OpInfo, arrays: list, scalars, src=None) -> object:
     """Run ``info`` on ``arrays`` (x64 on, as the caller has it): through its
     single-device executable, or, once any tensor is sharded and one of these inputs is,
     through the executable compiled for their shardings; a ``mark_sharding`` constraint
-    outside a graph is a ``device_put`` onto its sharding."""
+    outside a graph is a ``device_put`` onto its sharding. ``src``: the line that
+    recorded it (op by op), for the multi-process check."""
     if info.sharding is not None:
         return place(arrays[0], info.sharding)
     if session.spmd:
@@ -84,7 +85,7 @@ def run_op(info: OpInfo, arrays: list, scalars) -> object:
             arrays = [on_mesh(a, mesh) for a in arrays]
             exe = sharded_executable(info, arrays, mesh)
             if session.agree is not None:  # several processes: all about to run the same op
-                session.agree(exe, info, arrays)
+                session.agree(exe, info, arrays, src)
             return exe(*arrays, *scalars)
     return op_executable(info)(*arrays, *scalars)
 
