@@ -10,12 +10,16 @@ from __future__ import annotations
 import _thread
 import hashlib
 import re
+import sys
 import types
 
 import jax
 from jax.sharding import SingleDeviceSharding
 
+from ..base import metrics
+from ..base.config import config
 from ..base.frames import SourceLoc
+from ..graph.repeats import find_repeats
 from ..ir import GraphPlan, leaf_meta, stable_hash
 from ..runtime.jit import jax_context, lower_jitted
 from ..runtime.mesh import common_mesh, on_mesh, sharding_text
@@ -130,21 +134,27 @@ def module_name(graph_hash: str) -> str:
     return "jit_xlanb_graph_" + graph_hash[:16]
 
 
-def _graph_fn_of(recipe: tuple, out_shardings=None, name: str = "run"):
+def _graph_fn_of(recipe: tuple, out_shardings=None, name: str = "run", repeats=None):
     steps, root_pos, places = recipe
+    offsets = None
 
     def run(leaves, scalars):
-        vals = list(leaves)
-        k = 0
-        for j, (info, ins) in enumerate(steps):
-            n = len(info.scalar_specs)
-            try:
-                vals.append(_trace_op(info, [vals[i] for i in ins], scalars[k:k + n],
-                                      *places[j]))
-            except Exception as e:  # runs while tracing only: no cost in the executable
-                add_op_note(e, "lowering failed in", info, *places[j])
-                raise
-            k += n
+        nonlocal offsets
+        if repeats is None:
+            vals = list(leaves)
+            k = 0
+            for j, (info, ins) in enumerate(steps):
+                n = len(info.scalar_specs)
+                vals.append(_lower_op(info, [vals[i] for i in ins], scalars[k:k + n], places[j]))
+                k += n
+        else:
+            if offsets is None:
+                offsets, k = [], 0
+                for info, _ in steps:
+                    offsets.append(k)
+                    k += len(info.scalar_specs)
+            vals = list(leaves) + [None] * len(steps)
+            _run_in_order(vals, len(leaves), steps, places, scalars, offsets, repeats)
         if out_shardings is not None:  # SPMD: tensors updated in place stay where they were
             return [vals[p] if sh is None
                     else jax.lax.with_sharding_constraint(vals[p], retarget(sh))
@@ -152,6 +162,92 @@ def _graph_fn_of(recipe: tuple, out_shardings=None, name: str = "run"):
         return [vals[p] for p in root_pos]
     run.__name__ = run.__qualname__ = name  # jit names the module jit_<name>
     return run
+
+
+def _lower_op(info, args, scalars, place):
+    try:
+        return _trace_op(info, args, scalars, *place)
+    except Exception as e:  # runs while tracing only: no cost in the executable
+        add_op_note(e, "lowering failed in", info, *place)
+        raise
+
+
+def _run_in_order(vals, n_leaves, steps, places, scalars, offsets, repeats) -> None:
+    """The graph's ops in ``repeats.order``: each run of repeated layers as one
+    ``lax.scan`` (``graph/repeats.py``); a run whose scan fails to trace is unrolled."""
+    for item in repeats.order:
+        if isinstance(item, tuple):
+            run = repeats.runs[item[1]]
+            try:
+                _scan_run(vals, n_leaves, steps, places, scalars, offsets, run)
+                continue
+            except Exception as e:  # e.g. a carry whose type changes from layer to layer
+                metrics.counter("ScanLayersUnrolled")
+                if config.debug:
+                    print(f"xlanb: {run.describe()}: unrolled, the loop failed to trace: "
+                          f"{type(e).__name__}: {e}", file=sys.stderr)
+                for ops in (run.segments[::-1] if run.reverse else run.segments):
+                    for j in ops:
+                        _eval(vals, n_leaves, steps, places, scalars, offsets, j)
+                continue
+        _eval(vals, n_leaves, steps, places, scalars, offsets, item)
+
+
+def _eval(vals, n_leaves, steps, places, scalars, offsets, j) -> None:
+    info, ins = steps[j]
+    n = len(info.scalar_specs)
+    vals[n_leaves + j] = _lower_op(info, [vals[i] for i in ins],
+                                   scalars[offsets[j]:offsets[j] + n], places[j])
+
+
+def _stack(values):
+    return jax.tree_util.tree_map(lambda *a: jax.numpy.stack(a), *values)
+
+
+def _scan_run(vals, n_leaves, steps, places, scalars, offsets, run) -> None:
+    """One run of repeated layers as ``lax.scan``: the carry in, the per-layer inputs
+    and lifted scalars stacked (in layer order), the body traced once with the first
+    layer's ops (their scope and line name the HLO's instructions), and each value used
+    outside the run taken back out of the stacked results."""
+    body_ops = run.segments[0]
+    first = -1 if run.reverse else 0  # the layer the chain starts from
+    carry_in = [vals[run.ext[first][e]] for e, _ in run.carry]
+    invariant = {e: vals[run.ext[0][e]] for e in run.invariant}
+    xs = [_stack([vals[ext[e]] for ext in run.ext]) for e in run.xs]
+    scal = []
+    for m, j in enumerate(body_ops):
+        n = len(steps[j][0].scalar_specs)
+        scal.append([_stack([scalars[offsets[ops[m]] + q] for ops in run.segments])
+                     for q in range(n)] if n else [])
+    local_of = {n_leaves + j: m for m, j in enumerate(body_ops)}
+    # per body op: its inputs as ("local", m) or ("ext", slot)
+    ext_slot = {v: e for e, v in enumerate(run.ext[0])}
+    wiring = [[("l", local_of[i]) if i in local_of else ("e", ext_slot[i]) for i in steps[j][1]]
+              for j in body_ops]
+    carry_slots = {e: c for c, (e, _) in enumerate(run.carry)}
+    xs_slots = {e: q for q, e in enumerate(run.xs)}
+
+    def body(carry, x):
+        xv, sv = x
+        local = []
+        for m, j in enumerate(body_ops):
+            args = []
+            for kind, v in wiring[m]:
+                if kind == "l":
+                    args.append(local[v])
+                elif v in carry_slots:
+                    args.append(carry[carry_slots[v]])
+                elif v in xs_slots:
+                    args.append(xv[xs_slots[v]])
+                else:
+                    args.append(invariant[v])
+            local.append(_lower_op(steps[j][0], args, sv[m], places[j]))
+        return [local[m] for _, m in run.carry], [local[m] for m in run.exported]
+
+    _, ys = jax.lax.scan(body, carry_in, (xs, scal), reverse=run.reverse)
+    for s, ops in enumerate(run.segments):
+        for q, m in enumerate(run.exported):
+            vals[n_leaves + ops[m]] = jax.tree_util.tree_map(lambda a: a[s], ys[q])
 
 
 def sharding_of(a):
@@ -225,7 +321,8 @@ class GraphLowering:
 
     __slots__ = ("device", "recipe", "op_names", "leaf_metas", "leaf_origins", "scalar_kinds",
                  "shardings",
-                 "mesh", "keep", "hash", "module", "n_ops", "n_inputs", "n_outputs")
+                 "mesh", "keep", "hash", "module", "n_ops", "n_inputs", "n_outputs",
+                 "repeats")
 
     def __init__(self, plan: GraphPlan, device: int, shardings=None, mesh=None, keep=None,
                  graph_hash: str | None = None):
@@ -241,6 +338,14 @@ class GraphLowering:
         self.mesh = mesh
         self.keep = keep            # per root, where an in-place update stays (SPMD)
         self.n_ops, self.n_inputs, self.n_outputs = len(plan.steps), len(plan.leaves), len(plan.roots)
+        # repeated layers lowered as one loop each (graph/repeats.py; XLANB_SCAN_LAYERS);
+        # not yet on a mesh, where the loop would have to carry the shardings
+        self.repeats = (find_repeats(plan.steps, len(plan.leaves), plan.root_pos,
+                                     self.recipe[2])
+                        if config.scan_layers and shardings is None else None)
+        if graph_hash and self.repeats is not None:  # not the unrolled graph's executable
+            graph_hash = hashlib.blake2b((graph_hash + repr(self.repeats.runs)).encode(),
+                                         digest_size=16).hexdigest()
         self.hash = graph_hash
         self.module = module_name(graph_hash) if graph_hash else "jit_run"
 
@@ -270,7 +375,8 @@ class GraphLowering:
 
     def function(self):
         """A new graph function (see the class docstring for why it is not kept)."""
-        return _graph_fn_of(self.recipe, self.keep, self.module.removeprefix("jit_"))
+        return _graph_fn_of(self.recipe, self.keep, self.module.removeprefix("jit_"),
+                            self.repeats)
 
     def lower(self, lower_metric: str | None = None):
         """Lowered for xlanb's devices (a ``jax.stages.Lowered``), timed into

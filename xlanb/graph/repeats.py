@@ -1,0 +1,322 @@
+"""Repeated layers in a recorded graph, found so that XLA compiles one layer's body.
+
+A transformer's step is the same layer N times. Every op records its module scope
+(``Bert.encoder.layer.3.attention.self``), so the forward ops of each layer form a
+*segment*: the ops whose scope carries one index of a numbered module list. Backward
+ops have no scope (autograd runs them); each is given the layer whose values it uses
+directly (the layer's weights, its saved activations, its input), else the layer of the
+ops that made its inputs.
+
+Consecutive segments repeat when they are the same ops (the same ``OpInfo``: op,
+shapes, dtypes, static arguments) with the same wiring, and each takes from the segment
+before it only its *carry* (the running activation, or its gradient), always from the
+same op. Their other inputs are either the same value for every layer (an attention
+mask: *invariant*) or one value per layer (weights, dropout keys: stacked, *xs*). Values
+of a segment that anything outside the run uses (activations saved for backward, weight
+gradients) come out stacked (*ys*). ``execute/stages.py`` lowers such a run as one
+``jax.lax.scan``. Anything uncertain stays unrolled: a layer that differs, a run whose
+ops would have to move across an op outside it, a segment that reads a value from two
+layers back. ``find_repeats`` says why for each layer left out of a run.
+
+Plain data over a graph's steps ``(OpInfo, input positions)``: values 0..L-1 are the
+leaves, L+j is op j. The decision depends on the structure only, so it is made once per
+graph structure (with its lowering) and the steady step pays nothing.
+"""
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+_NUMBERED = re.compile(r"\.(\d+)(?=\.|$)")
+MIN_RUN = 2
+
+
+class Run(NamedTuple):
+    """Layers lowered as one ``lax.scan``."""
+    name: str          # ``bert.encoder.layer``: the numbered module list
+    kind: str          # "forward" | "backward"
+    layers: tuple      # the layer index of each segment, in stacking order (ascending)
+    segments: tuple    # per layer: its op indices, in the body's order
+    reverse: bool      # the chain runs from the last stacked layer to the first
+    ext: tuple         # per layer: the value position of each external input slot
+    carry: tuple       # (slot, local op it comes from in the layer before)
+    invariant: tuple   # slots with the same value in every layer
+    xs: tuple          # slots with a value per layer, stacked
+    exported: tuple    # local ops whose values are used outside the run (stacked ys)
+
+    def describe(self) -> str:
+        return (f"{len(self.layers)} × {self.name}{' backward' if self.kind == 'backward' else ''}"
+                f" compiled once (scan, layers {min(self.layers)}–{max(self.layers)})")
+
+
+class Repeats(NamedTuple):
+    """What ``find_repeats`` found: the runs, the order to evaluate the graph in (an op
+    index, or ``("run", i)``), and why layers were left unrolled."""
+    runs: tuple
+    order: tuple
+    unrolled: tuple    # one line per layer (or group) left out, with the reason
+
+    def lines(self) -> list[str]:
+        return [r.describe() for r in self.runs] + [f"unrolled: {u}" for u in self.unrolled]
+
+
+def _short(prefix: str) -> str:
+    """``BertForSequenceClassification.bert.encoder.layer`` -> ``bert.encoder.layer``."""
+    return prefix.split(".", 1)[1] if "." in prefix else prefix
+
+
+def _numbered(scope: str) -> list[tuple[str, int]]:
+    """Every ``(prefix, index)`` of a numbered module in ``scope``, outermost first."""
+    return [(scope[:m.start()], int(m.group(1))) for m in _NUMBERED.finditer(scope)]
+
+
+def _forward_groups(places) -> dict:
+    """(prefix, index) -> op indices, for ops inside numbered modules. Each op goes to
+    the outermost numbered module list with at least two members in the graph."""
+    cands = [_numbered(scope or "") for _src, scope in places]
+    members: dict[str, set] = {}
+    for c in cands:
+        for prefix, idx in c:
+            members.setdefault(prefix, set()).add(idx)
+    groups: dict = {}
+    for j, c in enumerate(cands):
+        for prefix, idx in c:
+            if len(members[prefix]) >= MIN_RUN:
+                groups.setdefault((prefix, idx), []).append(j)
+                break
+    return groups
+
+
+def _segment(ops, steps, n_leaves):
+    """A segment's canonical form (op uids and wiring relative to the segment) and its
+    external inputs (value positions, in order of first use)."""
+    local = {n_leaves + j: m for m, j in enumerate(ops)}
+    ext: dict[int, int] = {}
+    canon = []
+    for j in ops:
+        info, ins = steps[j]
+        wires = []
+        for i in ins:
+            m = local.get(i)
+            if m is not None:
+                wires.append(m)
+            else:
+                e = ext.get(i)
+                if e is None:
+                    e = ext[i] = len(ext)
+                wires.append(-1 - e)
+        canon.append((info.uid, tuple(wires)))
+    return tuple(canon), tuple(ext)
+
+
+def _difference(ca, cb, ops_a, ops_b, steps) -> str:
+    """Where two segments' forms first differ, in words."""
+    if len(ca) != len(cb):
+        return f"{len(cb)} ops where the layer before has {len(ca)}"
+    for m, (x, y) in enumerate(zip(ca, cb)):
+        if x != y:
+            ia, ib = steps[ops_a[m]][0], steps[ops_b[m]][0]
+            if x[0] != y[0]:
+                return f"op {m} is {ib.name} {_meta(ib)} where the layer before has {ia.name} {_meta(ia)}"
+            return f"op {m} ({ib.name}) is wired differently"
+    return "different inputs"
+
+
+def _meta(info) -> str:
+    out = info.out
+    shapes = [o for o in (out if info.multi else (out,)) if o is not None]
+    return "(" + ", ".join("x".join(map(str, o.shape)) or "scalar" for o in shapes) + ")"
+
+
+class _Layer(NamedTuple):
+    idx: int
+    ops: list
+    canon: tuple
+    ext: tuple
+
+
+def _chains(name, kind, layers, steps, n_leaves, users, roots, unrolled) -> list[Run]:
+    """Split ``layers`` (in execution order) into runs of identical, carry-linked layers."""
+    runs = []
+    i = 0
+    while i < len(layers):
+        j = i + 1
+        carry = None
+        while j < len(layers):
+            a, b = layers[j - 1], layers[j]
+            if b.canon != layers[i].canon:
+                unrolled.append(f"{name}.{b.idx}{' backward' if kind == 'backward' else ''}: "
+                                f"differs from {name}.{a.idx}: "
+                                + _difference(layers[i].canon, b.canon, layers[i].ops, b.ops, steps))
+                break
+            prev_local = {n_leaves + op: m for m, op in enumerate(a.ops)}
+            c = tuple((e, prev_local[v]) for e, v in enumerate(b.ext) if v in prev_local)
+            if carry is None:
+                carry = c
+            elif c != carry:
+                unrolled.append(f"{name}.{b.idx}: takes other values from {name}.{a.idx} "
+                                "than the layers before")
+                break
+            if not c:
+                break  # independent layers: no chain to scan over
+            j += 1
+        seg = layers[i:j]
+        run = _make_run(name, kind, seg, carry, n_leaves, users, roots, unrolled) \
+            if len(seg) >= MIN_RUN else None
+        if run is not None:
+            runs.append(run)
+        i = j
+    return runs
+
+
+def _make_run(name, kind, seg, carry, n_leaves, users, roots, unrolled):
+    produced = {n_leaves + op for layer in seg for op in layer.ops}
+    carry_slots = {e for e, _ in carry}
+    invariant, xs = [], []
+    for e in range(len(seg[0].ext)):
+        if e in carry_slots:
+            if seg[0].ext[e] in produced:
+                return None
+            continue
+        vals = [layer.ext[e] for layer in seg]
+        if any(v in produced for v in vals):
+            unrolled.append(f"{name}.{seg[0].idx}–{seg[-1].idx}: a layer reads a value made "
+                            "two or more layers before")
+            return None
+        (invariant if all(v == vals[0] for v in vals) else xs).append(e)
+    n_local = len(seg[0].ops)
+    exported = []
+    for m in range(n_local):
+        for layer in seg:
+            p = n_leaves + layer.ops[m]
+            if p in roots or any(u + n_leaves not in produced for u in users.get(p, ())):
+                exported.append(m)
+                break
+    # stacking order: ascending layer index; the chain may run the other way
+    reverse = seg[0].idx > seg[-1].idx
+    ordered = seg[::-1] if reverse else seg
+    return Run(name, kind, tuple(s.idx for s in ordered), tuple(tuple(s.ops) for s in ordered),
+               reverse, tuple(s.ext for s in ordered), tuple(carry), tuple(invariant),
+               tuple(xs), tuple(exported))
+
+
+def _backward_layers(runs, steps, n_leaves, taken, places) -> dict:
+    """(run index, layer) -> op indices for the ops of the backward pass (no scope, and
+    recorded with the line of a forward op of the layers, as autograd's ops are): the
+    layer whose values the op uses directly, else the one layer its inputs were made
+    by. The optimizer's ops (from the user's ``step()`` line) stay out."""
+    owner: dict[int, tuple] = {}
+    for r, run in enumerate(runs):
+        last = -1 if not run.reverse else 0  # the layer the chain ends with
+        for s, (layer, ops, ext) in enumerate(zip(run.layers, run.segments, run.ext)):
+            for op in ops:
+                owner[n_leaves + op] = (r, layer)
+            for e in run.xs:
+                owner[ext[e]] = (r, layer)
+        # the carry into a layer is that layer's (its input), not the one before's
+        for layer, ext in zip(run.layers, run.ext):
+            for e, _ in run.carry:
+                owner[ext[e]] = (r, layer)
+        # what the last layer hands on belongs to whatever comes after the run
+        for _e, m in run.carry:
+            owner.pop(n_leaves + run.segments[last][m], None)
+    # autograd records a backward op with the line of the forward op it differentiates
+    lines = {places[op][0] for run in runs for ops in run.segments for op in ops}
+    label: dict[int, tuple] = {}
+    groups: dict = {}
+    for j, (info, ins) in enumerate(steps):
+        if j in taken or places[j][1] or places[j][0] not in lines:
+            continue
+        direct = {owner[i] for i in ins if i in owner}
+        if not direct:
+            direct = {label[i] for i in ins if i in label}
+        if len(direct) == 1:
+            lab = direct.pop()
+            label[n_leaves + j] = lab
+            groups.setdefault(lab, []).append(j)
+    return groups
+
+
+def _schedule(runs, n_ops, steps, n_leaves):
+    """An evaluation order with each run as one item, or None if the runs cannot be
+    contracted without a cycle."""
+    item_of: dict[int, object] = {}
+    for r, run in enumerate(runs):
+        for ops in run.segments:
+            for op in ops:
+                item_of[op] = ("run", r)
+    first: dict = {}
+    deps: dict = {}
+    for j in range(n_ops):
+        it = item_of.get(j, j)
+        first.setdefault(it, j)
+        d = deps.setdefault(it, set())
+        for i in steps[j][1]:
+            if i >= n_leaves:
+                src = item_of.get(i - n_leaves, i - n_leaves)
+                if src != it:
+                    d.add(src)
+    # Kahn's algorithm, earliest first op first
+    import heapq
+    waiting = {it: len(d) for it, d in deps.items()}
+    dependents: dict = {}
+    for it, d in deps.items():
+        for s in d:
+            dependents.setdefault(s, []).append(it)
+    ready = [(first[it], repr(it), it) for it, n in waiting.items() if n == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, _, it = heapq.heappop(ready)
+        order.append(it)
+        for t in dependents.get(it, ()):
+            waiting[t] -= 1
+            if waiting[t] == 0:
+                heapq.heappush(ready, (first[t], repr(t), t))
+    return tuple(order) if len(order) == len(deps) else None
+
+
+def find_repeats(steps, n_leaves: int, root_pos, places) -> Repeats | None:
+    """The runs of repeated layers of a graph (forward, then backward), or None if
+    there are none to scan."""
+    if not steps:
+        return None
+    users: dict[int, list] = {}
+    for j, (_info, ins) in enumerate(steps):
+        for i in ins:
+            users.setdefault(i, []).append(j)
+    roots = set(root_pos)
+    unrolled: list[str] = []
+    groups = _forward_groups(places)
+    by_prefix: dict[str, list] = {}
+    for (prefix, idx), ops in groups.items():
+        by_prefix.setdefault(prefix, []).append((idx, ops))
+    runs: list[Run] = []
+    for prefix, members in by_prefix.items():
+        layers = []
+        for idx, ops in sorted(members):
+            canon, ext = _segment(ops, steps, n_leaves)
+            layers.append(_Layer(idx, ops, canon, ext))
+        runs += _chains(_short(prefix), "forward", layers, steps, n_leaves, users, roots, unrolled)
+    if not runs:
+        return None
+    taken = {op for run in runs for ops in run.segments for op in ops}
+    n_forward = len(runs)
+    bw = _backward_layers(runs[:n_forward], steps, n_leaves, taken, places)
+    by_run: dict[int, list] = {}
+    for (r, layer), ops in bw.items():
+        by_run.setdefault(r, []).append((min(ops), layer, ops))
+    for r, members in sorted(by_run.items()):
+        layers = []
+        for _first, idx, ops in sorted(members):  # execution order
+            canon, ext = _segment(ops, steps, n_leaves)
+            layers.append(_Layer(idx, ops, canon, ext))
+        runs += _chains(runs[r].name, "backward", layers, steps, n_leaves, users, roots, unrolled)
+    while runs:
+        order = _schedule(runs, len(steps), steps, n_leaves)
+        if order is not None:
+            return Repeats(tuple(runs), order, tuple(unrolled))
+        dropped = runs.pop()  # the last found (a backward run first)
+        unrolled.append(f"{dropped.describe().split(' compiled')[0]}: its ops cannot be "
+                        "gathered into one loop without moving an op across it")
+    return None
