@@ -36,7 +36,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
      ("xlanb.lowering.*",)),
     ("ir", "nodes, op infos, graph plans and hashes; argument templates",
      ("xlanb.ir", "xlanb.templates")),
-    ("graph", "a graph as plain data, its differ and its one renderer (text, DOT, SVG)",
+    ("graph", "a graph as plain data, its differ and its one renderer (text, DOT, SVG); "
+     "its repeated layers",
      ("xlanb.graph.summary", "xlanb.graph.explain", "xlanb.graph.render",
       "xlanb.graph.hlo_text", "xlanb.graph.layouts", "xlanb.graph.collectives",
       "xlanb.graph.repeats")),
