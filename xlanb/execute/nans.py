@@ -12,6 +12,7 @@ forward op and line it comes from (``origins``, filled by ``xlanb.debug``).
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 
 import jax
@@ -28,6 +29,17 @@ from .single_op import op_executable
 # its scope). Filled only while debug_nans is on (xlanb.debug); weak: a node nobody
 # holds is never reported.
 origins: "weakref.WeakKeyDictionary[Node, tuple]" = weakref.WeakKeyDictionary()
+
+
+# Each non-finite origin is reported once. ``reported``: the nodes a NonFiniteError
+# named; ``tainted``: results that synced holding non-finite values that came from a
+# reported origin. A later sync whose only non-finite values come from these runs (as
+# CPU torch would, NaN in, NaN out) and says so in one line, instead of raising the same
+# error again: IPython's last traceback keeps the reported tensors alive, so without this
+# no sync after a NaN could ever run, a clean computation included. Weak: a node nobody
+# holds is forgotten.
+reported: "weakref.WeakSet[Node]" = weakref.WeakSet()
+tainted: "weakref.WeakSet[Node]" = weakref.WeakSet()
 
 
 # An error found on autograd's engine thread (eager backward), where raising is lost:
@@ -124,8 +136,9 @@ def origin_text(origin) -> str:
 
 
 # What a sync that found a NaN leaves behind, and what happens next.
-_KEPT = ("  The pending tensors are unchanged (xlanb.pending_ir() shows them); while the check "
-         "is on, every sync finds this again until they are dropped (del) or synced with it off.")
+_KEPT = ("  The pending tensors are unchanged (xlanb.pending_ir() shows them). This origin is "
+         "reported once: a later sync runs them (NaN in, NaN out, as CPU torch would) and "
+         "names the results that still hold non-finite values.")
 
 
 def make_error(info: OpInfo, src: SourceLoc | None, scope: str, args, scalars, out,
@@ -170,14 +183,22 @@ def _finite(x) -> bool:
     return all(bool(f(v)) for v in leaves)
 
 
-def first_nonfinite(plan: GraphPlan, keep=None, leaves=None, scalars=None):
+def first_nonfinite(plan: GraphPlan, keep=None, leaves=None, scalars=None, known=None):
     """Replay ``plan`` op by op from its leaves (or from ``leaves`` and ``scalars``, the
     values an ``xlanb.compile`` replay ran it on); the first op node whose output is
-    non-finite, as (index, node, info, args, scalars, out), or None."""
+    non-finite, as (index, node, info, args, scalars, out), or None.
+
+    ``known`` (a list, filled): with it, a non-finite output of a ``reported`` origin,
+    or of an op with an input made non-finite by one (or by a ``tainted`` leaf), is
+    not a new origin: the replay goes on past it and its position lands in ``known``."""
     if leaves is not None:
         vals = list(leaves)
     else:
         vals = [n.data if n.data is not None else keep[id(n)] for n in plan.leaves]
+    # positions (into vals) of values whose non-finiteness was reported already
+    bad = set() if known is None or leaves is not None else \
+        {i for i, n in enumerate(plan.leaves) if n in tainted}
+    n_leaves = len(vals)
     all_scalars = plan.scalars if scalars is None else scalars
     k = 0
     with jax.enable_x64(True):
@@ -191,7 +212,15 @@ def first_nonfinite(plan: GraphPlan, keep=None, leaves=None, scalars=None):
             else:
                 out = op_executable(info)(*args, *scalars)
             vals.append(out)
-            if info.name != GETITEM and not _finite(out):
+            if info.name == GETITEM:
+                if ins[0] in bad:
+                    bad.add(n_leaves + j)
+                continue
+            if not _finite(out):
+                if known is not None and (node in reported or any(i in bad for i in ins)):
+                    bad.add(n_leaves + j)
+                    known.append(n_leaves + j)
+                    continue
                 return j, node, info, args, scalars, out
     return None
 
@@ -204,8 +233,19 @@ def check_run(plan: GraphPlan, arrays, mode: str, cause: str, src, leaves=None,
     plan on new values."""
     if all_finite(arrays):
         return
-    found = first_nonfinite(plan, leaves=leaves, scalars=scalars)
+    known: list = []
+    found = first_nonfinite(plan, leaves=leaves, scalars=scalars, known=known)
     at = f" at {format_loc(src)}" if src is not None else ""
+    if found is None and known:  # only what was reported already: run, and say so once
+        bad = [i for i, a in enumerate(arrays) if not _finite(a)]
+        held = [plan.roots[i] for i in bad]
+        tainted.update(held)
+        names = "; ".join(op_context(r.info, r.src, r.scope) for r in held[:5])
+        more = f"; and {len(held) - 5} more" if len(held) > 5 else ""
+        print(f"xlanb: the {mode} sync{at} ran; {len(held)} of its {len(arrays)} results "
+              f"still hold non-finite values from a NaN/Inf reported before: {names}{more}",
+              file=sys.stderr)
+        return
     if found is None:
         bad = [i for i, a in enumerate(arrays) if not _finite(a)]
         roots = ", ".join(op_context(plan.roots[i].info, plan.roots[i].src, plan.roots[i].scope)
@@ -219,4 +259,5 @@ def check_run(plan: GraphPlan, arrays, mode: str, cause: str, src, leaves=None,
     j, node, info, args, scalars, out = found
     how = (f"op {j + 1} of {len(plan.steps)} in the {mode} sync ({cause}){at}, replayed op by "
            "op from the same inputs")
+    reported.add(node)
     raise make_error(info, node.src, node.scope, args, scalars, out, origins.get(node), how, mode)
