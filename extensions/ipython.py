@@ -105,6 +105,35 @@ class XlaMagics(Magics):
         number = self._cell_names().get(loc.file)
         return f"In[{number}]:{loc.line} {loc.function}" if number is not None else None
 
+    def file_label(self, file: str) -> str | None:
+        """``In[5]`` for a cell's code name (a kernel's temp file included); None for a
+        file."""
+        number = self._cell_names().get(file)
+        return f"In[{number}]" if number is not None else None
+
+    def cell_number(self) -> int:
+        """The number of the cell running now (``In[N]``). IPython 9 advances
+        ``execution_count`` before a cell runs and IPython 8 after, so the number is the
+        one the running cell's code was compiled under: the outermost frame of a cell's
+        code. Outside any cell (a magic called from Python): ``execution_count``."""
+        names = self._cell_names()
+        number = None
+        f = sys._getframe(1)
+        while f is not None:
+            n = names.get(f.f_code.co_filename)
+            if n is not None:
+                number = n
+            f = f.f_back
+        return number if number is not None else self.shell.execution_count
+
+    def _cache_cell(self, cell: str) -> tuple[str, str]:
+        """Compile ``cell`` (a cell magic's body) under the running cell's number, so its
+        lines read ``In[N]``: returns (source, code name). A leading blank line stands
+        for the magic's own line, so line numbers match the cell as the user sees it."""
+        shell = self.shell
+        source = "\n" + shell.transform_cell(cell)
+        return source, shell.compile.cache(source, self.cell_number(), raw_code="\n" + cell)
+
     def _rich(self) -> set:
         """Mime types this frontend shows (a terminal: text/plain only)."""
         fmt = getattr(self.shell, "display_formatter", None)
@@ -580,10 +609,7 @@ class XlaMagics(Magics):
         """Run ``cell`` in the user namespace under the current cell's name (so source
         lines resolve to ``In[N]``); return the value of a final expression."""
         shell = self.shell
-        # A leading blank line stands for the %%xla_explain line, so line numbers match
-        # the cell as the user sees it.
-        source = "\n" + shell.transform_cell(cell)
-        name = shell.compile.cache(source, shell.execution_count, raw_code="\n" + cell)
+        source, name = self._cache_cell(cell)
         tree = shell.compile.ast_parse(source, filename=name)
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
@@ -664,8 +690,7 @@ class XlaMagics(Magics):
         """``cell`` as a function of ``params``, compiled under the current cell's name
         (source lines resolve to ``In[N]``); its last expression is returned."""
         shell = self.shell
-        source = "\n" + shell.transform_cell(cell)  # line 1 stands for the magic's line
-        name = shell.compile.cache(source, shell.execution_count, raw_code="\n" + cell)
+        source, name = self._cache_cell(cell)
         tree = shell.compile.ast_parse(source, filename=name)
         body = tree.body or [ast.Pass()]
         if isinstance(body[-1], ast.Expr):
@@ -850,6 +875,114 @@ def _tensor_html(t):
     return xd.tensor_html(t)
 
 
+# Modules whose frames are never the user's line (xlanb, what it calls, IPython itself).
+_INTERNAL = ("xlanb", "torch", "jax", "jaxlib", "IPython", "ipykernel", "contextlib",
+             "functools")
+
+
+def _internal(frame) -> bool:
+    name = frame.f_globals.get("__name__") or ""
+    return (name.split(".")[0] in _INTERNAL
+            or frame.f_code.co_filename.startswith("<decorator-gen"))
+
+
+def _deliberate_errors() -> tuple:
+    """The errors xlanb raises on purpose, each with a full message of its own."""
+    return (xlanb.DeviceMemoryError, xlanb.NonFiniteError, xlanb.ExecutableLimitError,
+            xlanb.TargetError, xlanb.spmd.ShardingError)
+
+
+def _user_traceback(tb):
+    """``tb`` ending at the user's last line: the frames of xlanb (and of torch or JAX
+    below it) that raised a deliberate error say nothing the message does not."""
+    import types
+    entries = []
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    last = max((i for i, e in enumerate(entries) if not _internal(e.tb_frame)), default=None)
+    if last is None:
+        return entries[0] if entries else None
+    out = None
+    for e in reversed(entries[:last + 1]):  # a copy: %debug still sees every frame
+        out = types.TracebackType(out, e.tb_frame, e.tb_lasti, e.tb_lineno)
+    return out
+
+
+def _show_deliberate(shell, etype, value, tb, tb_offset=None):
+    """IPython's custom exception handler: the usual traceback (and ``%pdb``), less
+    xlanb's frames; ``%debug`` can still walk every frame."""
+    shell.showtraceback((etype, value, _user_traceback(tb)), tb_offset=tb_offset)
+    sys.last_traceback = tb
+    if hasattr(sys, "last_exc"):
+        sys.last_exc = value
+
+
+# ``%debug`` (and ``%pdb``) and ``breakpoint()`` open the shell's own debugger with the x*
+# commands; what was there before, per shell, to put back on unload.
+_debuggers: dict[int, type] = {}
+_hook_before: list = []  # the breakpoint hook ours replaced
+
+
+def _xla_debugger(base: type) -> type:
+    """``base`` (the shell's debugger class) with XlaPdb's commands and stepping."""
+    from .pdb import XlaPdb
+    if issubclass(base, XlaPdb):
+        return base
+    return type(f"Xla{base.__name__}", (XlaPdb, base), {"__module__": __name__})
+
+
+def _breakpointhook(*args, **kwargs):
+    """``breakpoint()`` after ``%load_ext xlanb``: the shell's debugger with the x*
+    commands; a PYTHONBREAKPOINT set since is the user's choice and wins."""
+    if os.environ.get("PYTHONBREAKPOINT"):
+        return sys.__breakpointhook__(*args, **kwargs)
+    debugpy = sys.modules.get("debugpy")
+    if _hook_before and debugpy is not None and debugpy.is_client_connected():
+        return _hook_before[0](*args, **kwargs)  # a visual debugger (JupyterLab's) is on
+    from IPython import get_ipython
+    shell = get_ipython()
+    tb = getattr(shell, "InteractiveTB", None)
+    cls = getattr(tb, "debugger_cls", None)
+    if cls is None:
+        from .pdb import XlaPdb as cls
+    cls().set_trace(sys._getframe(1))
+
+
+def _install_debugger(ipython) -> None:
+    if not getattr(ipython, "custom_exceptions", ()):  # a handler of the user's stays
+        ipython.set_custom_exc(_deliberate_errors(), _show_deliberate)
+    tb = getattr(ipython, "InteractiveTB", None)
+    if tb is not None and getattr(tb, "debugger_cls", None) is not None:
+        _debuggers[id(ipython)] = tb.debugger_cls
+        tb.debugger_cls = _xla_debugger(tb.debugger_cls)
+        tb.pdb = None  # made again from the class on the next %debug
+    # the user's own choice (PYTHONBREAKPOINT, or a hook of their own) is left alone;
+    # ipykernel's (debugpy's, which does nothing unless a visual debugger is attached) is
+    # kept for when one is
+    hook = sys.breakpointhook
+    if hook is _breakpointhook or os.environ.get("PYTHONBREAKPOINT"):
+        return
+    if hook is sys.__breakpointhook__ or \
+            (getattr(hook, "__module__", None) or "").startswith(("debugpy", "pydevd")):
+        _hook_before[:] = [hook]
+        sys.breakpointhook = _breakpointhook
+
+
+def _uninstall_debugger(ipython) -> None:
+    if getattr(getattr(ipython, "CustomTB", None), "__func__", None) is not None and \
+            ipython.custom_exceptions == _deliberate_errors():
+        ipython.set_custom_exc((), None)
+    old = _debuggers.pop(id(ipython), None)
+    tb = getattr(ipython, "InteractiveTB", None)
+    if old is not None and tb is not None:
+        tb.debugger_cls = old
+        tb.pdb = None
+    if sys.breakpointhook is _breakpointhook and not _debuggers:
+        sys.breakpointhook = _hook_before[0] if _hook_before else sys.__breakpointhook__
+        _hook_before.clear()
+
+
 def load_ipython_extension(ipython) -> None:
     """Register the magics, the notebook repr of xla tensors and (off by default) the
     status line. Loading twice is harmless."""
@@ -862,7 +995,8 @@ def load_ipython_extension(ipython) -> None:
         fmt.for_type(xlanb.XlaTensor, _tensor_html)
     _loaded[id(ipython)] = magics
     # messages from the core (errors, warnings) name a cell as In[N], as tracebacks do
-    xlanb.set_location_labeler(magics.cell_label)
+    xlanb.set_location_labeler(magics.cell_label, files=magics.file_label)
+    _install_debugger(ipython)
 
 
 def unload_ipython_extension(ipython) -> None:
@@ -872,6 +1006,7 @@ def unload_ipython_extension(ipython) -> None:
         return
     magics.set_status(False)
     xlanb.set_location_labeler(None)
+    _uninstall_debugger(ipython)
     mm = ipython.magics_manager
     for kind, names in magics.magics.items():  # every magic the class defines
         for name in names:

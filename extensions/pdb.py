@@ -66,10 +66,11 @@ _GRAPH = re.compile(r"(?:^|\s)--graph(?:=|\s+)(\S*)|(?:^|\s)--graph$")
 
 
 def _is_core_module(name) -> bool:
-    """xlanb's library modules; not its front ends (this debugger, the IPython extension),
-    which may run user code below them."""
+    """xlanb's library modules; not its front ends (this debugger, the IPython extension,
+    the kernel, whose ``launch`` frame is below every cell), which may run user code
+    below them."""
     return isinstance(name, str) and (name == "xlanb" or name.startswith("xlanb.")) \
-        and not name.startswith("xlanb.extensions")
+        and not name.startswith(("xlanb.extensions", "xlanb.kernel"))
 
 
 def _called_from_core(frame) -> bool:
@@ -165,6 +166,14 @@ class XlaPdb(pdb.Pdb):
             return repr(obj)
         except Exception as e:  # noqa: BLE001
             return f"*** repr({expr}) failed: {e} ***"
+
+    def format_stack_entry(self, frame_lineno, *args, **kwargs):
+        # The header names a notebook cell In[N], as messages do, never a kernel's
+        # temp file.
+        text = super().format_stack_entry(frame_lineno, *args, **kwargs)
+        file = frame_lineno[0].f_code.co_filename
+        name = xlanb.file_label(file)
+        return text.replace(self.canonic(file), name, 1) if name != file else text
 
     # ------------------------------------------------------------------------------
     # Helpers

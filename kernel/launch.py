@@ -1,7 +1,7 @@
 """Start the xlanb kernel: ipykernel's IPKernelApp with the xlanb extension loaded.
 
-The extension is added as an *extra* extension (``--ext xlanb``), so extensions the user
-configured in their IPython profile still load too.
+The extension is loaded on top of whatever the user's IPython profile loads, so their own
+extensions still load too.
 """
 from __future__ import annotations
 
@@ -21,4 +21,11 @@ def main(argv: list[str]) -> None:
         os.environ["XLANB_MODE"] = argv[i + 1]
         del argv[i:i + 2]
     from ipykernel.kernelapp import IPKernelApp
-    IPKernelApp.launch_instance(argv=["--ext", "xlanb", *argv])
+    app = IPKernelApp.instance()
+    app.initialize(argv)
+    # Loaded directly rather than through IPython's extension manager (``--ext``), so a
+    # notebook's own ``%load_ext xlanb`` (needed on a plain python3 kernel) is silent
+    # here instead of printing "already loaded".
+    import xlanb
+    xlanb.load_ipython_extension(app.shell)
+    app.start()

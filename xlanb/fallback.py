@@ -11,7 +11,7 @@ import torch
 
 from .base import metrics
 from .base.config import config
-from .base.frames import user_frame
+from .base.frames import user_frame, warn_at
 from .base.session import session
 from .ops.leaves import from_host
 from .ir import TensorMeta
@@ -58,7 +58,7 @@ def cpu_fallback(func, args, kwargs):
                f"(inputs are fetched from the device; counted as {name!r})")
         src = user_frame()
         if src is not None:  # point at the user's line, not at xlanb's dispatch
-            warnings.warn_explicit(msg, UserWarning, src.file, src.line)
+            warn_at(src, msg, UserWarning)
         else:
             warnings.warn(msg, stacklevel=3)
     device = 0

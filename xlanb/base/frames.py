@@ -11,6 +11,7 @@ import bdb
 import contextlib
 import os
 import sys
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -35,22 +36,58 @@ class SourceLoc(NamedTuple):
                 label = None
             if label:
                 return label
-        return f"{os.path.basename(self.file)}:{self.line} {self.function}"
+        return f"{file_label(self.file, short=True)}:{self.line} {self.function}"
 
     def __str__(self) -> str:
         return self.short
 
 
-# A front end's namer for locations it knows better (a notebook's cells): SourceLoc -> str,
-# or None to keep the file name. Installed by set_location_labeler, read only at formatting.
+# A front end's namers for what it knows better (a notebook's cells): SourceLoc -> str and
+# file name -> str, or None to keep the file name. Installed by set_location_labeler, read
+# only at formatting.
 _labelers: list = []
+_file_labelers: list = []
 
 
-def set_location_labeler(fn) -> None:
+def set_location_labeler(fn=None, *, files=None) -> None:
     """Name source locations in every message, graph and table with ``fn(loc)`` when it
-    returns a string (the IPython extension names notebook cells ``In[5]:3 forward``);
-    ``None`` removes it."""
+    returns a string, and files with ``files(path)`` (the IPython extension names a
+    notebook cell's code, a kernel's temp file, ``In[5]``: so a location reads
+    ``In[5]:3 forward`` and a warning's header ``In[5]:3:``); ``None`` removes them."""
     _labelers[:] = [fn] if fn is not None else []
+    _file_labelers[:] = [files] if files is not None else []
+
+
+def file_label(file: str, short: bool = False) -> str:
+    """How messages name ``file``: the front end's name (``In[5]`` for a notebook cell;
+    never a kernel's temp file), else the path (its base name with ``short``)."""
+    for labeler in _file_labelers:
+        try:
+            label = labeler(file)
+        except Exception:  # a front end's bug must not hide the message it is in
+            label = None
+        if label:
+            return label
+    return os.path.basename(file) if short else file
+
+
+def source_text(where: str) -> str:
+    """A ``file:line`` string (as HLO metadata holds it) named as ``file_label`` names
+    files: ``In[5]:3`` for a cell, ``train.py:12`` for a file."""
+    file, sep, line = where.rpartition(":")
+    if not sep or not line.isdigit():
+        return file_label(where, short=True) if where else ""
+    return f"{file_label(file, short=True)}:{line}"
+
+
+def warn_at(loc: SourceLoc, message: str, category: type) -> None:
+    """``warnings.warn`` with ``loc`` as where it happened, its header naming the file as
+    messages do (``In[5]:3: RecompileWarning: ...``, not a kernel's temp file)."""
+    name = file_label(loc.file)
+    if name == loc.file:  # a real file: Python shows its line of code under the header
+        warnings.warn_explicit(message, category, loc.file, loc.line)
+    else:
+        warnings.warn_explicit(message, category, name, loc.line)
 
 
 def format_loc(loc: SourceLoc | None) -> str:
@@ -80,28 +117,59 @@ _skip_file = session.skip_file
 _locations = session.locations
 
 
+# Autograd's sequence number of a forward op's node -> the user's line of that op: an op
+# recorded while backward runs (on autograd's thread, with no user frame) is credited to
+# the forward line it differentiates, in every view that shows a line (graphs, HLO
+# metadata, memory, profiles). Noted by the frame walk of the forward op itself.
+_forward_locs: dict[int, SourceLoc] = {}
+_FORWARD_MAX = 1 << 18
+_current_node = torch._C._current_autograd_node
+_next_seq = torch._C._autograd._get_sequence_nr
+_grad_enabled = torch.is_grad_enabled
+
+
+def _is_internal(f) -> bool:
+    """Is ``f``'s code never the user's line (torch, xlanb, the REPL machinery)?"""
+    name = f.f_code.co_filename
+    module = f.f_globals.get("__name__")
+    # by module name too: xlanb's front ends may be installed anywhere
+    return (name.startswith(_SKIP_PREFIXES) or name.endswith(_SKIP_SUFFIXES)
+            or (isinstance(module, str) and (module == "xlanb" or module.startswith("xlanb."))))
+
+
 def user_frame(depth: int = 2) -> SourceLoc | None:
     """The innermost frame outside torch and xlanb, as a SourceLoc, or None. The walk
-    starts ``depth`` frames up (the caller of user_frame's caller by default)."""
+    starts ``depth`` frames up (the caller of user_frame's caller by default). An op
+    recorded by autograd's backward gets the line of the forward op it differentiates."""
     try:
         f = sys._getframe(depth)
     except ValueError:  # fewer frames: autograd's engine thread calls ops from C++
-        return None
+        f = None
     skips = _skip_file
     while f is not None:
         code = f.f_code
         name = code.co_filename
         skip = skips.get(name)
         if skip is None:  # once per file: this runs on every recorded op
-            skip = skips[name] = name.startswith(_SKIP_PREFIXES) or name.endswith(_SKIP_SUFFIXES)
+            skip = skips[name] = _is_internal(f)
         if not skip:
             key = (name, f.f_lineno)
             loc = _locations.get(key)
             if loc is None:  # interned: one object per line, made once
                 loc = _locations[key] = SourceLoc(name, key[1], code.co_name)
+            if _grad_enabled() and _current_node() is None:
+                # the node autograd made for this op, just before dispatching it (an op
+                # without one finds an older node, already noted)
+                seq = _next_seq() - 1
+                if seq >= 0 and seq not in _forward_locs:
+                    _forward_locs[seq] = loc
+                    if len(_forward_locs) > _FORWARD_MAX:
+                        for k in list(_forward_locs)[:_FORWARD_MAX // 2]:
+                            del _forward_locs[k]
             return loc
         f = f.f_back
-    return None
+    node = _current_node()
+    return _forward_locs.get(node._sequence_nr()) if node is not None else None
 
 
 def debugger_active() -> bool:

@@ -12,7 +12,7 @@ import jax
 
 from ..base import metrics
 from ..base.config import config
-from ..base.frames import SourceLoc, format_loc
+from ..base.frames import SourceLoc, format_loc, warn_at
 from ..base.session import session
 from ..base.tables import format_bytes, format_duration, format_table
 from ..graph.collectives import CollectiveList, parse_collectives
@@ -377,7 +377,7 @@ def _report_compile(rec: CompiledGraph, src) -> None:
                "Said once for this line; xlanb.graphs() lists every graph and why it "
                "compiled.")
         if src is not None:  # point the warning at the user's line, not at xlanb
-            warnings.warn_explicit(msg, RecompileWarning, src.file, src.line)
+            warn_at(src, msg, RecompileWarning)
         else:
             warnings.warn(msg, RecompileWarning, stacklevel=3)
 

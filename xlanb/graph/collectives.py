@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from ..base.frames import source_text
 from ..base.tables import format_table
 from .hlo_text import aten_of, array_sizes, attr, origin, scope_of, stack_tables
 
@@ -137,5 +138,5 @@ class CollectiveList(list):
 
 
 def _short(source: str) -> str:
-    """``/long/path/train.py:12`` -> ``train.py:12``."""
-    return source.rsplit("/", 1)[-1]
+    """``/long/path/train.py:12`` -> ``train.py:12``; a notebook cell's -> ``In[5]:12``."""
+    return source_text(source)

@@ -1,0 +1,127 @@
+"""Through a real kernel (jupyter_client), what a notebook user reads (issue 38):
+
+- each cell magic names its own cell, whatever IPython's ``execution_count`` says;
+- no output holds the kernel's temp file for a cell (``/tmp/ipykernel_N/123.py``):
+  warning headers, the collectives' source column, pdb's header, a sync from pdb;
+- an error xlanb raises on purpose shows at most one xlanb frame;
+- ``breakpoint()`` has the ``x*`` commands once the extension is loaded.
+
+One kernel serves the whole module (starting one costs seconds).
+"""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+pytest.importorskip("ipykernel")
+pytest.importorskip("jupyter_client")
+
+from jupyter_client.kernelspec import KernelSpecManager  # noqa: E402
+from jupyter_client.manager import KernelManager  # noqa: E402
+
+from xlanb.kernel import spec  # noqa: E402
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+TEMP = re.compile(r"ipykernel_\d+|\b\d{6,}\.py")  # ipykernel's name for a cell's code
+
+
+@pytest.fixture(scope="module")
+def kc(tmp_path_factory):
+    prefix = str(tmp_path_factory.mktemp("kernels"))
+    spec.install("xlanb-cells-test", prefix=prefix)
+    ksm = KernelSpecManager(kernel_dirs=[os.path.join(prefix, "share", "jupyter", "kernels")])
+    km = KernelManager(kernel_name="xlanb-cells-test", kernel_spec_manager=ksm)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("XLANB_") and k != "PYTHONBREAKPOINT"}
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
+    env["XLANB_CACHE_DIR"] = os.environ.get("XLANB_CACHE_DIR", "")
+    km.start_kernel(env=env)
+    client = km.client()
+    client.start_channels()
+    client.wait_for_ready(timeout=120)
+    yield client
+    client.stop_channels()
+    km.shutdown_kernel(now=True)
+
+
+def run(kc, code: str, stdin: tuple = ()):
+    """Run a cell; return (execution count, status, everything it showed as plain text).
+    ``stdin`` answers input prompts (pdb's) in order."""
+    msgs = []
+    answers = list(stdin)
+
+    def on_input(msg):
+        kc.input(answers.pop(0) if answers else "c")
+
+    reply = kc.execute_interactive(code, timeout=180, output_hook=msgs.append,
+                                   allow_stdin=bool(stdin), stdin_hook=on_input)
+    text = []
+    for m in msgs:
+        c = m["content"]
+        if m["msg_type"] == "stream":
+            text.append(c["text"])
+        elif m["msg_type"] in ("display_data", "execute_result"):
+            text.append(c["data"].get("text/plain", ""))
+        elif m["msg_type"] == "error":
+            text.append("\n".join(c["traceback"]))
+    out = ANSI.sub("", "\n".join(text))
+    assert not TEMP.search(out), out  # never a kernel temp file, whatever the cell did
+    return reply["content"]["execution_count"], reply["content"]["status"], out
+
+
+def test_load_ext_is_silent_and_cell_magics_name_their_own_cell(kc):
+    n, status, out = run(kc, "%load_ext xlanb\nimport torch, xlanb\n"
+                             "x = torch.randn(16, 16, device='xla')")
+    assert status == "ok" and "already loaded" not in out, out
+    # IPython 9 advances execution_count before the cell runs: the magics must not read it
+    n, status, out = run(kc, "%%xla_explain\ny = x @ x\nz = y.relu()\nxlanb.sync()\n")
+    assert status == "ok"
+    assert f"synced at  In[{n}]:4" in out, (n, out)
+    assert f"In[{n + 1}]" not in out
+    n, status, out = run(kc, "%%xla_profile\nw = (x * 2).sum()\nxlanb.sync()\n")
+    assert status == "ok"
+    assert f"In[{n}]:2" in out and f"In[{n + 1}]" not in out, (n, out)
+
+
+def test_recompile_warning_and_collectives_name_the_cell(kc):
+    n, status, out = run(kc, "import warnings\nwarnings.simplefilter('always')\n"
+                             "for k in range(1, 6):\n"
+                             "    t = torch.ones(k, device='xla') * 2\n"
+                             "    xlanb.sync()\n")
+    assert status == "ok"
+    assert f"In[{n}]:5: RecompileWarning" in out, out  # the header, as the body says
+    n, status, out = run(kc, "import xlanb.spmd as xs\n"
+                             "mesh = xs.Mesh(range(2), (2,), ('data',))\n"
+                             "a = torch.randn(8, 4).to('xla')\n"
+                             "xs.mark_sharding(a, mesh, ('data', None))\n"
+                             "s = a.sum()\n"
+                             "%xla_collectives s")
+    assert status == "ok"
+    assert "all-reduce" in out and f"In[{n}]:5" in out, out
+
+
+def test_deliberate_error_shows_at_most_one_xlanb_frame(kc):
+    n, status, out = run(kc, "big = torch.randn(256, 256, device='xla')\n"
+                             "with xlanb.memory_limit('1KiB'):\n"
+                             "    big2 = (big @ big).sum()\n"
+                             "    xlanb.sync()\n")
+    assert status == "error" and "DeviceMemoryError" in out
+    frames = re.findall(r"^File (\S+):\d+", out, re.M)
+    assert len([f for f in frames if "xlanb" in f]) <= 1, out
+    assert f"In[{n}], line 4" in out, out  # the user's line is there
+    # and %debug still has every frame
+    n, status, out = run(kc, "import sys\nprint(len(__import__('traceback').extract_tb("
+                             "sys.last_traceback)))")
+    assert int(out.split()[-1]) > 2, out
+
+
+def test_breakpoint_has_the_x_commands_after_load_ext(kc):
+    n, status, out = run(kc, "q = x + 1\nbreakpoint()\nr = 2\n",
+                         stdin=("xla", "xsync", "xgraphs", "c"))
+    assert status == "ok", out
+    assert "NameError" not in out and "pending" in out and "synced" in out, out
+    assert f"> In[{n}](2)" in out, out  # pdb's header names the cell
+    sync = [line for line in out.splitlines() if "pdb xsync" in line]
+    assert sync and f"In[{n}]:2" in sync[-1], out  # the line pdb stopped at, not pdb.py
