@@ -78,8 +78,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     ("api", "the public API",
      ("xlanb",)),
     ("compat", "torch_xla's modules on the public API: import torch_xla runs on xlanb",
-     ("xlanb.compat.missing", "xlanb.compat.metrics", "xlanb.compat.xlac",
-      "xlanb.compat.runtime", "xlanb.compat.experimental", "xlanb.compat.xla_model",
+     ("xlanb.compat.missing", "xlanb.compat.metrics", "xlanb.compat.backends",
+      "xlanb.compat.xlac", "xlanb.compat.runtime", "xlanb.compat.experimental",
+      "xlanb.compat.xla_model", "xlanb.compat.profiler", "xlanb.compat.debug_env",
       "xlanb.compat.parallel_loader", "xlanb.compat.xla_multiprocessing",
       "xlanb.compat.spmd", "xlanb.compat.toplevel", "xlanb.compat")),
     ("commands", "python -m xlanb.cache: the executable store; python -m xlanb.run: a "

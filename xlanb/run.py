@@ -55,6 +55,22 @@ def target_summary(file=None) -> None:
     file.flush()
 
 
+def _missing(target: str, module: bool) -> str | None:
+    """Why ``target`` cannot run (no such file, no such module), or None."""
+    if not module:
+        if os.path.isdir(target) and not os.path.exists(os.path.join(target, "__main__.py")):
+            return f"can't find '__main__.py' in {target!r}"
+        if not os.path.exists(target):
+            return f"can't open file {os.path.abspath(target)!r}: no such file"
+        return None
+    import importlib.util
+    try:
+        found = importlib.util.find_spec(target)
+    except (ImportError, ValueError) as e:  # a parent package that is missing, or ""
+        return f"no module named {target!r} ({e})"
+    return None if found is not None else f"no module named {target!r}"
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     shadow = False
@@ -91,12 +107,20 @@ def main(argv: list[str] | None = None) -> None:
     import warnings
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        on = xlanb.compat.install(shadow=shadow)
+        try:
+            on = xlanb.compat.install(shadow=shadow)
+        except ValueError as e:  # a torch_xla debugging variable with a bad value
+            print(f"xlanb.run: {e}", file=sys.stderr)
+            sys.exit(2)
     if not on:
         for w in caught:
             print(f"xlanb.run: {w.message}", file=sys.stderr)
 
     target = argv[0]
+    missing = _missing(target, module)
+    if missing:  # one line, as `python nosuch.py` says it, not runpy's traceback
+        print(f"xlanb.run: {missing}", file=sys.stderr)
+        sys.exit(2)
     sys.argv = argv
     interrupted = False
     try:

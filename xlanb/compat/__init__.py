@@ -20,6 +20,9 @@ probes answer False). ``torch_xla.distributed.spmd`` is ``xlanb.spmd``.
 
 If the real torch_xla is installed, ``install()`` says so and leaves it in place unless
 ``shadow=True`` (``python -m xlanb.run --shadow``).
+
+``install()`` also reads torch_xla's debugging variables (``PT_XLA_DEBUG_LEVEL``,
+``XLA_SAVE_TENSORS_FILE``, ``XLA_METRICS_FILE``, ...): see ``debug_env``.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ import sys
 import types
 import warnings
 
+from . import debug_env
 from .missing import SHARDING, CompatImportError, CompatNotImplementedError, \
     module_not_provided, not_provided
 
@@ -42,6 +46,8 @@ MODULES = {
     "torch_xla": "xlanb.compat.toplevel",
     "torch_xla.core.xla_model": "xlanb.compat.xla_model",
     "torch_xla.debug.metrics": "xlanb.compat.metrics",
+    "torch_xla.debug.profiler": "xlanb.compat.profiler",
+    "torch_xla.backends": "xlanb.compat.backends",
     "torch_xla.runtime": "xlanb.compat.runtime",
     "torch_xla.experimental": "xlanb.compat.experimental",
     "torch_xla.distributed.parallel_loader": "xlanb.compat.parallel_loader",
@@ -54,11 +60,14 @@ MODULES = {
 # Folders of torch_xla with nothing of their own that programs use: empty modules whose
 # attributes are their submodules.
 NAMESPACES = ("torch_xla.core", "torch_xla.debug", "torch_xla.distributed")
-PACKAGES = {"torch_xla", "torch_xla.experimental", "torch_xla.distributed.spmd", *NAMESPACES}
+PACKAGES = {"torch_xla", "torch_xla.experimental", "torch_xla.distributed.spmd",
+            "torch_xla.backends", *NAMESPACES}
 # Modules refused with a reason of their own (and everything under them).
 REFUSED = {
-    "torch_xla.distributed.xla_backend": "xlanb runs one process: no torch.distributed "
-                                         "backend; drop dist.init_process_group('xla')",
+    "torch_xla.distributed.xla_backend": "no torch.distributed 'xla' backend: xlanb's "
+                                         "processes (python -m xlanb.launch) join with "
+                                         "xlanb.distributed.initialize(); drop "
+                                         "dist.init_process_group('xla')",
 }
 
 _namespaces: dict[str, types.ModuleType] = {}
@@ -153,6 +162,11 @@ def install(shadow: bool = False) -> bool:
                                "process and has taken the xla device; restart, then "
                                "install(shadow=True) before importing torch_xla")
     sys.meta_path.insert(0, _finder)
+    try:  # torch_xla's debugging variables (PT_XLA_DEBUG_LEVEL, XLA_SAVE_TENSORS_FILE, ...)
+        debug_env.install()
+    except ValueError:  # a bad value: nothing is left half-installed
+        uninstall()
+        raise
     return True
 
 
@@ -161,6 +175,7 @@ def uninstall() -> None:
     Modules a program already holds (``xm``, ``met``) keep working."""
     while _finder in sys.meta_path:
         sys.meta_path.remove(_finder)
+    debug_env.uninstall()
     for name in [n for n in sys.modules if n == "torch_xla" or n.startswith("torch_xla.")]:
         if _ours(sys.modules[name]):
             del sys.modules[name]

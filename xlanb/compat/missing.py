@@ -11,8 +11,16 @@ from __future__ import annotations
 
 SHARDING = ("shard tensors with torch_xla.distributed.spmd.mark_sharding (xlanb.spmd) "
             "after moving them to the device")
-ONE_PROCESS = ("xlanb runs one process on one device: no collectives or replication; "
-               "guard the call with `if xr.world_size() > 1:`")
+# xlanb runs one SPMD program, in one process or several (python -m xlanb.launch): the
+# collectives come from sharding, never from per-replica calls
+COLLECTIVES = ("torch_xla's per-replica collectives are not provided: xlanb runs one SPMD "
+               "program (in one process, or several started by python -m xlanb.launch); "
+               "shard tensors with torch_xla.distributed.spmd.mark_sharding and XLA inserts "
+               "the collectives (xlanb.collectives() lists them); a program that runs alone "
+               "can skip the call with `if xr.world_size() > 1:`")
+SPAWN = ("xmp.spawn runs the function once, in this process; start several processes with "
+         "`python -m xlanb.launch --nproc N script.py` (xlanb.distributed.initialize() in each)")
+ONE_PROCESS = COLLECTIVES  # the name other modules import
 SEE = "see the 'Coming from torch_xla' table in xlanb's README, or the xlanb API (import xlanb)"
 
 

@@ -20,7 +20,7 @@ NAME = "torch_xla"
 __version__ = f"0+xlanb.{xlanb.__version__}"
 
 # Submodules ``torch_xla.<name>`` resolves to on first use.
-SUBMODULES = ("core", "debug", "runtime", "experimental", "distributed", "_XLAC")
+SUBMODULES = ("core", "debug", "runtime", "experimental", "distributed", "_XLAC", "backends")
 
 _HINTS = {
     "real_devices": "torch_xla.runtime.device_type() for the hardware",

@@ -1,7 +1,8 @@
 """``torch_xla.core.xla_model`` (``xm``): devices, syncs and training helpers on xlanb.
 
-One process on one device: ordinals are 0, the world size is 1, and gradient reduction
-across replicas has nothing to do.
+Ordinals and the world size are xlanb's processes (one, or several under ``python -m
+xlanb.launch``). There are no per-replica collectives: one SPMD program, whose gradient
+reductions XLA inserts from the shardings, so ``reduce_gradients`` has nothing to do.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import xlanb
 from xlanb.runtime.devices import device_index
 
 from . import runtime as _xr
+from . import xlac as _xlac
 from .missing import ONE_PROCESS, SHARDING, module_getattr
 
 NAME = "torch_xla.core.xla_model"
@@ -30,7 +32,8 @@ __all__ = ["xla_device", "xla_device_hw", "get_xla_supported_devices", "is_xla_t
            "get_ordinal", "get_local_ordinal", "is_master_ordinal", "xrt_world_size",
            "master_print", "mark_step", "wait_device_ops", "add_step_closure",
            "optimizer_step", "reduce_gradients", "save", "send_cpu_data_to_device",
-           "rendezvous", "mesh_reduce", "set_rng_state"]
+           "rendezvous", "mesh_reduce", "set_rng_state", "get_memory_info", "xla_real_devices",
+           "get_stablehlo"]
 
 __getattr__ = module_getattr(NAME, {
     **{n: ONE_PROCESS for n in (
@@ -39,10 +42,7 @@ __getattr__ = module_getattr(NAME, {
         "reduce_scatter_bucketized", "all_gather_bucketized", "broadcast_master_param",
         "set_replication", "xla_replication_devices", "do_on_ordinals")},
     "mark_sharding": SHARDING,
-    "get_memory_info": "jax.devices()[0].memory_stats() (xlanb's device is a JAX device)",
-    "get_stablehlo": "xlanb.hlo(*tensors) (StableHLO by default)",
     "get_rng_state": "xlanb.manual_seed(seed) to set it; the state is not readable",
-    "xla_real_devices": "torch_xla.runtime.device_type() for the hardware",
     "unlazy": "torch_xla.sync() / xlanb.sync()",
     "optimization_barrier_": "nothing: xlanb does not reorder across syncs",
 })
@@ -61,7 +61,9 @@ def xla_device_hw(device) -> str:
     return _xr.device_type()
 
 
-def get_xla_supported_devices(max_devices: int | None = None) -> list[str]:
+def get_xla_supported_devices(devkind: str | None = None,
+                              max_devices: int | None = None) -> list[str]:
+    """``["xla:0", ...]``; ``devkind`` (``"TPU"``, ...) is accepted, as torch_xla does."""
     n = xlanb.device_count()
     return [f"xla:{i}" for i in range(n if max_devices is None else min(n, max_devices))]
 
@@ -184,3 +186,27 @@ def mesh_reduce(tag: str, data, reduce_fn: Callable[[list], Any]):
 
 def set_rng_state(seed: int, device=None) -> None:
     xlanb.manual_seed(seed)
+
+
+def get_memory_info(device=None) -> dict:
+    """``{'bytes_used', 'bytes_limit', 'peak_bytes_used'}`` from xlanb's memory accounting
+    (torch_xla's own CPU client answers UNIMPLEMENTED); see ``_XLAC._xla_memory_info``."""
+    return _xlac._xla_memory_info(xlanb.device() if device is None else device)
+
+
+def xla_real_devices(devices=None) -> list[str]:
+    """The hardware device behind each xla device: ``["CPU:0"]``, ``["TPU:0", ...]``
+    (every xla device when ``devices`` is None)."""
+    if devices is None:
+        devices = [f"xla:{i}" for i in range(xlanb.device_count())]
+    elif isinstance(devices, (str, torch.device)):
+        raise TypeError("xla_real_devices takes a list of devices")
+    kind = _xr.device_type()
+    return [f"{kind}:{device_index(torch.device(d) if isinstance(d, str) else d)}"
+            for d in devices]
+
+
+def get_stablehlo(tensors=None) -> str:
+    """The StableHLO the next sync of ``tensors`` (every pending tensor when None) would
+    compile; nothing runs."""
+    return xlanb.hlo(*(tensors or ()))
