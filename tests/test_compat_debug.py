@@ -352,3 +352,18 @@ def test_run_a_missing_script_is_one_line(tmp_path):
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
         f"xlanb.run: can't open file {str(tmp_path / 'nosuch.py')!r}: no such file"]
+
+
+def test_readme_table_lists_each_debugging_name():
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "README.md")).read()
+    section = readme.split("## Coming from torch_xla")[1].split("\n## ")[0]
+    for name in ("start_trace", "stop_trace", "xp.Trace", "xp.StepTrace", "start_server",
+                 "trace_detached", "trace_me", "PT_XLA_DEBUG_LEVEL", "PT_XLA_DEBUG=1",
+                 "PT_XLA_DEBUG_FILE", "XLA_SAVE_TENSORS_FILE", "XLA_SAVE_TENSORS_FMT",
+                 "XLA_METRICS_FILE", "XLA_IR_DEBUG", "XLA_HLO_DEBUG", "--xla_dump_to",
+                 "set_mat_mul_precision", "get_mat_mul_precision", "get_memory_info",
+                 "_xla_memory_info", "_get_xla_sharding_spec", "use_spmd",
+                 "global_runtime_device_count", "addressable_runtime_device_count",
+                 "xla_real_devices", "XLA_USE_EAGER_DEBUG_MODE", "_get_xla_tensors_dot"):
+        assert name in section, name
