@@ -303,6 +303,27 @@ def test_saved_graphs_as_hlo_and_debug_file(tx, tmp_path, monkeypatch):
     assert not compat.installed()
 
 
+def test_save_hlo_file_on_a_graph_error(tx, tmp_path, monkeypatch, capsys):
+    compat.uninstall()
+    monkeypatch.setenv("XLA_SAVE_HLO_FILE", str(tmp_path / "failed.hlo"))
+    assert compat.install()
+    import sys as _sys
+    assert _sys.excepthook is debug_env._on_uncaught
+    x = torch.randn(4, device="xla")
+    y = x.sin() * 2  # pending, as a failed sync leaves it
+    _sys.excepthook(ValueError, ValueError("not a graph's"), None)
+    assert not (tmp_path / "failed.hlo.0").exists()
+    err = RuntimeError("INTERNAL: compile failed")
+    err.add_note("xlanb: while compiling a graph of 2 ops (user sync) synced at x.py:1")
+    _sys.excepthook(RuntimeError, err, None)
+    hlo = (tmp_path / "failed.hlo.0").read_text()
+    assert "HloModule" in hlo and "sine" in hlo
+    assert "the failing graph's HLO is in" in capsys.readouterr().err
+    compat.uninstall()
+    assert _sys.excepthook is not debug_env._on_uncaught
+    del y
+
+
 def test_profiler_calls_outside_a_trace_and_a_foreign_server(tx):
     import torch_xla.debug.profiler as xp
     with xp.Trace("nothing recorded"):  # no trace running: nothing to do

@@ -18,6 +18,9 @@
 - ``XLA_FLAGS=--xla_dump_to=DIR``: XLA itself dumps each module it compiles, named
   ``jit_xlanb_graph_<hash>`` for graphs; the executable store is turned off so that
   every graph compiles (and is dumped) in this process.
+- ``XLA_SAVE_HLO_FILE``: when the program ends on a graph's compile or run error (XLA's
+  error, device memory), the HLO of the pending work, which xlanb keeps intact on such
+  errors, is written there; ``XLA_DUMP_HLO_GRAPH=1`` prints it after the traceback.
 - ``XLA_USE_EAGER_DEBUG_MODE=1``: xlanb's eager mode.
 - ``XLA_IR_DEBUG``, ``XLA_HLO_DEBUG``, ``XLA_SYNC_WAIT``: accepted; xlanb always
   records each op's line and scope into its HLO metadata, and every sync waits.
@@ -58,6 +61,9 @@ class _State:
     save_file: str | None = None
     save_fmt = "text"
     metrics_file: str | None = None
+    hlo_file: str | None = None
+    dump_hlo = False
+    excepthook = None     # the hook ours replaced
     installed = False
     seen = 0              # graphs in xlanb.graphs() already reported
     said: dict = {}       # pt-xla-profiler message kind -> last text printed
@@ -111,6 +117,10 @@ def install() -> None:
         realize.observers.append(_on_sync)
     if _s.metrics_file:
         atexit.register(_write_metrics)
+    _s.hlo_file = env.get("XLA_SAVE_HLO_FILE") or None
+    _s.dump_hlo = env.get("XLA_DUMP_HLO_GRAPH", "").strip().lower() in _TRUE
+    if _s.hlo_file or _s.dump_hlo:
+        _s.excepthook, sys.excepthook = sys.excepthook, _on_uncaught
     _s.installed = True
 
 
@@ -118,6 +128,8 @@ def uninstall() -> None:
     while _on_sync in realize.observers:
         realize.observers.remove(_on_sync)
     atexit.unregister(_write_metrics)
+    if sys.excepthook is _on_uncaught:
+        sys.excepthook = _s.excepthook or sys.__excepthook__
     _s.installed = False
 
 
@@ -287,3 +299,39 @@ def _write_metrics() -> None:
             path = ordinal_path(path)
         with open(path, "a") as f:
             f.write(report)
+
+
+def graph_error(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is a graph's compile or run failing:
+    XLA's runtime error, a device memory error, or xlanb's note on a failed compile."""
+    import jax
+    from xlanb.execute.memory import DeviceMemoryError
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (jax.errors.JaxRuntimeError, DeviceMemoryError)):
+            return True
+        if any("while compiling a graph" in n for n in getattr(exc, "__notes__", ())):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _on_uncaught(exc_type, exc, tb) -> None:
+    """``sys.excepthook``: the usual traceback, then, for a graph's error, the HLO of the
+    pending work (still pending: xlanb loses nothing on a failed sync)."""
+    (_s.excepthook or sys.__excepthook__)(exc_type, exc, tb)
+    if not graph_error(exc):
+        return
+    try:
+        text = xlanb.hlo(dialect="hlo")
+    except Exception as e:  # noqa: BLE001 - the program is ending: say why, go on
+        print(f"xlanb: XLA_SAVE_HLO_FILE: no HLO ({type(e).__name__}: {e})", file=sys.stderr)
+        return
+    if _s.hlo_file:
+        with open(ordinal_path(_s.hlo_file), "a") as f:
+            f.write(text)
+        print(f"xlanb: the failing graph's HLO is in {ordinal_path(_s.hlo_file)}",
+              file=sys.stderr)
+    if _s.dump_hlo:
+        print(text, file=sys.stderr)
