@@ -58,8 +58,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
      ("xlanb.live",)),
     ("realize", "sync, materialize, peek, values an op needs",
      ("xlanb.realize",)),
-    ("record", "the mode policy: record or run one op; reading and writing through storages",
-     ("xlanb.record",)),
+    ("record", "reading and writing through storages; the modes, one object each (what an "
+     "op does, how a sync runs)",
+     ("xlanb.record", "xlanb.mode_policy")),
     ("reads", "host reads of tensors, with their cause",
      ("xlanb.reads",)),
     ("dispatch", "CPU fallback, __torch_dispatch__ and the special ops, device registration",
@@ -94,6 +95,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
 HOOKS: dict[str, tuple[str, ...]] = {
     "xlanb.tensor.set_handler": ("xlanb.dispatch", "xlanb.reads", "xlanb.inspect.repr"),
     "xlanb.ops.infos.set_decomposition_runner": ("xlanb.record",),
+    "xlanb.base.session.set_policies": ("xlanb.mode_policy",),
 }
 
 # Upward imports allowed by name: ``%load_ext xlanb`` and ``xlanb.set_trace`` live in the

@@ -65,7 +65,7 @@ class _NanMode(TorchDispatchMode):
                 note_forward(func)
         else:
             origin = backward_origin(anode)
-        eager = mode_state().mode == "eager"
+        eager = not mode_state().recording
         # nodes the op's inputs already hold: a result that shares one (detach, alias of a
         # saved forward value) was not made by this op and keeps its own origin
         before = {id(value_node(a)) for a in tree_leaves((args, kwargs))

@@ -12,7 +12,7 @@ import warnings
 
 import torch
 
-from .base import metrics, rng
+from .base import rng
 from .base.config import config
 from .base.frames import user_frame
 from .base.session import mode_state, session
@@ -20,7 +20,7 @@ from .execute.checks import (INDEX_RULES, IndexCheck, add_pending_check, device_
                              index_error)
 from .execute.fills import fill_value, settle_fill
 from .fallback import cpu_fallback
-from .ir import Node, OpInfo, TensorMeta
+from .ir import OpInfo, TensorMeta
 from .live import track, track_view
 from .ops.infos import new_info
 from .ops.plan import OpPlan, make_plan
@@ -28,8 +28,8 @@ from .ops.leaves import from_host
 from .ops.signature import sig_of
 from .reads import to_host
 from .inplace_meta import resize_, resize_out, set_
-from .record import (cast_node, output_node, run_cached, run_node, value_node, wrap_results,
-                     write)
+from . import mode_policy  # noqa: F401 (installs the modes)
+from .record import cast_node, output_node, run_node, value_node, wrap_results, write
 from .realize import node_array, peek_node
 from .runtime.transfer import array_to_host
 from .runtime.devices import device_index
@@ -42,7 +42,6 @@ aten = torch.ops.aten
 _plans = session.plans  # id(OpOverload) -> OpPlan (OpOverload.__hash__ is Python code)
 _infos = session.infos  # signature -> OpInfo
 _scope_stack = session.scope_stack
-_counters = metrics.counters_table()  # the eager hot path counts its cache hits in place
 
 
 def _plan(op) -> OpPlan:
@@ -141,19 +140,9 @@ def _functional(plan: OpPlan, info: OpInfo, tensors: list, scalars: list):
     for t in tensors:  # a loop: a comprehension is a function call more
         inputs.append(value_node(t) if t._view else t._storage.node)
     state = session.default if not session.scoped else mode_state()
-    if state.recording:
-        # run_node's recording, inlined: this is the hot path
-        # the walk starts at torch_dispatch's caller (the user's line, or xlanb's own code)
-        node = Node(info, tuple(inputs), tuple(scalars), None, user_frame(3),
-                    _scope_stack[-1] if _scope_stack else "")
-    elif info.call is not None and not state.deferred and not session.spmd \
-            and config.memory_limit is None:
-        # run_node's eager policy, decided here: the executable is known and nothing
-        # (deferred ops, sharding, a memory limit) stands between the op and its run
-        _counters["OpCacheHit"] = _counters.get("OpCacheHit", 0) + 1
-        node = run_cached(info, info.call, inputs, scalars)
-    else:
-        node = run_node(info, tuple(inputs), tuple(scalars))
+    # the mode decides (mode_policy.py); the walk for the user's line starts at
+    # torch_dispatch's caller, 4 frames up from the policy's
+    node = state.policy.op(state, info, tuple(inputs), tuple(scalars), 4)
     if info.multi:
         return wrap_results(node, info, info.device)
     layout = info.layout
@@ -479,7 +468,7 @@ def _index_range(idx: XlaTensor, ignore):
     node = idx._storage.node if not idx._view else None
     if node is None or node.data is None:
         state = mode_state()
-        if state.mode != "eager":
+        if state.recording:
             return _PENDING  # recorded: checked in the graph of the sync that computes it
         if state.deferred:
             # eager ops wait on background compiles: compute the index alone, as a look

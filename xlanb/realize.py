@@ -16,7 +16,6 @@ from .base.session import mode_state, session
 from .execute.checks import (bounds_info, check_looked, pending_devices, pending_index_checks,
                              settle_index_checks, take_index_checks)
 from .execute.fills import settled_if_empty
-from .execute.graphs import run_graph
 from .execute.memory import sample
 from .execute.nans import check_run, raise_deferred
 from .execute.opbyop import run_op_by_op
@@ -31,7 +30,7 @@ def materialize(roots: list[Node], cause: str) -> None:
     """Compute ``roots`` (pending nodes) and swap them for device data, in the calling
     thread's mode."""
     state = mode_state()
-    if state.deferred and state.mode == "eager":
+    if state.deferred and state.policy.waits_on_compiles:
         # eager: a value read runs every op that waited on a background compile
         roots = list(roots) + pending_roots()
     roots = list({id(r): r for r in roots if r.data is None}.values())
@@ -55,11 +54,8 @@ def materialize(roots: list[Node], cause: str) -> None:
         elif not nodes:
             continue
         plan = plan_graph(nodes)
-        if state.mode == "lazy":
-            arrays = run_graph(plan, device, cause, src,
-                               _placed(plan.roots) if session.spmd else None)
-        else:
-            arrays = run_op_by_op(plan)
+        arrays = state.policy.run_plan(plan, device, cause, src,
+                                       _placed(plan.roots) if session.spmd else None)
         if checks:  # raises before anything is swapped in
             *arrays, ranges = arrays
             plan = plan._replace(roots=plan.roots[:-1], root_pos=plan.root_pos[:-1])
@@ -74,7 +70,7 @@ def materialize(roots: list[Node], cause: str) -> None:
     for nodes, arrays in results:
         for node, arr in zip(nodes, arrays):
             node.materialize(arr)
-    if state.deferred and state.mode == "eager":
+    if state.deferred and state.policy.waits_on_compiles:
         end_waiting()
     clear_peeks()
 

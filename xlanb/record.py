@@ -1,8 +1,9 @@
 """Recording or running one op, and reading and writing tensor values through storages.
 
-``run_node`` is the mode policy: in lazy and opbyop modes it records a node; in eager mode
-it runs the op's single-op executable now (or records it while that executable compiles
-in the background); inside a decomposition ("direct" mode) it evaluates on JAX values.
+``run_node`` records or runs one op as the thread's mode says (mode_policy.py: lazy and
+opbyop record a node; eager runs the op's single-op executable now, or records it while
+that executable compiles in the background); inside a decomposition ("direct" mode) it
+evaluates on JAX values. ``run_cached`` is eager's run of a known executable.
 ``value_node`` and ``write`` are how every tensor, view or base, is read and written.
 """
 from __future__ import annotations
@@ -13,21 +14,16 @@ import jax
 import torch
 
 from .base import metrics
-from .base.config import config
 from .base.frames import user_frame
 from .base.scopes import current_scope
 from .base.session import mode_state, session
-from .execute.background import compile_op_ahead, compiles_in_flight
-from .execute.compile import add_op_note
-from .execute.fills import settled_if_empty
-from .execute.memory import check_op, device_oom, is_device_oom
-from .execute.single_op import direct_call, op_executable, run_op
+from .execute.memory import device_oom, is_device_oom
 from .ir import Node, OpInfo, TensorMeta
 from .live import track, track_view
 from .ops.infos import getitem_info, set_decomposition_runner
 from .ops.leaves import from_array
 from .ops.views import view_scatter_info
-from .realize import node_array, sync
+from .realize import node_array
 from .runtime.devices import jax_device
 from .templates import fill_call
 from .tensor import XlaTensor, dispatch_op, new_tensor
@@ -62,36 +58,12 @@ set_decomposition_runner(run_decomposition)
 
 
 def run_node(info: OpInfo, inputs: tuple, scalars: tuple) -> Node:
-    """Record (lazy/opbyop) or run now (eager, direct) one op; returns its node."""
-    state = session.default if not session.scoped else mode_state()
-    if state.recording and not session.direct:
-        return Node(info, inputs, scalars, None, user_frame(), current_scope())
+    """Record or run one op, as the calling thread's mode does (``state.policy``,
+    mode_policy.py); inside a decomposition ("direct"), evaluate it on JAX values now."""
     if session.direct:
         return Node(info, (), (), info.fn([n.data for n in inputs], scalars))
-    if session.spmd:  # a tensor was sharded: executables are chosen by input shardings
-        arrays = [n.data if n.data is not None else node_array(n) for n in inputs]
-        with _x64():
-            data = run_op(info, arrays, scalars)
-        return Node(info, (), (), data, *((user_frame(), current_scope()) if info.lines else ()))
-    call = info.call
-    if call is None or state.deferred:
-        if (info.exe is None or state.deferred) and config.background_compile:
-            node = _eager_deferred(state, info, inputs, scalars)
-            if node is not None:
-                return node
-        try:
-            call = op_executable(info)
-        except Exception as e:  # lowering or compiling: name the op and the line, as lazy does
-            add_op_note(e, "compiling failed for", info, user_frame(), current_scope())
-            raise
-    else:
-        _count("OpCacheHit")
-    if config.memory_limit is not None:  # xlanb.memory_limit: checked before it runs
-        check_op(info, user_frame())
-    node = run_cached(info, call, inputs, scalars)
-    if info.call is None:
-        info.call = direct_call(call)
-    return node
+    state = session.default if not session.scoped else mode_state()
+    return state.policy.op(state, info, inputs, scalars)
 
 
 def run_cached(info: OpInfo, call, inputs, scalars) -> Node:
@@ -142,30 +114,6 @@ def _scalar_arrays(scalars, device: int) -> list:
             v = a
         out.append(v)
     return out
-
-
-def _eager_deferred(state, info: OpInfo, inputs: tuple, scalars: tuple) -> Node | None:
-    """Eager mode while single-op executables compile in the background: an op whose
-    executable is still compiling, or whose inputs wait on one, is recorded instead of
-    run, and Python goes on to the next op (XLA compiles without the GIL, so compiles
-    overlap each other and the Python that follows). The recorded ops run in order,
-    through the same executables, once no compile is in flight or when a value is needed.
-    Returns the recorded node, or None to run the op now."""
-    if state.deferred and not compiles_in_flight():
-        sync(cause="background compiles done")
-    try:
-        pending = info.exe is None and (info.compiling or compile_op_ahead(info))
-    except Exception as e:  # a lowering error, raised here: name the op and the line
-        add_op_note(e, "lowering failed in", info, user_frame(), current_scope())
-        raise
-    waiting = False
-    for n in inputs:
-        if n.data is None and not settled_if_empty(n):  # an empty costs nothing to settle
-            waiting = True
-    if waiting or (pending and not pending.done()):
-        state.deferred = True
-        return Node(info, inputs, scalars, None, user_frame(), current_scope())
-    return None
 
 
 def output_node(parent: Node, info: OpInfo, i: int) -> Node:

@@ -66,18 +66,30 @@ def _nbytes(value) -> int:
     return int(getattr(value, "nbytes", 0))
 
 
+# mode name -> its ModePolicy (mode_policy.py installs them at import: set_policies)
+_policies: dict = {}
+
+
 class ModeState:
-    """An execution mode as the dispatcher reads it on every op."""
-    __slots__ = ("mode", "recording", "deferred")
+    """An execution mode as the dispatcher reads it on every op: ``policy`` is the mode's
+    object (mode_policy.py), bound when the mode is set."""
+    __slots__ = ("mode", "policy", "recording", "deferred")
 
     def __init__(self, mode: str):
         self.set(mode)
-        # eager: some ops were recorded while their executables compile (record.py)
+        # eager: some ops were recorded while their executables compile (mode_policy.py)
         self.deferred = False
 
     def set(self, mode: str) -> None:
         self.mode = mode
-        self.recording = mode != "eager"
+        self.policy = policy = _policies.get(mode)  # None only before they are installed
+        self.recording = policy.recording if policy is not None else True
+
+
+def set_policies(policies: dict) -> None:
+    """The hook mode_policy.py installs the modes through (it lives layers above)."""
+    _policies.update(policies)
+    session.default.set(session.default.mode)
 
 
 class Session:

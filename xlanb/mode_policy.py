@@ -1,0 +1,149 @@
+"""The execution modes: what each does with one op, and how a sync of its pending work runs.
+
+One object per mode (``LAZY``, ``EAGER``, ``OPBYOP``), bound to a ``ModeState`` when its
+mode is set (``state.policy``), as JAX binds a trace: the dispatcher makes one attribute
+lookup and one call per op (``state.policy.op``), and a sync one call per graph
+(``state.policy.run_plan``). To add a mode, subclass ``ModePolicy`` here, add its name to
+``base.config.MODES`` and to ``POLICIES``. ``modes.py`` only switches between them.
+
+Decompositions that trace on JAX values ("direct", ``session.direct``) are not a mode:
+they run at once whatever the mode is (record.run_node).
+"""
+from __future__ import annotations
+
+from .base import metrics
+from .base.config import config
+from .base.frames import user_frame
+from .base.scopes import current_scope
+from .base.session import ModeState, session, set_policies
+from .execute.background import compile_op_ahead, compiles_in_flight
+from .execute.compile import add_op_note
+from .execute.fills import settled_if_empty
+from .execute.graphs import run_graph
+from .execute.memory import check_op
+from .execute.opbyop import run_op_by_op
+from .execute.single_op import direct_call, op_executable, run_op
+from .ir import GraphPlan, Node, OpInfo
+from .realize import node_array, sync
+from .record import _x64, run_cached
+
+_counters = metrics.counters_table()  # counted in place: this is the eager hot path
+_scope_stack = session.scope_stack
+
+
+class ModePolicy:
+    """A mode. ``recording``: its ops become nodes that a sync runs later."""
+    name = ""
+    recording = False
+    # eager only: ops may wait, recorded, on executables compiling in the background
+    waits_on_compiles = False
+
+    def op(self, state: ModeState, info: OpInfo, inputs: tuple, scalars: tuple,
+           depth: int = 3) -> Node:
+        """Record or run one op whose OpInfo is known; its node. ``depth``: where the walk
+        for the user's line starts (user_frame's), from this method's frame."""
+        raise NotImplementedError
+
+    def run_plan(self, plan: GraphPlan, device: int, cause: str, src, placed) -> list:
+        """A sync's pending graph ``plan`` on ``device``, run; the roots' arrays."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<mode policy {self.name}>"
+
+
+class Lazy(ModePolicy):
+    """Record every op; a sync compiles the whole graph once (cached by structure)."""
+    name = "lazy"
+    recording = True
+
+    def op(self, state, info, inputs, scalars, depth=3):
+        return Node(info, inputs, scalars, None, user_frame(depth),
+                    _scope_stack[-1] if _scope_stack else "")
+
+    def run_plan(self, plan, device, cause, src, placed):
+        return run_graph(plan, device, cause, src, placed)
+
+
+class OpByOp(Lazy):
+    """Record every op; a sync runs the graph node by node through the single-op cache."""
+    name = "opbyop"
+
+    def run_plan(self, plan, device, cause, src, placed):
+        return run_op_by_op(plan)
+
+
+class Eager(ModePolicy):
+    """Run each op now through its single-op executable, compiling a new one on the
+    compile threads; while it compiles, the op (and what depends on it) is recorded and
+    runs in order once it is ready (``state.deferred``)."""
+    name = "eager"
+    waits_on_compiles = True
+
+    def op(self, state, info, inputs, scalars, depth=3):
+        call = info.call
+        if call is not None and not state.deferred and not session.spmd \
+                and config.memory_limit is None:
+            # the executable is known and nothing (ops waiting on compiles, sharding, a
+            # memory limit) stands between the op and its run: the hot path
+            _counters["OpCacheHit"] = _counters.get("OpCacheHit", 0) + 1
+            return run_cached(info, call, inputs, scalars)
+        return self._op_slow(state, info, inputs, scalars)
+
+    def _op_slow(self, state, info, inputs, scalars) -> Node:
+        if session.spmd:  # a tensor was sharded: executables are chosen by input shardings
+            arrays = [n.data if n.data is not None else node_array(n) for n in inputs]
+            with _x64():
+                data = run_op(info, arrays, scalars)
+            return Node(info, (), (), data,
+                        *((user_frame(), current_scope()) if info.lines else ()))
+        call = info.call
+        if call is None or state.deferred:
+            if (info.exe is None or state.deferred) and config.background_compile:
+                node = self._defer(state, info, inputs, scalars)
+                if node is not None:
+                    return node
+            try:
+                call = op_executable(info)
+            except Exception as e:  # lowering or compiling: name the op and the line, as lazy does
+                add_op_note(e, "compiling failed for", info, user_frame(), current_scope())
+                raise
+        else:
+            _counters["OpCacheHit"] = _counters.get("OpCacheHit", 0) + 1
+        if config.memory_limit is not None:  # xlanb.memory_limit: checked before it runs
+            check_op(info, user_frame())
+        node = run_cached(info, call, inputs, scalars)
+        if info.call is None:
+            info.call = direct_call(call)
+        return node
+
+    def _defer(self, state, info, inputs, scalars) -> Node | None:
+        """An op whose executable is still compiling, or whose inputs wait on one, is
+        recorded instead of run, and Python goes on to the next op (XLA compiles without
+        the GIL, so compiles overlap each other and the Python that follows). The recorded
+        ops run in order, through the same executables, once no compile is in flight or
+        when a value is needed. Returns the recorded node, or None to run the op now."""
+        if state.deferred and not compiles_in_flight():
+            sync(cause="background compiles done")
+        try:
+            pending = info.exe is None and (info.compiling or compile_op_ahead(info))
+        except Exception as e:  # a lowering error, raised here: name the op and the line
+            add_op_note(e, "lowering failed in", info, user_frame(), current_scope())
+            raise
+        waiting = False
+        for n in inputs:
+            if n.data is None and not settled_if_empty(n):  # an empty costs nothing to settle
+                waiting = True
+        if waiting or (pending and not pending.done()):
+            state.deferred = True
+            return Node(info, inputs, scalars, None, user_frame(), current_scope())
+        return None
+
+    def run_plan(self, plan, device, cause, src, placed):
+        # what eager syncs are the ops that waited on compiles: in order, one by one
+        return run_op_by_op(plan)
+
+
+LAZY, EAGER, OPBYOP = Lazy(), Eager(), OpByOp()
+POLICIES = {p.name: p for p in (LAZY, EAGER, OPBYOP)}
+set_policies(POLICIES)
