@@ -1,0 +1,108 @@
+"""Issue 38, in process: the user's line everywhere a line is shown.
+
+- an op recorded by autograd's backward has the forward line it differentiates (graph
+  summaries, a graph's largest buffers, what ``%xla_memory --graph`` prints);
+- a warning's header names a cell as messages do (``In[5]:3:``), never the code's file;
+- ``%load_ext xlanb`` gives ``breakpoint()`` and ``%debug`` xlanb's pdb commands unless
+  ``PYTHONBREAKPOINT`` is set, and unloading puts back what was there;
+- an error raised on purpose is shown in IPython ending at the user's line.
+"""
+from __future__ import annotations
+
+import sys
+import warnings
+
+import pytest
+import torch
+
+import xlanb
+
+pytest.importorskip("IPython")
+from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
+from IPython.utils.capture import capture_output  # noqa: E402
+
+HERE = __file__.rsplit("/", 1)[-1]
+
+
+def _backward_graph():
+    m = torch.nn.Linear(24, 24).to("xla")
+    x = torch.randn(16, 24, device="xla")
+    line = sys._getframe().f_lineno + 1
+    loss = torch.nn.functional.gelu(m(x)).sum()
+    loss.backward()
+    return m, line
+
+
+def test_backward_ops_carry_the_forward_line():
+    m, line = _backward_graph()
+    ops = xlanb.pending_summary(m.weight.grad).ops
+    backward = [op for op in ops if op.name in ("aten::gelu_backward", "aten::mm")]
+    assert backward, [op.name for op in ops]
+    for op in backward:
+        assert op.src is not None and op.src.short.startswith(f"{HERE}:{line} "), op
+    xlanb.sync()
+    g = xlanb.graphs()[-1]
+    bufs = [b for b in g.largest_buffers() if b.op in ("aten::gelu_backward", "aten::mm")]
+    assert bufs, g.largest_buffers()
+    for b in bufs:  # %xla_memory --graph shows these: a line, not a blank
+        assert b.loc is not None and b.loc.line == line, b
+
+
+def test_warning_header_names_a_cell_as_messages_do():
+    loc = xlanb.SourceLoc("/tmp/ipykernel_1/2661902393.py", 12, "<module>")
+    xlanb.set_location_labeler(files=lambda f: "In[2]" if f == loc.file else None)
+    try:
+        assert loc.short == "In[2]:12 <module>" and xlanb.file_label(loc.file) == "In[2]"
+        from xlanb.base.frames import warn_at
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            warn_at(loc, "compiles too frequent", xlanb.RecompileWarning)
+        w, = got
+        header = warnings.formatwarning(w.message, w.category, w.filename, w.lineno)
+        assert header.startswith("In[2]:12: RecompileWarning"), header
+    finally:
+        xlanb.set_location_labeler(None)
+    assert xlanb.file_label(loc.file) == loc.file
+
+
+@pytest.fixture
+def shell(monkeypatch):
+    monkeypatch.delenv("PYTHONBREAKPOINT", raising=False)
+    ip = InteractiveShell.instance()
+    yield ip
+    ip.run_line_magic("unload_ext", "xlanb")
+
+
+def test_load_ext_gives_breakpoint_and_debug_the_x_commands(shell):
+    hook, debugger = sys.breakpointhook, shell.InteractiveTB.debugger_cls
+    shell.run_line_magic("load_ext", "xlanb")
+    from xlanb.extensions.pdb import XlaPdb
+    assert sys.breakpointhook is not hook
+    assert issubclass(shell.InteractiveTB.debugger_cls, (XlaPdb, debugger))
+    assert hasattr(shell.InteractiveTB.debugger_cls, "do_xsync")
+    shell.run_line_magic("unload_ext", "xlanb")
+    assert sys.breakpointhook is hook and shell.InteractiveTB.debugger_cls is debugger
+
+
+def test_pythonbreakpoint_set_by_the_user_wins(shell, monkeypatch):
+    monkeypatch.setenv("PYTHONBREAKPOINT", "pdb.set_trace")
+    hook = sys.breakpointhook
+    shell.run_line_magic("load_ext", "xlanb")
+    assert sys.breakpointhook is hook
+
+
+def test_deliberate_error_ends_at_the_users_line(shell):
+    shell.run_line_magic("load_ext", "xlanb")
+    shell.run_cell("import torch, xlanb\nbig = torch.randn(64, 64, device='xla')",
+                   store_history=True)
+    with capture_output() as c:
+        res = shell.run_cell("with xlanb.memory_limit('1KiB'):\n"
+                             "    big2 = (big @ big).sum()\n"
+                             "    xlanb.sync()\n", store_history=True)
+    assert isinstance(res.error_in_exec, xlanb.DeviceMemoryError)
+    out = c.stdout + c.stderr
+    assert "DeviceMemoryError" in out and "would not fit" in out
+    assert "realize.py" not in out and "memory.py" not in out, out
+    # %debug still walks every frame, down to where it was raised
+    frames = __import__("traceback").extract_tb(sys.last_traceback)
+    assert frames[-1].filename.endswith("memory.py"), frames
