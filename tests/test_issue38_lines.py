@@ -106,3 +106,31 @@ def test_deliberate_error_ends_at_the_users_line(shell):
     # %debug still walks every frame, down to where it was raised
     frames = __import__("traceback").extract_tb(sys.last_traceback)
     assert frames[-1].filename.endswith("memory.py"), frames
+
+
+def test_store_hits_read_as_part_of_the_compiles_not_against_them():
+    from xlanb.base import metrics
+    saved = {n: metrics.counter_value(n) for n in metrics.counter_names()}
+    metrics.clear()
+    try:
+        metrics.counter("UncachedCompile")
+        metrics.counter("PersistentCacheHit")
+        text = metrics.short_report(["UncachedCompile", "PersistentCacheHit"])
+        assert "PersistentCacheHit: 1 (of the UncachedCompile counts: loaded from the " \
+               "on-disk store, not compiled)" in text, text
+        assert metrics.short_report("PersistentCacheHit") == "PersistentCacheHit: 1\n"
+        assert "loaded from the on-disk store" in metrics.DESCRIPTIONS["UncachedCompile"]
+    finally:
+        metrics.clear()
+        for n, v in saved.items():
+            metrics.counter(n, v)
+
+
+def test_readme_quick_start_prints_a_few_lines(capsys):
+    import os
+    import re
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "UncachedCompile" in out and len(out.splitlines()) <= 10, out

@@ -27,11 +27,13 @@ Use these names so reports, docs and tests agree.  Times are always seconds.
 Counters (``counter``):
 
 ``UncachedCompile``
-    A whole graph was traced and compiled (in-memory cache miss).
+    A whole graph new to this process (in-memory cache miss): compiled, or loaded from
+    the on-disk store (then also a ``PersistentCacheHit``).
 ``CachedCompile``
     A whole graph was found in the in-memory compile cache.
 ``OpCompile``
-    A single-op executable was compiled (eager dispatch cache miss).
+    A single-op executable new to this process (eager dispatch cache miss): compiled, or
+    loaded from the on-disk store (then also a ``PersistentCacheHit``).
 ``OpCacheHit``
     A single-op executable was reused from the eager dispatch cache.
 ``aten::<op>``
@@ -121,7 +123,8 @@ __all__ = [
 #: missing here is a name nobody can read; tests check that every recorded name has one.
 DESCRIPTIONS = {
     # whole graphs
-    "UncachedCompile": "whole graphs compiled",
+    "UncachedCompile": "whole graphs new to this process: compiled, or loaded from the "
+                       "on-disk store (PersistentCacheHit)",
     "CachedCompile": "whole graphs found in the compile cache",
     "CompileTime": "time compiling whole graphs",
     "LowerTime": "of which tracing and lowering them (JAX)",
@@ -130,7 +133,8 @@ DESCRIPTIONS = {
     "CompiledReplay": "xlanb.compile steps replayed without running Python",
     "MarkStep": "xm.mark_step() calls (torch_xla compat)",
     # single ops
-    "OpCompile": "single-op executables compiled",
+    "OpCompile": "single-op executables new to this process: compiled, or loaded from "
+                 "the on-disk store (PersistentCacheHit)",
     "OpCacheHit": "single-op executables reused",
     "OpCompileTime": "time compiling single-op executables",
     "OpLowerTime": "of which tracing and lowering them (JAX)",
@@ -155,7 +159,8 @@ DESCRIPTIONS = {
     "CollectiveOps": "collectives run (all-reduce, all-gather, ...) on a mesh",
     "CollectiveBytes": "bytes per device the collectives moved",
     # the executable store
-    "PersistentCacheHit": "executables loaded from the on-disk store instead of compiled",
+    "PersistentCacheHit": "of those (UncachedCompile, OpCompile), loaded from the on-disk "
+                          "store instead of compiled",
     "PersistentCacheMiss": "executables not in the on-disk store (compiled)",
     "PersistentCacheWrite": "executables written to the on-disk store",
     "PersistentCacheRejected": "store entries not this user's or not signed: deleted unread",
@@ -503,9 +508,13 @@ def short_report(names: str | Iterable[str] | None = None) -> str:
                 f"{name}: n={d.count} total={_short_time(d.total)} mean={_short_time(d.mean)} "
                 f"p50={_short_time(d.percentile(50))} max={_short_time(d.max)}"
             )
-    for name, value in cnts:
-        if wanted is None or name in wanted:
-            lines.append(f"{name}: {value}")
+    shown = [(n, v) for n, v in cnts if wanted is None or n in wanted]
+    new = {n for n, _ in shown} & {"UncachedCompile", "OpCompile"}
+    for name, value in shown:
+        # a store hit is also counted as new to the process; said so where both show
+        note = (f" (of the {' and '.join(sorted(new))} counts: loaded from the on-disk "
+                "store, not compiled)" if name == "PersistentCacheHit" and new else "")
+        lines.append(f"{name}: {value}{note}")
     return "\n".join(lines) + "\n" if lines else ""
 
 
