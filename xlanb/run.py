@@ -9,6 +9,10 @@ opens xlanb's pdb (``PYTHONBREAKPOINT=xlanb.set_trace`` unless you set it), and
 crash still prints the Python stack. If the real torch_xla is installed, it is used
 unless ``--shadow`` is given.
 
+torch_xla's debugging variables work as they do there (``PT_XLA_DEBUG_LEVEL``,
+``XLA_SAVE_TENSORS_FILE``, ``XLA_METRICS_FILE``, ``XLA_FLAGS=--xla_dump_to``, ...: see
+``xlanb.compat.debug_env``), and so does ``torch_xla.debug.profiler``.
+
 With a TPU target (``XLANB_TARGET=v5e:2x2``, or ``--target v5e:2x2``, which sets it),
 every graph the program compiles is also compiled for that TPU topology with libtpu, in
 the background, and at exit one line per graph goes to stderr: its per-chip HBM peak,
