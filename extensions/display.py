@@ -722,6 +722,8 @@ class ExplainReport(Rich):
                              f"compiled in {fmt_time(g.compile_time)}, cause: {g.cause}")
                 items.append(f"    synced at  {self._where_graph(g)}")
                 items.append(f"    why        {graph_why(g, self.resolver)}")
+                for line in getattr(g, "repeats", ()):  # layers compiled once (a loop)
+                    items.append(f"    layers     {line}")
                 if g.memory is not None:
                     items.append(f"    memory     {g.memory}")
             secs.append((f"{plural(len(a.new_graphs), 'graph')} compiled "

@@ -67,6 +67,14 @@ class CompiledGraph:
         return self.lowering.module
 
     @property
+    def repeats(self) -> list[str]:
+        """Its repeated layers, one line per loop (``24 × bert.encoder.layer compiled
+        once (scan, layers 0–23)``) and per layer left unrolled, with the reason
+        (``graph/repeats.py``); empty when it has none (or ``XLANB_SCAN_LAYERS=0``)."""
+        r = self.lowering.repeats if self.lowering is not None else None
+        return r.lines() if r is not None else []
+
+    @property
     def in_shardings(self) -> tuple | None:
         """On a mesh: its leaves' shardings."""
         return self.lowering.shardings
@@ -229,9 +237,28 @@ TARGET_COLUMNS = (
 )
 
 
+def _loops_cell(g: CompiledGraph) -> str:
+    """``24×bert.encoder.layer fwd+bwd``: its repeated layers, each compiled once."""
+    r = g.lowering.repeats if g.lowering is not None else None
+    if r is None:
+        return ""
+    kinds: dict = {}
+    for run in r.runs:
+        kinds.setdefault((len(run.layers), run.name), []).append(
+            "fwd" if run.kind == "forward" else "bwd")
+    return ", ".join(f"{n}×{name} {'+'.join(k)}" for (n, name), k in kinds.items())
+
+
+# shown once a graph has repeated layers compiled as one loop (graph/repeats.py)
+LOOP_COLUMNS = (Column("layers (scan)", False, _loops_cell),)
+
+
 def graph_columns(graphs) -> tuple:
-    """The columns of a table of ``graphs``: the target's too where any has one."""
-    return GRAPH_COLUMNS + (TARGET_COLUMNS if any(g._target is not None for g in graphs) else ())
+    """The columns of a table of ``graphs``: the target's too where any has one, and
+    the repeated layers' where any has some."""
+    loops = any(g.lowering is not None and g.lowering.repeats is not None for g in graphs)
+    return (GRAPH_COLUMNS + (LOOP_COLUMNS if loops else ())
+            + (TARGET_COLUMNS if any(g._target is not None for g in graphs) else ()))
 
 
 class GraphList(list):
@@ -253,6 +280,8 @@ class GraphList(list):
         for i, g in enumerate(self):
             if g.explanation:
                 lines.append(f"  #{i} recompiled: {g.explanation}")
+            for line in g.repeats:
+                lines.append(f"  #{i} layers: {line}")
             if g.collectives:
                 counts = ", ".join(f"{n} {k}" for k, n in g.collectives.counts().items())
                 lines.append(f"  #{i} on a mesh: {counts}; {g.collectives.total_bytes} bytes "

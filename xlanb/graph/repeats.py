@@ -200,26 +200,46 @@ def _make_run(name, kind, seg, carry, n_leaves, users, roots, unrolled):
                tuple(xs), tuple(exported))
 
 
-def _backward_layers(runs, steps, n_leaves, taken, places) -> dict:
+def _backward_layers(runs, steps, n_leaves, taken, places, by_line: bool) -> dict:
     """(run index, layer) -> op indices for the ops of the backward pass (no scope, and
-    recorded with the line of a forward op of the layers, as autograd's ops are): the
-    layer whose values the op uses directly, else the one layer its inputs were made
-    by. The optimizer's ops (from the user's ``step()`` line) stay out."""
+    recorded with the line of a forward op of the layers, as autograd's ops are). The
+    optimizer's ops (from the user's ``step()`` line) stay out.
+
+    Each op goes to the layer whose values it uses directly (weights, saved activations,
+    the layer's input), else to the one layer its inputs were made by. The value one
+    layer hands the next belongs to the layer it enters; with ``by_line``, an op that
+    differentiates the forward line that made it (autograd gives a backward op the line
+    of the forward op) takes it as the layer's that made it (a ReLU's backward reads the
+    ReLU's output). Either is only a guess: the segments it gives must still pass every
+    check of a run."""
     owner: dict[int, tuple] = {}
+    made_by: dict[int, tuple] = {}  # boundary value -> (layer that made it, its lines)
     for r, run in enumerate(runs):
         last = -1 if not run.reverse else 0  # the layer the chain ends with
-        for s, (layer, ops, ext) in enumerate(zip(run.layers, run.segments, run.ext)):
+        for layer, ops, ext in zip(run.layers, run.segments, run.ext):
             for op in ops:
                 owner[n_leaves + op] = (r, layer)
             for e in run.xs:
                 owner[ext[e]] = (r, layer)
+        body = run.segments[0]
+        out_lines = {places[body[m]][0] for _e, m in run.carry}
+        in_lines = set()
+        for m, op in enumerate(body):
+            if any(i in {run.ext[0][e] for e, _ in run.carry} for i in steps[op][1]):
+                in_lines.add(places[op][0])
+        only_out = out_lines - in_lines
         # the carry into a layer is that layer's (its input), not the one before's
-        for layer, ext in zip(run.layers, run.ext):
+        for k, (layer, ext) in enumerate(zip(run.layers, run.ext)):
             for e, _ in run.carry:
                 owner[ext[e]] = (r, layer)
-        # what the last layer hands on belongs to whatever comes after the run
+                if by_line and ext[e] - n_leaves in taken:
+                    made_by[ext[e]] = (owner_of_op(run, ext[e] - n_leaves, r), only_out)
+        # what the last layer hands on belongs to whatever comes after the run (but
+        # to the last layer for an op that differentiates the line that made it)
         for _e, m in run.carry:
             owner.pop(n_leaves + run.segments[last][m], None)
+            if by_line:
+                made_by[n_leaves + run.segments[last][m]] = ((r, run.layers[last]), only_out)
     # autograd records a backward op with the line of the forward op it differentiates
     lines = {places[op][0] for run in runs for ops in run.segments for op in ops}
     label: dict[int, tuple] = {}
@@ -227,7 +247,13 @@ def _backward_layers(runs, steps, n_leaves, taken, places) -> dict:
     for j, (info, ins) in enumerate(steps):
         if j in taken or places[j][1] or places[j][0] not in lines:
             continue
-        direct = {owner[i] for i in ins if i in owner}
+        direct = set()
+        for i in ins:
+            mb = made_by.get(i)
+            if mb is not None and places[j][0] in mb[1]:
+                direct.add(mb[0])
+            elif i in owner:
+                direct.add(owner[i])
         if not direct:
             direct = {label[i] for i in ins if i in label}
         if len(direct) == 1:
@@ -235,6 +261,38 @@ def _backward_layers(runs, steps, n_leaves, taken, places) -> dict:
             label[n_leaves + j] = lab
             groups.setdefault(lab, []).append(j)
     return groups
+
+
+def owner_of_op(run, op, r) -> tuple:
+    for layer, ops in zip(run.layers, run.segments):
+        if op in ops:
+            return (r, layer)
+    return None
+
+
+def _backward_runs(forward, steps, n_leaves, places, users, roots) -> tuple[list, list]:
+    """The backward runs of ``forward``'s layers, and why layers stayed unrolled: the
+    guess of ``_backward_layers`` that puts more layers into loops."""
+    taken = {op for run in forward for ops in run.segments for op in ops}
+    best = None
+    for by_line in (False, True):
+        unrolled: list[str] = []
+        bw = _backward_layers(forward, steps, n_leaves, taken, places, by_line)
+        by_run: dict[int, list] = {}
+        for (r, layer), ops in bw.items():
+            by_run.setdefault(r, []).append((min(ops), layer, ops))
+        runs = []
+        for r, members in sorted(by_run.items()):
+            layers = []
+            for _first, idx, ops in sorted(members):  # execution order
+                canon, ext = _segment(ops, steps, n_leaves)
+                layers.append(_Layer(idx, ops, canon, ext))
+            runs += _chains(forward[r].name, "backward", layers, steps, n_leaves, users,
+                            roots, unrolled)
+        covered = sum(len(run.layers) for run in runs)
+        if best is None or covered > best[0]:
+            best = (covered, runs, unrolled)
+    return best[1], best[2]
 
 
 def _schedule(runs, n_ops, steps, n_leaves):
@@ -300,18 +358,9 @@ def find_repeats(steps, n_leaves: int, root_pos, places) -> Repeats | None:
         runs += _chains(_short(prefix), "forward", layers, steps, n_leaves, users, roots, unrolled)
     if not runs:
         return None
-    taken = {op for run in runs for ops in run.segments for op in ops}
-    n_forward = len(runs)
-    bw = _backward_layers(runs[:n_forward], steps, n_leaves, taken, places)
-    by_run: dict[int, list] = {}
-    for (r, layer), ops in bw.items():
-        by_run.setdefault(r, []).append((min(ops), layer, ops))
-    for r, members in sorted(by_run.items()):
-        layers = []
-        for _first, idx, ops in sorted(members):  # execution order
-            canon, ext = _segment(ops, steps, n_leaves)
-            layers.append(_Layer(idx, ops, canon, ext))
-        runs += _chains(runs[r].name, "backward", layers, steps, n_leaves, users, roots, unrolled)
+    backward, why = _backward_runs(runs, steps, n_leaves, places, users, roots)
+    runs += backward
+    unrolled += why
     while runs:
         order = _schedule(runs, len(steps), steps, n_leaves)
         if order is not None:

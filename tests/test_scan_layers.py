@@ -1,0 +1,253 @@
+"""Repeated layers compiled once (graph/repeats.py, execute/stages.py; issue 36).
+
+Each test runs the same step with the layers lowered as one ``lax.scan`` and unrolled
+(``xlanb.config.scan_layers``, ``XLANB_SCAN_LAYERS``), from the same seed, and compares
+the values: forward and backward, updated parameters and buffers. Small models (2-4
+layers, narrow) keep the compiles short.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import xlanb
+from xlanb.base.config import Config, SettingError
+from xlanb.execute.graphs import clear_graph_cache
+
+# Measured difference between the scanned and unrolled graphs (XLA:CPU, float32): none
+# seen on these models; the bound allows for XLA fusing a loop body differently.
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(autouse=True)
+def _restore_scan():
+    was = xlanb.config.scan_layers
+    yield
+    xlanb.config.scan_layers = was
+    clear_graph_cache()
+
+
+def _both(make, step):
+    """``step(*make())`` with the layers scanned and unrolled: per setting, the CPU
+    values it returns and the repeated-layer lines of the graph it compiled last."""
+    out = {}
+    for scan in (True, False):
+        xlanb.config.scan_layers = scan
+        clear_graph_cache()
+        torch.manual_seed(0)
+        args = make()
+        xlanb.sync()
+        vals = step(*args)
+        xlanb.sync()
+        graphs = xlanb.graphs()
+        out[scan] = ([v.detach().cpu() for v in vals], graphs[-1].repeats if graphs else [],
+                     graphs[-1] if graphs else None)
+        if scan:
+            _both.table = str(graphs)
+    for a, b in zip(out[True][0], out[False][0]):
+        torch.testing.assert_close(a, b, **TOL)
+    assert out[False][1] == []
+    return out[True][1], out[True][2]
+
+
+def _train_step(model, x, *extra, loss_fn=None):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = model(x, *extra)
+    loss = loss_fn(out) if loss_fn else out.float().pow(2).mean()
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    opt.step()
+    return [loss, out] + grads + [p for p in model.parameters()] + list(model.buffers())
+
+
+def test_bert_forward_backward():
+    transformers = pytest.importorskip("transformers")
+
+    def make():
+        cfg = transformers.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+                                      intermediate_size=64, vocab_size=50,
+                                      max_position_embeddings=16, attn_implementation="eager")
+        model = transformers.BertForSequenceClassification(cfg).to("xla")  # dropout on
+        ids = torch.randint(0, 50, (2, 8)).to("xla")
+        labels = torch.randint(0, 2, (2,)).to("xla")
+        return model, ids, labels
+
+    def step(model, ids, labels):
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        return [loss] + [p.grad for p in model.parameters()]
+
+    lines, g = _both(make, step)
+    assert any(line.startswith("2 × bert.encoder.layer compiled once (scan")
+               for line in lines), lines
+    assert any(line.startswith("2 × bert.encoder.layer backward compiled once")
+               for line in lines), lines
+    assert "2×bert.encoder.layer fwd+bwd" in _both.table
+    # the loop body's instructions still name the aten op, the layer's scope and line
+    hlo = g.hlo(dialect="hlo")
+    assert "while" in hlo
+    assert "encoder/layer/0/attention/self/query/aten::addmm" in hlo
+
+
+def test_transformer_encoder():
+    def make():
+        layer = nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32, dropout=0.0,
+                                           batch_first=True)
+        model = nn.TransformerEncoder(layer, num_layers=3, enable_nested_tensor=False).to("xla")
+        return model, torch.randn(2, 5, 16).to("xla")
+
+    lines, _ = _both(make, _train_step)
+    assert any(line.startswith("3 × layers compiled once") for line in lines), lines
+    # the first layer's backward computes no gradient for the input (it needs none): it
+    # differs from the others and stays unrolled
+    assert any(line.startswith("2 × layers backward compiled once (scan, layers 1–2)")
+               for line in lines), lines
+    assert any(line.startswith("unrolled: layers.0 backward: differs from layers.1")
+               for line in lines), lines
+
+
+class _Block(nn.Module):
+    def __init__(self, c: int, hidden: int | None = None):
+        super().__init__()
+        h = hidden or c
+        self.conv1 = nn.Conv2d(c, h, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(h)
+        self.conv2 = nn.Conv2d(h, c, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = x + self.bn2(self.conv2(y))
+        return torch.relu(y)
+
+
+class _Stack(nn.Module):
+    def __init__(self, blocks):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def test_resnet_like_stack_with_batchnorm_buffers():
+    def make():
+        return _Stack([_Block(8) for _ in range(3)]).to("xla"), torch.randn(2, 3, 6, 6).to("xla")
+
+    lines, _ = _both(make, _train_step)
+    assert any(line.startswith("3 × blocks compiled once") for line in lines), lines
+    assert any(line.startswith("3 × blocks backward compiled once") for line in lines), lines
+
+
+class _DropBlock(nn.Module):
+    def __init__(self, d: int, hidden: int):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, hidden), nn.Linear(hidden, d)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return x + self.drop(self.fc2(torch.tanh(self.fc1(x))))
+
+
+class _MLP(nn.Module):
+    def __init__(self, hiddens, d: int = 8):
+        super().__init__()
+        self.layers = nn.ModuleList(_DropBlock(d, h) for h in hiddens)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_dropout_keeps_a_key_per_layer_under_a_fixed_seed():
+    def make():
+        return _MLP([16] * 4).to("xla"), torch.randn(4, 8).to("xla")
+
+    lines, _ = _both(make, _train_step)
+    assert any(line.startswith("4 × layers compiled once") for line in lines), lines
+    # the same seed gives the same values in eager mode, where nothing is scanned
+    torch.manual_seed(0)
+    model, x = make()
+    with xlanb.mode("eager"):
+        eager = model(x)
+    xlanb.config.scan_layers = True
+    clear_graph_cache()
+    torch.manual_seed(0)
+    model, x = make()
+    torch.testing.assert_close(model(x).cpu(), eager.cpu(), **TOL)
+
+
+def test_a_layer_that_differs_stays_unrolled_with_the_reason():
+    def make():
+        return _MLP([16, 16, 16, 24, 16, 16]).to("xla").eval(), torch.randn(4, 8).to("xla")
+
+    lines, _ = _both(make, _train_step)
+    assert any(line.startswith("3 × layers compiled once (scan, layers 0–2)") for line in lines), lines
+    assert any(line.startswith("2 × layers compiled once (scan, layers 4–5)") for line in lines), lines
+    why = [line for line in lines if line.startswith("unrolled: layers.3: differs from layers.2")]
+    assert why and "aten::t (8x24)" in why[0] and "(8x16)" in why[0], lines
+    assert "layers: unrolled: layers.3" in _both.table
+
+
+def test_views_and_inplace_inside_layers():
+    class Inplace(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(6, 6)
+
+        def forward(self, x):
+            y = self.fc(x).view(2, 3, 6).transpose(0, 1)
+            y.mul_(0.5).add_(1.0)
+            return x + y.transpose(0, 1).reshape(6, 6).relu_()
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(Inplace() for _ in range(3))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    lines, _ = _both(lambda: (Net().to("xla"), torch.randn(6, 6).to("xla")), _train_step)
+    assert any(line.startswith("3 × layers compiled once") for line in lines), lines
+
+
+def test_compile_replays_keep_working():
+    def make():
+        return _MLP([16] * 3).to("xla").eval(), torch.randn(4, 8).to("xla")
+
+    def step(model, x):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        @xlanb.compile
+        def train(x):
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+        return [train(x) for _ in range(4)] + list(model.parameters())
+
+    lines, _ = _both(make, step)
+    assert any(line.startswith("3 × layers compiled once") for line in lines), lines
+
+
+def test_the_setting():
+    assert xlanb.config.scan_layers in (True, False)
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setenv("XLANB_SCAN_LAYERS", "0")
+        assert Config().scan_layers is False
+        mp.setenv("XLANB_SCAN_LAYERS", "sometimes")
+        with pytest.raises(SettingError, match="XLANB_SCAN_LAYERS"):
+            Config()
+    finally:
+        mp.undo()
