@@ -281,6 +281,9 @@ def test_mat_mul_precision_changes_what_is_compiled(tx):
         # two executables for one structure: the precision is in what was compiled
         assert graphs["default"] is not graphs["highest"]
         assert graphs["default"].hlo(dialect="hlo") != graphs["highest"].hlo(dialect="hlo")
+        # and XLA kept it in the compiled executable's optimized module
+        assert "operand_precision={highest,highest}" in graphs["highest"].hlo(optimized=True)
+        assert "operand_precision" not in graphs["default"].hlo(optimized=True)
         with pytest.raises(ValueError, match="default, high, highest"):
             backends.set_mat_mul_precision("medium")
     finally:
