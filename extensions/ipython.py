@@ -914,6 +914,8 @@ def _show_deliberate(shell, etype, value, tb, tb_offset=None):
     xlanb's frames; ``%debug`` can still walk every frame."""
     shell.showtraceback((etype, value, _user_traceback(tb)), tb_offset=tb_offset)
     sys.last_traceback = tb
+    if getattr(shell.InteractiveTB, "tb", None) is not None:  # what %debug walks
+        shell.InteractiveTB.tb = tb
     if hasattr(sys, "last_exc"):
         sys.last_exc = value
 

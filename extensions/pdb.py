@@ -167,6 +167,20 @@ class XlaPdb(pdb.Pdb):
         except Exception as e:  # noqa: BLE001
             return f"*** repr({expr}) failed: {e} ***"
 
+    def setup(self, f, tb):
+        ret = super().setup(f, tb)
+        # post-mortem (%debug, %pdb): start at the user's last line, not inside xlanb
+        # where a deliberate error was raised; `down` still reaches every frame
+        i = self.curindex
+        while tb is not None and i > 0 and \
+                _is_core_module(self.stack[i][0].f_globals.get("__name__")):
+            i -= 1
+        if i != self.curindex and not _is_core_module(self.stack[i][0].f_globals.get("__name__")):
+            self.curindex = i
+            self.curframe = self.stack[i][0]
+            self.curframe_locals = self.curframe.f_locals
+        return ret
+
     def format_stack_entry(self, frame_lineno, *args, **kwargs):
         # The header names a notebook cell In[N], as messages do, never a kernel's
         # temp file.

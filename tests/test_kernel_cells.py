@@ -121,10 +121,10 @@ def test_deliberate_error_shows_at_most_one_xlanb_frame(kc):
     frames = re.findall(r"^File (\S+):\d+", out, re.M)
     assert len([f for f in frames if "xlanb" in f]) <= 1, out
     assert f"In[{n}], line 4" in out, out  # the user's line is there
-    # and %debug still has every frame
-    n, status, out = run(kc, "import sys\nprint(len(__import__('traceback').extract_tb("
-                             "sys.last_traceback)))")
-    assert int(out.split()[-1]) > 2, out
+    # %debug starts at that line, with the x* commands; `down` still reaches xlanb
+    _, status, out = run(kc, "%debug", stdin=("xla", "down", "q"))
+    assert status == "ok" and f"> In[{n}](4)" in out and "pending" in out, out
+    assert "realize.py" in out.split("pending", 1)[1], out
 
 
 def test_breakpoint_has_the_x_commands_after_load_ext(kc):
