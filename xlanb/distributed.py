@@ -8,23 +8,57 @@ After ``initialize``, ``xla:N`` is this process's N-th device, a mesh's device i
 every process's devices (JAX's global order), and a sharded tensor is one global array
 whose shards live in several processes. ``python -m xlanb.launch --nproc N script.py``
 starts N local processes with the environment ``initialize()`` reads.
+
+Agreement. An SPMD program must run the same multi-process graphs in the same order in
+every process; one that takes another branch gives a wrong answer or a hang. So, before
+each run whose inputs span more than one process (a lazy graph, an eager op, an op-by-op
+node, a replay, a host read that gathers), each process publishes what it is about to
+run (sequence number, structural hash, collectives, the user's line) through
+``jax.distributed``'s key-value store and reads the others'. On a mismatch every process
+raises ``DivergenceError`` before anything runs, naming the odd process(es), the first op
+where the graphs differ (the recompile differ, graph/explain.py) and each side's line.
+A process that has not published within ``XLANB_DIST_TIMEOUT`` seconds is asked where
+its Python is (a watcher thread of its own answers; it costs nothing until asked), and
+every process stops with the report (``MissingProcessError``). ``XLANB_DIST_CHECK=0``
+turns the check off. Each process keeps its last runs (``recent()``): printed with
+either error and on SIGUSR1.
 """
 from __future__ import annotations
 
+import atexit
+import faulthandler
+import hashlib
+import json
 import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from typing import NamedTuple
 
 import jax
 import numpy as np
 import torch
 
-from .base.session import session
+from .base.config import config
+from .base.frames import _SKIP_PREFIXES, _SKIP_SUFFIXES, SourceLoc, format_loc, user_frame
+from .base.session import mode_state, session
+from .execute.graphs import CompiledGraph
+from .execute.single_op import _Sharded
+from .graph.explain import explain
+from .graph.summary import _LIFTED, GraphSummary, OpRecord, aval_text
+from .ir import info_digest
 from .ops.leaves import from_array
 from .runtime import devices as _devices
-from .runtime.mesh import as_mesh, named_sharding
+from .runtime.mesh import as_mesh, named_sharding, sharding_text
+from .templates import format_call
 from .tensor import XlaTensor
 
 __all__ = ["initialize", "is_initialized", "process_index", "process_count",
-           "global_device_count", "local_device_count", "from_process_local", "is_main"]
+           "global_device_count", "local_device_count", "from_process_local", "is_main",
+           "DivergenceError", "MissingProcessError", "RunRecord", "recent", "format_recent"]
 
 ENV_COORDINATOR = "XLANB_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "XLANB_NUM_PROCESSES"
@@ -56,6 +90,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
                                num_processes=num_processes, process_id=process_id,
                                local_device_ids=local_device_ids)
     _state["initialized"] = True
+    if jax.process_count() > 1:
+        _install()
 
 
 def is_initialized() -> bool:
@@ -114,3 +150,455 @@ def _global_shape(local_shape, mesh, spec) -> tuple:
         procs = len({d.process_index for d in line})
         shape[dim] *= procs
     return tuple(shape)
+
+
+# ---------------------------------------------------------------------------------------
+# Agreement before every multi-process run (issue 33)
+
+class DivergenceError(RuntimeError):
+    """The processes of one SPMD program were about to run different things over the
+    same devices. Raised in every process, before anything ran. ``processes``: the odd
+    ones; ``seq``: which multi-process run (counted from 0 in each process)."""
+
+    def __init__(self, message: str, processes=(), seq: int = -1):
+        super().__init__(message)
+        self.processes = tuple(processes)
+        self.seq = seq
+
+
+class MissingProcessError(DivergenceError):
+    """A process did not reach a multi-process run within ``XLANB_DIST_TIMEOUT``
+    seconds: the report names it, its last multi-process run and where its Python was."""
+
+
+class RunRecord(NamedTuple):
+    """One multi-process run as this process's flight recorder keeps it."""
+    seq: int
+    kind: str         # graph | op | gather | exit
+    hash: str         # the structural hash every process must share
+    collectives: str  # what it runs across devices ("1 all-reduce, 8 B")
+    what: str         # "graph of 12 ops", "aten::mul"
+    line: str         # the user's line that ran it
+    time: float       # time.time() when it was checked
+    status: str       # agreed | diverged | timed out | checking
+
+    def __str__(self) -> str:
+        stamp = time.strftime("%H:%M:%S", time.localtime(self.time)) + f".{int(self.time * 1000) % 1000:03d}"
+        colls = f"; {self.collectives}" if self.collectives else ""
+        return (f"#{self.seq} {stamp} {self.what} {self.hash[:12]}{colls} at "
+                f"{self.line or '?'} [{self.status}]")
+
+
+def recent() -> list[RunRecord]:
+    """This process's last multi-process runs (``XLANB_DIST_RECENT``, 64 by default),
+    oldest first; empty in a program of one process or with the check off."""
+    a = session.agree
+    return list(a.recent) if a is not None else []
+
+
+def format_recent(title: str = "") -> str:
+    a = session.agree
+    me = a.me if a is not None else jax.process_index()
+    runs = recent()
+    head = title or f"xlanb: process {me}'s last multi-process runs (xlanb.distributed.recent())"
+    return "\n".join([head + ":"] + [f"  {r}" for r in runs] if runs else [head + ": none"])
+
+
+def _kv():
+    from jax._src import distributed as _jd  # the client jax.distributed started
+    return _jd.global_state.client
+
+
+def _timed_out(e: Exception) -> bool:
+    return "DEADLINE_EXCEEDED" in str(e)
+
+
+def _digest(text: str) -> str:
+    """The same in every process (Python's own ``hash`` of a str is not)."""
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _spans_processes(devices) -> bool:
+    return len({d.process_index for d in devices}) > 1
+
+
+def _colls_text(colls) -> str:
+    if not colls:
+        return ""
+    counts: dict = {}
+    for c in colls:
+        counts[c.kind] = counts.get(c.kind, 0) + 1
+    total = sum(c.bytes for c in colls)
+    # the groups and shapes too: the same kinds over other devices are another program
+    key = _digest(repr([(c.kind, c.shape, c.groups) for c in colls]))[:8]
+    return ", ".join(f"{n} {k}" for k, n in counts.items()) + f", {total} B #{key}"
+
+
+_LIBS = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, np))
+
+
+def _short(fs) -> str:
+    return f"{os.path.basename(fs.filename)}:{fs.lineno} {fs.name}"
+
+
+def _is_user(fs) -> bool:
+    name = fs.filename
+    return not (name.startswith(_SKIP_PREFIXES) or name.endswith(_SKIP_SUFFIXES)
+                or name.startswith(_LIBS) or name.startswith("<frozen"))
+
+
+def _where_now(frame) -> dict:
+    """Where the main thread's Python is: its innermost user line, the innermost frame,
+    whether it is compiling, and the last frames of its stack."""
+    if frame is None:
+        return {"at": "?", "inner": "", "compiling": False, "stack": []}
+    stack = traceback.extract_stack(frame)
+    user = next((fs for fs in reversed(stack) if _is_user(fs)), None)
+    compiling = any(fs.filename.endswith(os.path.join("runtime", "jit.py")) and "compile" in fs.name
+                    for fs in stack)
+    return {"at": _short(user) if user else "?", "inner": _short(stack[-1]) if stack else "",
+            "compiling": compiling, "stack": [_short(fs) for fs in stack[-8:]]}
+
+
+def _summary_json(s: GraphSummary | None):
+    if s is None:
+        return None
+    return [list(s.inputs), [[o.name, o.aval, o.call, list(o.src) if o.src else None, o.scope,
+                              list(o.ins), o.static] for o in s.ops],
+            list(s.outputs), [list(x) for x in s.shardings]]
+
+
+def _summary_of(j) -> GraphSummary | None:
+    if j is None:
+        return None
+    inputs, ops, outputs, shardings = j
+    return GraphSummary(tuple(inputs), tuple(
+        OpRecord(n, a, c, SourceLoc(*src) if src else None, sc, tuple(ins), st)
+        for n, a, c, src, sc, ins, st in ops), tuple(outputs), tuple(tuple(x) for x in shardings))
+
+
+class _Static(NamedTuple):
+    """What one executable publishes every time it runs (computed once, kept on it)."""
+    kind: str
+    hash: str
+    colls: str
+    what: str
+    summary: object  # a GraphSummary, for the differ when processes disagree
+
+
+_ABORT = "xlanb/agree/abort"
+
+
+class _Agreement:
+    """``session.agree``: installed by ``initialize`` in a program of several processes."""
+
+    def __init__(self) -> None:
+        self.client = _kv()
+        self.me = jax.process_index()
+        self.n = jax.process_count()
+        self.peers = [j for j in range(self.n) if j != self.me]
+        self.seq = 0
+        self.recent: deque = deque(maxlen=config.dist_recent)
+        self.last: dict = {}  # peer -> its payload of the last run that agreed
+        self.lock = threading.RLock()
+        self.summaries: dict = {}  # seq -> this process's summary (kept until agreed)
+        self.stopping = False
+        self.broken = False
+        self.main_ident = threading.main_thread().ident
+
+    # -- the hook ------------------------------------------------------------------
+    def __call__(self, what, where=None, arrays=None, src=None) -> None:
+        """Before a run: ``what`` is a CompiledGraph (``where``: its sync's line), a
+        sharded single-op executable (``where``: its OpInfo, ``arrays``: its inputs,
+        ``src``: an op-by-op node's line) or an array a host read gathers."""
+        if not config.dist_check:
+            return
+        if isinstance(what, CompiledGraph):
+            st = what.__dict__.get("_agree")
+            if st is None:
+                st = what.__dict__["_agree"] = self._graph_static(what)
+            line = where
+        elif isinstance(what, _Sharded):
+            st = what.agree
+            if st is None:
+                st = what.agree = self._op_static(what, where, arrays)
+            line = src
+        else:  # a host read that gathers a global array from every process
+            if getattr(what, "is_fully_addressable", True):
+                return
+            st = self._gather_static(what)
+            line = None
+        if st is False:
+            return  # every device it runs on is this process's
+        if line is None:
+            line = user_frame(1)
+        with self.lock:
+            self._exchange(st, line)
+
+    def _graph_static(self, rec):
+        low = rec.lowering
+        if low.mesh is None or not _spans_processes(low.mesh.device_set):
+            return False
+        return _Static("graph", rec.hash_full, _colls_text(rec.collectives),
+                       f"graph of {rec.n_nodes} ops", rec.summary)
+
+    def _op_static(self, exe, info, arrays):
+        devices = set()
+        for a in arrays:
+            devices |= set(getattr(a, "sharding", None).device_set) if hasattr(a, "sharding") else set()
+        if not _spans_processes(devices):
+            return False
+        shardings = [sharding_text(a.sharding) for a in arrays]
+        h = info_digest(info).hex() + "-" + _digest(repr(shardings))[:8]
+        names = [f"%{i}" for i in range(info.n_in)]
+        call = format_call(info, names, [_LIFTED] * len(info.scalar_specs))
+        metas = info.in_metas or ()
+        summary = GraphSummary(tuple(aval_text(m) for m in metas),
+                               (OpRecord(info.name, aval_text(info.out), call, None, "",
+                                         tuple(range(len(metas))), call),),
+                               (len(metas),), tuple(enumerate(shardings)))
+        return _Static("op", h, _colls_text(exe.collectives), info.name, summary)
+
+    def _gather_static(self, arr):
+        text = f"{arr.dtype}{list(arr.shape)} {sharding_text(arr.sharding)}"
+        summary = GraphSummary((text,), (OpRecord("xlanb::gather", text, "%0", None, "", (0,), "%0"),),
+                               (1,), ())
+        return _Static("gather", _digest(text), "",
+                       f"host read of {arr.dtype}{list(arr.shape)}", summary)
+
+    # -- one exchange ----------------------------------------------------------------
+    def _exchange(self, st: _Static, loc) -> None:
+        line = format_loc(loc)
+        seq = self.seq
+        mine = [seq, st.kind, st.hash, st.colls, st.what, line, mode_state().mode]
+        prefix = f"xlanb/agree/{seq >> 6}/{seq}/"
+        c = self.client
+        c.key_value_set(prefix + str(self.me), json.dumps(mine))
+        self.seq = seq + 1
+        rec = RunRecord(seq, st.kind, st.hash, st.colls, st.what, line, time.time(), "checking")
+        self.recent.append(rec)
+        got = {self.me: mine}
+        for j in self.peers:
+            got[j] = json.loads(self._wait(prefix + str(j), j, seq, mine))
+        if any(got[j][1:4] != mine[1:4] for j in self.peers):
+            self.recent[-1] = rec._replace(status="diverged")
+            self._diverged(seq, st, got, loc)
+        self.recent[-1] = rec._replace(status="agreed")
+        for j in self.peers:
+            self.last[j] = got[j]
+        if self.me == 0 and seq & 63 == 0 and seq >= 128:
+            # everyone is past run seq-1, so every key two blocks back was read
+            c.key_value_delete(f"xlanb/agree/{(seq >> 6) - 2}/")
+
+    def _wait(self, key: str, j: int, seq: int, mine) -> str:
+        """Peer ``j``'s entry for run ``seq``; on a timeout, the report (and the stop)."""
+        c = self.client
+        step = min(2.0, config.dist_timeout)
+        deadline = time.monotonic() + config.dist_timeout
+        waited_for_compile = False
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return c.blocking_key_value_get(key, max(1, int(min(step, left) * 1000)))
+            except Exception as e:
+                if not _timed_out(e):
+                    raise
+            abort = self._get(_ABORT)
+            if abort is not None:  # another process timed out waiting: everyone stops
+                self._raise_missing(abort, seq)
+            if time.monotonic() < deadline:
+                continue
+            missing = [k for k in self.peers
+                       if k == j or self._get(key.rpartition("/")[0] + f"/{k}") is None]
+            wheres = {k: self._ask_where(k) for k in missing}
+            if any(w.get("compiling") for w in wheres.values()):
+                # a slow first compile of the same graph: not a divergence; wait again
+                busy = ", ".join(f"process {k} ({w['at']})" for k, w in wheres.items() if w.get("compiling"))
+                print(f"xlanb: multi-process run #{seq}: still waiting for {busy}, which "
+                      f"{'is' if ', ' not in busy else 'are'} compiling; "
+                      f"waiting another {config.dist_timeout:g} s", file=sys.stderr, flush=True)
+                deadline = time.monotonic() + config.dist_timeout
+                waited_for_compile = True
+                continue
+            report = self._missing_report(seq, mine, missing, wheres, waited_for_compile)
+            try:
+                c.key_value_set(_ABORT, report)
+            except Exception:  # another waiter reported first: one report for everyone
+                report = self._get(_ABORT) or report
+            for k in missing:
+                self._send(k, "abort")
+            self._raise_missing(report, seq, missing)
+
+    def _get(self, key: str):
+        try:
+            return self.client.key_value_try_get(key)
+        except Exception:  # not there (NOT_FOUND)
+            return None
+
+    def _raise_missing(self, report: str, seq: int, missing=()):
+        self.broken = True  # a peer was stopped: jax's own shutdown could not complete
+        if self.recent and self.recent[-1].seq == seq:
+            self.recent[-1] = self.recent[-1]._replace(status="timed out")
+        print(format_recent(), file=sys.stderr, flush=True)
+        raise MissingProcessError(report, missing, seq)
+
+    def _missing_report(self, seq, mine, missing, wheres, compiled) -> str:
+        names = ", ".join(map(str, missing))
+        s = "es" if len(missing) > 1 else ""
+        lines = [f"process{s} {names} did not reach multi-process run #{seq} within "
+                 f"{config.dist_timeout:g} s (XLANB_DIST_TIMEOUT)"
+                 + (" (after waiting for its compile)" if compiled else "") + ":",
+                 f"  process {self.me} waits there to run: {mine[4]} {mine[2][:12]} at {mine[5] or '?'}"]
+        for k in missing:
+            last = self.last.get(k)
+            lines.append(f"  process {k}'s last multi-process run: " + (
+                f"#{last[0]} {last[4]} {last[2][:12]} at {last[5] or '?'}" if last else "none yet"))
+            w = wheres[k]
+            if w.get("at") is None:
+                lines.append(f"  process {k} did not say where it is (it crashed, or its "
+                             "Python is inside native code that holds the interpreter lock)")
+            else:
+                inner = f" (innermost: {w['inner']})" if w.get("inner") and w["inner"] != w["at"] else ""
+                lines.append(f"  process {k} is now at {w['at']}{inner}")
+        lines.append("Every process stops now. A process that only runs slower may need a "
+                     "larger XLANB_DIST_TIMEOUT.")
+        return "\n".join(lines)
+
+    def _diverged(self, seq: int, st: _Static, got: dict, loc):
+        c = self.client
+        summary = st.summary
+        if st.kind != "graph" and summary is not None:  # one op: its line is this run's
+            summary = summary._replace(ops=tuple(o._replace(src=loc) for o in summary.ops))
+        groups: dict = {}
+        for j in sorted(got):
+            groups.setdefault(tuple(got[j][1:4]), []).append(j)
+        # the majority is right; on a tie, the group of the lowest process (process 0)
+        ref_group = max(groups.values(), key=lambda g: (len(g), -g[0]))
+        ref = ref_group[0]
+        odd = sorted(j for j in got if j not in ref_group)
+        sum_key = f"xlanb/agree/sum/{seq}/"
+        try:
+            c.key_value_set(sum_key + str(self.me), json.dumps(_summary_json(summary)))
+        except Exception:
+            pass
+        summaries = {self.me: summary}
+        for j in [ref] + odd:
+            if j in summaries or got[j][1] == "exit":
+                continue
+            try:
+                summaries[j] = _summary_of(json.loads(c.blocking_key_value_get(sum_key + str(j), 10_000)))
+            except Exception:
+                summaries[j] = None
+        s = "es" if len(odd) > 1 else ""
+        who = ", ".join(map(str, odd))
+        others = [j for j in ref_group if j != ref]
+        lines = [f"the processes disagree about multi-process run #{seq}: process{s} {who} "
+                 f"would run something else than process {ref}"
+                 + (f" (and {', '.join(map(str, others))}, which agree with it)" if others else "")
+                 + ":"]
+        for j in [ref] + odd:
+            e = got[j]
+            if e[1] == "exit":
+                lines.append(f"  process {j}: ended its program ({e[4]})")
+            else:
+                colls = f" ({e[3].split(' #')[0]})" if e[3] else " (no collectives)"
+                lines.append(f"  process {j}: {e[4]} {e[2][:12]}{colls} at {e[5] or '?'} [{e[6]}]")
+        for j in odd:
+            a, b = summaries.get(ref), summaries.get(j)
+            if a is None or b is None:
+                continue
+            if got[j][1:3] == got[ref][1:3]:
+                diff = "the same graph, but its collectives differ: " + \
+                    f"{got[ref][3].split(' #')[0] or 'none'} -> {got[j][3].split(' #')[0] or 'none'}"
+            else:
+                diff = explain(a, b)
+            lines.append(f"  process {j} against process {ref}: {diff}")
+        lines.append("Nothing ran: every process raised this error before the run (each "
+                     "one's last runs: xlanb.distributed.recent(), printed to stderr).")
+        print(format_recent(), file=sys.stderr, flush=True)
+        raise DivergenceError("\n".join(lines), odd, seq)
+
+    # -- where is a process: its watcher answers ------------------------------------
+    def _send(self, k: int, msg: str) -> int:
+        n = self.client.key_value_increment(f"xlanb/ctlseq/{k}", 1) - 1
+        self.client.key_value_set(f"xlanb/ctl/{k}/{n}", msg)
+        return n
+
+    def _ask_where(self, k: int) -> dict:
+        # (not get_live_nodes: it waits for every process named to call it too)
+        try:
+            n = self._send(k, "where")
+            return json.loads(self.client.blocking_key_value_get(f"xlanb/where/{k}/{n}", 5_000))
+        except Exception:
+            return {"at": None}
+
+    def watch(self) -> None:
+        """The watcher thread: blocked in the store (no cost) until another process asks
+        where this one is, or tells it to stop."""
+        c = self.client
+        n = 0
+        while not self.stopping:
+            try:
+                msg = c.blocking_key_value_get(f"xlanb/ctl/{self.me}/{n}", 600_000)
+            except Exception as e:
+                if _timed_out(e):
+                    continue
+                return  # the store is gone: the program is ending
+            n += 1
+            if msg == "stop":
+                return
+            if msg == "where":
+                frame = sys._current_frames().get(self.main_ident)
+                try:
+                    c.key_value_set(f"xlanb/where/{self.me}/{n - 1}", json.dumps(_where_now(frame)))
+                except Exception:
+                    pass
+                del frame
+            elif msg == "abort":
+                try:
+                    report = c.blocking_key_value_get(_ABORT, 5_000)
+                except Exception:
+                    report = "another process stopped the program"
+                print(f"{format_recent()}\nxlanb: process {self.me} stops: another process "
+                      f"waited for it in vain.\n{report}", file=sys.stderr, flush=True)
+                os._exit(1)
+
+    def at_exit(self) -> None:
+        """Say so to processes that wait for this one, then stop the watcher."""
+        self.stopping = True
+        if self.broken:
+            # jax's client would wait (minutes) at exit for the processes that were
+            # stopped; the report is out already
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+        try:
+            seq = self.seq
+            end = [seq, "exit", "", "", f"after {seq} multi-process runs", "", ""]
+            self.client.key_value_set(f"xlanb/agree/{seq >> 6}/{seq}/{self.me}", json.dumps(end))
+        except Exception:
+            pass
+        try:
+            self._send(self.me, "stop")
+        except Exception:
+            pass
+
+
+def _on_sigusr1(signum, frame) -> None:
+    print(format_recent(), file=sys.stderr, flush=True)
+
+
+def _install() -> None:
+    """Several processes: the agreement check, its watcher, and the recorder's signal."""
+    if not config.dist_check or session.agree is not None:
+        return
+    agree = _Agreement()
+    threading.Thread(target=agree.watch, name="xlanb-dist-watcher", daemon=True).start()
+    atexit.register(agree.at_exit)  # before jax's client goes (atexit runs last-in first)
+    session.agree = agree
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGUSR1, _on_sigusr1)
+        # every thread's stack at once, even while the main thread is inside native code
+        # (then the recorder follows when it returns to Python)
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)

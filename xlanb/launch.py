@@ -2,16 +2,30 @@
 local processes of one SPMD program, as ``torchrun`` does, for trying multi-process
 code on one machine. Each process gets ``XLANB_COORDINATOR_ADDRESS``,
 ``XLANB_NUM_PROCESSES`` and ``XLANB_PROCESS_ID`` (what ``xlanb.distributed.initialize()``
-reads), and with ``--devices-per-proc K`` on the CPU, K simulated devices. The exit
-status is the first failing process's; if one fails, the others are stopped."""
+reads), and with ``--devices-per-proc K`` on the CPU, K simulated devices.
+
+The launcher owns its children: they run in one process group of their own, and die
+with the launcher even if it is killed outright. When one fails, the others get
+``--grace`` seconds to end on their own (they may be printing the same error), then
+the group is stopped (SIGTERM, then SIGKILL). SIGTERM or SIGINT to the launcher stops
+them at once; SIGUSR1 is passed on (each process prints its last multi-process runs).
+On a failure every process's last lines are printed, prefixed ``[i]``, and the exit
+status is non-zero: the first failing process's, or 128 + the signal."""
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
+
+TAIL_LINES = 20
+_OUT_LOCK = threading.Lock()
 
 
 def _free_port() -> int:
@@ -20,45 +34,156 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+try:
+    _prctl = ctypes.CDLL(None).prctl  # looked up here: the child only calls it
+except (OSError, AttributeError):  # not Linux: the process group still lets us stop them
+    _prctl = None
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the launcher dies, however it dies."""
+    if _prctl is not None:
+        _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class _Child:
+    """One process: its output is passed through as it comes, and its last lines kept."""
+
+    def __init__(self, index: int, proc: subprocess.Popen):
+        self.index, self.proc = index, proc
+        self.tail: deque = deque(maxlen=TAIL_LINES)
+        self.lock = threading.Lock()
+        self.readers = [threading.Thread(target=self._pump, args=(proc.stdout, sys.stdout), daemon=True),
+                        threading.Thread(target=self._pump, args=(proc.stderr, sys.stderr), daemon=True)]
+
+    def start(self) -> None:
+        for r in self.readers:
+            r.start()
+
+    def _pump(self, src, dst) -> None:
+        partial = b""
+        out = getattr(dst, "buffer", None)
+        while True:
+            chunk = os.read(src.fileno(), 65536)
+            if not chunk:
+                break
+            lines = (partial + chunk).split(b"\n")
+            partial = lines.pop()
+            if lines:
+                self._emit(out, lines)
+        if partial:
+            self._emit(out, [partial])
+
+    def _emit(self, out, lines: list) -> None:
+        """Whole lines only, so that two processes' lines never mix within one."""
+        if out is not None:
+            with _OUT_LOCK:
+                out.write(b"".join(x + b"\n" for x in lines))
+                out.flush()
+        with self.lock:
+            self.tail.extend(x.decode(errors="replace") for x in lines)
+
+    def last_lines(self) -> list[str]:
+        for r in self.readers:
+            r.join(timeout=2)
+        with self.lock:
+            return [f"[{self.index}] {line}" for line in self.tail]
+
+
+def _stop_group(pgid: int, children: list, grace: float) -> None:
+    """SIGTERM to the group, SIGKILL to what is left after ``grace`` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        if all(c.proc.poll() is not None for c in children):
+            return
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        end = time.monotonic() + wait
+        while time.monotonic() < end and any(c.proc.poll() is None for c in children):
+            time.sleep(0.05)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m xlanb.launch", description=__doc__.split("\n\n")[0])
     p.add_argument("--nproc", type=int, required=True, help="processes to start")
     p.add_argument("--devices-per-proc", type=int, default=None,
                    help="CPU only: simulated devices per process (XLA_FLAGS)")
     p.add_argument("--port", type=int, default=None, help="coordinator port (default: a free one)")
+    p.add_argument("--grace", type=float, default=3.0,
+                   help="seconds the others get to end on their own after one fails (default 3)")
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
     if a.nproc < 1:
         p.error("--nproc must be at least 1")
     port = a.port or _free_port()
-    procs = []
+    children: list[_Child] = []
+    pgid = 0  # the first child leads the group; the others join it
+    got_signal: list[int] = []
+
+    def on_signal(signum, frame):
+        if signum == signal.SIGUSR1:  # each process prints its flight recorder
+            if pgid:
+                os.killpg(pgid, signal.SIGUSR1)
+            return
+        got_signal.append(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, on_signal)
     for i in range(a.nproc):
         env = dict(os.environ)
         env.setdefault("PYTHONFAULTHANDLER", "1")  # a native crash leaves its Python stacks
+        env.setdefault("PYTHONUNBUFFERED", "1")  # its last lines reach us even if it is killed
         env.update({"XLANB_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
                     "XLANB_NUM_PROCESSES": str(a.nproc), "XLANB_PROCESS_ID": str(i)})
         if a.devices_per_proc:
             env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count="
                                 + str(a.devices_per_proc)).strip()
-        procs.append(subprocess.Popen([sys.executable, a.script, *a.args], env=env))
+        proc = subprocess.Popen([sys.executable, a.script, *a.args], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                process_group=pgid, preexec_fn=_die_with_parent)
+        pgid = pgid or proc.pid
+        children.append(_Child(i, proc))
+    for c in children:  # threads only once every child is forked (preexec_fn)
+        c.start()
     status = 0
-    try:
-        while procs:
-            for proc in list(procs):
-                rc = proc.poll()
-                if rc is None:
-                    continue
-                procs.remove(proc)
-                if rc and not status:
-                    status = rc
-                    for other in procs:  # one failed: the others would wait on it forever
-                        other.terminate()
-            time.sleep(0.05)
-    except KeyboardInterrupt:
-        for proc in procs:
-            proc.terminate()
-        status = 130
+    failed = None
+    while True:
+        if got_signal:
+            status = 128 + got_signal[0]
+            print(f"xlanb.launch: {signal.Signals(got_signal[0]).name}: stopping every process",
+                  file=sys.stderr, flush=True)
+            _stop_group(pgid, children, 2.0)
+            break
+        running = [c for c in children if c.proc.poll() is None]
+        bad = [c for c in children if c.proc.returncode not in (None, 0)]
+        if bad and failed is None:
+            failed = bad[0]
+            rc = failed.proc.returncode
+            status = rc if rc > 0 else 128 - rc
+            deadline = time.monotonic() + a.grace  # the others may be ending on the same error
+        if not running:
+            break
+        if failed is not None and time.monotonic() >= deadline:
+            print(f"xlanb.launch: process {failed.index} failed (exit status {failed.proc.returncode}): "
+                  "stopping the others", file=sys.stderr, flush=True)
+            _stop_group(pgid, children, 5.0)
+            break
+        time.sleep(0.05)
+    if status:
+        lines = [f"xlanb.launch: exit status {status}; each process's last lines:"]
+        for c in children:
+            rc = c.proc.poll()
+            state = ("running" if rc is None else f"exit status {rc}" if rc >= 0
+                     else f"killed by {signal.Signals(-rc).name}")
+            lines.append(f"[{c.index}] --- process {c.index} ({state}) ---")
+            lines.extend(c.last_lines())
+        print("\n".join(lines), file=sys.stderr, flush=True)
+    else:
+        for c in children:
+            for r in c.readers:
+                r.join(timeout=5)
     return status
 
 

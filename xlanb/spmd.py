@@ -216,12 +216,27 @@ def peek_shards(t: XlaTensor) -> list[Shard]:
 
 class ShardMismatch(NamedTuple):
     """Copies of one block of a tensor that disagree: the block, every device holding a
-    copy, the devices whose copy differs from most of the others, and the largest
-    difference between copies."""
+    copy, the devices whose copy differs from most of the others (on a tie, from the
+    copy on the lowest device), and the largest difference between copies.
+    ``odd_processes``: the processes holding the odd copies."""
     index: tuple
     devices: tuple
     odd: tuple
     max_abs_diff: float
+
+    @property
+    def odd_processes(self) -> tuple:
+        return _processes_of(self.odd)
+
+    @property
+    def processes(self) -> tuple:
+        return _processes_of(self.devices)
+
+
+def _processes_of(devices) -> tuple:
+    from .runtime.devices import global_devices
+    every = global_devices()
+    return tuple(sorted({every[int(d.split(":")[1])].process_index for d in devices}))
 
 
 def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -236,11 +251,16 @@ def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def replica_mismatches(t: torch.Tensor, atol: float = 0.0) -> list[ShardMismatch]:
     """Blocks of ``t`` whose copies on different devices differ by more than ``atol``
-    (a value that differs on one shard: a non-deterministic op, a bad collective). Empty
-    when every replica agrees. Looks only at this process's shards; changes nothing."""
+    (a value that differs on one shard: a non-deterministic op, a bad collective; with
+    several processes, a parameter initialized from another seed on one host). Empty
+    when every replica agrees. A tensor spread over several processes is compared over
+    all of them (a collective: every process must call it); changes nothing."""
     __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     groups: dict = {}
-    for sh in peek_shards(t):
+    with torch._C._DisableTorchDispatch():
+        arr = peek_node(value_node(t))
+    copies = shards(arr) if getattr(arr, "is_fully_addressable", True) else _every_shard(arr)
+    for sh in copies:
         key = tuple((s.start, s.stop, s.step) for s in sh.index)
         groups.setdefault(key, []).append(sh)
     out = []
@@ -252,10 +272,32 @@ def replica_mismatches(t: torch.Tensor, atol: float = 0.0) -> list[ShardMismatch
         if worst <= atol:
             continue
         agree = [sum(x <= atol for x in row) for row in d]  # copies each one agrees with
-        top = max(agree)
-        odd = tuple(c.device for c, n in zip(copies, agree) if n < top)
+        ref = agree.index(max(agree))  # the majority; on a tie, the lowest device's copy
+        odd = tuple(c.device for c, x in zip(copies, d[ref]) if x > atol)
         out.append(ShardMismatch(copies[0].index, tuple(c.device for c in copies), odd, worst))
     return out
+
+
+def _every_shard(arr) -> list[Shard]:
+    """Every device's shard of a global array, in every process: each process's own,
+    stacked in device order, gathered from all of them (``process_allgather``)."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+    from .base.dtypes import numpy_to_tensor
+    if session.agree is not None:  # a collective: checked as a host read that gathers
+        session.agree(arr)
+    mine = sorted(arr.addressable_shards, key=lambda s: global_index(s.device))
+    local = np.stack([np.asarray(s.data) for s in mine])
+    gathered = multihost_utils.process_allgather(local)  # (processes, local devices, ...)
+    index = arr.sharding.devices_indices_map(tuple(arr.shape))
+    out = []
+    for p in range(gathered.shape[0]):
+        devs = sorted((d for d in arr.sharding.device_set if d.process_index == p),
+                      key=global_index)
+        for k, dev in enumerate(devs):
+            out.append(Shard(f"xla:{global_index(dev)}", tuple(index[dev]),
+                             numpy_to_tensor(np.ascontiguousarray(gathered[p, k]))))
+    return sorted(out, key=lambda s: int(s.device.split(":")[1]))
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,0 +1,98 @@
+"""Two processes of one SPMD program that stop agreeing (tests/test_divergence.py):
+``python -m xlanb.launch --nproc 2 --devices-per-proc 2 divergence_cases.py MODE:CASE,...``.
+
+Each case prints ``CASE <process> <name> <json>``: its value, or the DivergenceError it
+raised. The cases run in order in the same two processes (a DivergenceError is raised
+before anything runs, so both go on); "stop" comes last: process 1 stops arriving and
+both processes end. Lines the test looks for are marked ``# LINE:<name>``."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+
+import xlanb
+import xlanb.spmd as xs
+
+xlanb.distributed.initialize()
+cases = sys.argv[1].split(",")
+rank = xlanb.distributed.process_index()
+mesh = xs.Mesh(range(4), (4,), ("data",))
+g = torch.Generator().manual_seed(0)
+x_cpu, w_cpu = torch.randn(8, 4, generator=g), torch.randn(4, 3, generator=g)
+x = x_cpu.to("xla")
+xs.mark_sharding(x, mesh, ("data", None))
+w = w_cpu.to("xla")
+
+
+def fence():
+    """A run both processes make at the end of each case: where process 0 meets an
+    extra eager op of process 1."""
+    return (x * 0).sum().item()
+
+
+def correct():
+    y = (x @ w).sum()
+    xlanb.sync()
+    return [y.item(), fence()]
+
+
+def extra_op():
+    y = (x @ w).sum()
+    if rank == 1:
+        y = y * 2  # LINE:extra_op
+    xlanb.sync()
+    return [y.item(), fence()]
+
+
+def extra_collective():
+    y = (x @ w).sum()
+    if rank == 1:
+        y = y + (x * 3).sum()  # LINE:extra_collective
+    xlanb.sync()
+    return [y.item(), fence()]
+
+
+def replicas():
+    torch.manual_seed(100 + rank)  # a parameter initialized from another seed per host
+    p = torch.randn(4, 4).to("xla")
+    xs.mark_sharding(p, mesh, (None, None))
+    return [[str(m.index), list(m.devices), list(m.odd), list(m.odd_processes)]
+            for m in xs.replica_mismatches(p)]
+
+
+def recorder():
+    if rank == 0:  # the flight recorder on SIGUSR1 (stderr)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.2)
+    return [str(r) for r in xlanb.distributed.recent()]
+
+
+def stop():
+    y = (x @ w).sum()
+    if rank == 1:
+        time.sleep(120)  # LINE:stop
+    xlanb.sync()
+    return [y.item(), fence()]
+
+
+def say(case, out):
+    sys.stdout.write(f"CASE {rank} {case} {json.dumps(out)}\n")  # one write: one line
+    sys.stdout.flush()
+
+
+for case in cases:  # MODE:NAME
+    mode, _, name = case.rpartition(":")
+    xlanb.set_mode(mode or "lazy")
+    try:
+        out = {"value": globals()[name]()}
+    except xlanb.distributed.DivergenceError as e:
+        out = {"error": str(e), "type": type(e).__name__, "processes": list(e.processes)}
+        if name == "stop":
+            say(case, out)
+            raise
+    say(case, out)
