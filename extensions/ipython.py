@@ -920,6 +920,21 @@ def _show_deliberate(shell, etype, value, tb, tb_offset=None):
         sys.last_exc = value
 
 
+def _cell_warnings(show):
+    """``warnings.showwarning`` naming a cell ``In[N]`` in the header, as tracebacks do,
+    never the kernel's temp file for it: every warning (xlanb's, torch's, the user's)."""
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        name = xlanb.file_label(filename)
+        if name != filename:
+            if line is None:  # the cell's code, which IPython keeps under the real name
+                import linecache
+                line = linecache.getline(filename, lineno)
+            filename = name
+        return show(message, category, filename, lineno, file, line)
+    showwarning.xlanb_wraps = show
+    return showwarning
+
+
 # ``%debug`` (and ``%pdb``) and ``breakpoint()`` open the shell's own debugger with the x*
 # commands; what was there before, per shell, to put back on unload.
 _debuggers: dict[int, type] = {}
@@ -952,6 +967,8 @@ def _breakpointhook(*args, **kwargs):
 
 
 def _install_debugger(ipython) -> None:
+    if not hasattr(warnings.showwarning, "xlanb_wraps"):
+        warnings.showwarning = _cell_warnings(warnings.showwarning)
     if not getattr(ipython, "custom_exceptions", ()):  # a handler of the user's stays
         ipython.set_custom_exc(_deliberate_errors(), _show_deliberate)
     tb = getattr(ipython, "InteractiveTB", None)
@@ -972,6 +989,8 @@ def _install_debugger(ipython) -> None:
 
 
 def _uninstall_debugger(ipython) -> None:
+    if hasattr(warnings.showwarning, "xlanb_wraps") and len(_loaded) == 0:
+        warnings.showwarning = warnings.showwarning.xlanb_wraps
     if getattr(getattr(ipython, "CustomTB", None), "__func__", None) is not None and \
             ipython.custom_exceptions == _deliberate_errors():
         ipython.set_custom_exc((), None)

@@ -75,13 +75,16 @@ def shell(monkeypatch):
 
 def test_load_ext_gives_breakpoint_and_debug_the_x_commands(shell):
     hook, debugger = sys.breakpointhook, shell.InteractiveTB.debugger_cls
+    show = warnings.showwarning
     shell.run_line_magic("load_ext", "xlanb")
+    assert warnings.showwarning is not show  # names cells In[N] in warning headers
     from xlanb.extensions.pdb import XlaPdb
     assert sys.breakpointhook is not hook
     assert issubclass(shell.InteractiveTB.debugger_cls, (XlaPdb, debugger))
     assert hasattr(shell.InteractiveTB.debugger_cls, "do_xsync")
     shell.run_line_magic("unload_ext", "xlanb")
     assert sys.breakpointhook is hook and shell.InteractiveTB.debugger_cls is debugger
+    assert warnings.showwarning is show
 
 
 def test_pythonbreakpoint_set_by_the_user_wins(shell, monkeypatch):

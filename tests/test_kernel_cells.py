@@ -102,6 +102,10 @@ def test_recompile_warning_and_collectives_name_the_cell(kc):
                              "    xlanb.sync()\n")
     assert status == "ok"
     assert f"In[{n}]:5: RecompileWarning" in out, out  # the header, as the body says
+    # any warning with a cell's line: torch's, the user's, xlanb's by stacklevel
+    n, status, out = run(kc, "warnings.warn('from the cell')")
+    assert f"In[{n}]:1: UserWarning: from the cell" in out, out
+    assert "warnings.warn('from the cell')" in out, out  # with its code, as for a file
     n, status, out = run(kc, "import xlanb.spmd as xs\n"
                              "mesh = xs.Mesh(range(2), (2,), ('data',))\n"
                              "a = torch.randn(8, 4).to('xla')\n"

@@ -33,7 +33,7 @@ from torch.utils import _pytree as pytree
 
 from ..base import metrics, rng
 from ..base.config import config
-from ..base.frames import user_frame
+from ..base.frames import format_loc, user_frame
 from ..base.session import session
 from ..execute.graphs import find_graph, run_graph
 from ..execute.nans import check_run
@@ -75,7 +75,7 @@ class _Recorder:
         # The read goes ahead (the call goes on as lazy tracing); only the first is named.
         if self.broken is None:
             src = user_frame()
-            where = f" at {src.file}:{src.line}" if src else ""
+            where = f" at {format_loc(src)}" if src else ""  # In[5]:3 in a notebook
             self.broken = f"reads a device value on the host ({cause}){where}"
 
 
@@ -125,7 +125,7 @@ class _Trace:
         for (info, _), node in zip(self.plan.steps, self.plan.op_nodes):
             n = len(info.scalar_specs)
             if k <= i < k + n:
-                where = f"{node.src.file}:{node.src.line}" if node.src else "?"
+                where = format_loc(node.src) or "?"
                 return f"{info.name} at {where}"
             k += n
         return "an op"

@@ -23,7 +23,7 @@ import jax
 import torch
 
 from ..base import metrics
-from ..base.frames import SourceLoc
+from ..base.frames import SourceLoc, source_text
 from ..base.session import session
 from ..base.tables import format_bytes, format_duration, format_table
 from ..graph.collectives import CollectiveList, parse_collectives
@@ -93,7 +93,7 @@ class PaddingList(list):
     def rows(self) -> list[tuple]:
         return [(r.kind, r.name + (f" [{r.scope}]" if r.scope else ""), r.type, r.layout,
                  format_bytes(r.logical_bytes), format_bytes(r.padded_bytes),
-                 _pct(r.padding_bytes, r.logical_bytes), r.source.rsplit("/", 1)[-1])
+                 _pct(r.padding_bytes, r.logical_bytes), source_text(r.source))
                 for r in self]
 
     def total(self, kind: str) -> tuple[int, int]:
@@ -485,7 +485,7 @@ def check_target_fit(rec, what: str) -> None:
     biggest = sorted((p for p in r.padding if p.kind in ("argument", "output", "temp")),
                      key=lambda p: -p.padded_bytes)[:5]
     contributors = [Contributor(f"{p.kind} on {t.chip}",
-                                f"{p.name} {p.type}" + (f" at {p.source.rsplit('/', 1)[-1]}"
+                                f"{p.name} {p.type}" + (f" at {source_text(p.source)}"
                                                        if p.source else "")
                                 + (f" [{p.scope}]" if p.scope else ""), p.padded_bytes)
                     for p in biggest]
