@@ -4,11 +4,18 @@ AdamW, lazy mode) on 8 simulated CPU devices: one device, data-parallel over 8, 
 xlanb.spmd and, side by side, torch_xla's SPMD on the same 8 CPU devices.
 
     python benchmarks/bench_spmd.py [--steps N] [--torch-xla /path/to/venv/bin/python]
+    python benchmarks/bench_spmd.py --dist [--runs N]   # the multi-process check's cost
 
 Each (backend, layout) runs in a fresh process with
 XLA_FLAGS=--xla_force_host_platform_device_count=8 (all layouts, so every run sees the
 same 8 devices). Simulated devices share the host's cores: the numbers say what the
 partitioned program costs on this machine, not what a pod would gain.
+
+``--dist``: 2 processes x 2 devices (``python -m xlanb.launch``) run small sharded work
+in lazy mode (a graph per sync) and eager mode (an op per run), with the agreement
+check of ``xlanb.distributed`` on and off (``config.dist_check``, the same switch as
+``XLANB_DIST_CHECK``), alternating blocks so both see the same machine; the difference
+per run is what the check costs (one exchange through the key-value store).
 """
 from __future__ import annotations
 
@@ -98,12 +105,82 @@ def worker(backend: str, layout: str, steps: int) -> dict:
     return res
 
 
+def dist_worker(runs: int) -> dict:
+    """One of the 2 processes of ``--dist``: seconds per multi-process run, check on/off."""
+    import torch
+    import xlanb
+    import xlanb.spmd as xs
+    from xlanb.base.config import config
+    xlanb.distributed.initialize()
+    mesh = xs.Mesh(range(xlanb.distributed.global_device_count()), (4,), ("data",))
+    x = torch.randn(64, 64).to("xla")
+    xs.mark_sharding(x, mesh, ("data", None))
+
+    def lazy_run():
+        y = (x * 1.5 + 1.0).sum(0)  # one small graph with an all-reduce
+        xlanb.sync()
+        return y
+
+    def eager_run():
+        return x * 1.5  # one op over every process's devices, no collective
+
+    out = {}
+    for mode, fn in (("lazy", lazy_run), ("eager", eager_run)):
+        xlanb.set_mode(mode)
+        for _ in range(20):  # compiled, warm
+            fn()
+        per = {True: [], False: []}
+        block = max(1, runs // 10)
+        for i in range(20):
+            on = i % 2 == 0
+            config.dist_check = on
+            t0 = time.perf_counter()
+            for _ in range(block):
+                fn()
+            per[on].append((time.perf_counter() - t0) / block)
+        config.dist_check = True
+        on, off = statistics.median(per[True]), statistics.median(per[False])
+        out[mode] = {"check_on_us": round(on * 1e6, 1), "check_off_us": round(off * 1e6, 1),
+                     "cost_per_run_us": round((on - off) * 1e6, 1)}
+    return out
+
+
+def dist(runs: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("XLA_FLAGS", None)
+    env.pop("XLANB_MODE", None)
+    proc = subprocess.run([sys.executable, "-m", "xlanb.launch", "--nproc", "2", "--devices-per-proc",
+                           "2", __file__, "--runs", str(runs), "--dist-worker"],
+                          capture_output=True, text=True, env=env, timeout=1800)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("BENCH-DIST ")), None)
+    res = json.loads(line.split(" ", 1)[1]) if line else {"error": proc.stderr.strip().splitlines()[-5:]}
+    try:
+        res["cpu"] = next(x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo")
+                          if x.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    res["cores"] = os.cpu_count()
+    print(json.dumps(res))
+    return res
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--dist", action="store_true", help="the multi-process check's cost per run")
+    ap.add_argument("--runs", type=int, default=400, help="--dist: runs per mode and setting")
+    ap.add_argument("--dist-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--torch-xla", default=None, help="a Python with torch_xla installed")
     ap.add_argument("--worker", nargs=2, metavar=("BACKEND", "LAYOUT"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.dist_worker:
+        res = dist_worker(a.runs)
+        import xlanb
+        if xlanb.distributed.is_main():
+            print("BENCH-DIST " + json.dumps(res), flush=True)
+        return {}
+    if a.dist:
+        return dist(a.runs)
     if a.worker:
         print("BENCH " + json.dumps(worker(*a.worker, a.steps)))
         return {}

@@ -301,7 +301,6 @@ class _Agreement:
         self.recent: deque = deque(maxlen=config.dist_recent)
         self.last: dict = {}  # peer -> its payload of the last run that agreed
         self.lock = threading.RLock()
-        self.summaries: dict = {}  # seq -> this process's summary (kept until agreed)
         self.stopping = False
         self.broken = False
         self.main_ident = threading.main_thread().ident
