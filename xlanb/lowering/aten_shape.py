@@ -301,3 +301,8 @@ for _n in (1, 2, 3):
     for _kind, _mode in (("reflection", "reflect"), ("replication", "edge")):
         register(getattr(aten, f"{_kind}_pad{_n}d").default)(_mode_pad(_mode))
         register(getattr(aten, f"{_kind}_pad{_n}d_backward").default)(_mode_pad_backward(_mode))
+
+
+@register(aten.numpy_T.default)
+def numpy_T(x):  # noqa: N802  (torch's name)
+    return jnp.transpose(x)

@@ -13,7 +13,7 @@ import jax.scipy.special as jss
 from jax import lax
 
 from xlanb.lowering import _cephes as C
-from xlanb.lowering._util import aten, to_float
+from xlanb.lowering._util import aten, default_float, to_float
 from xlanb.lowering.registry import register
 
 
@@ -439,3 +439,14 @@ def legendre_p(x, n):
     even = (n % 2) == 0
     out = jnp.where(jnp.abs(x) == 1.0, jnp.where((x > 0) | even, 1.0, -1.0), out)
     return jnp.where(n < 0, 0.0, out)
+
+
+@register(aten.special_xlog1py)
+def xlog1py(x, y):
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    dt = jnp.result_type(x, y)
+    if not jnp.issubdtype(dt, jnp.inexact):
+        dt = default_float()
+    x, y = x.astype(dt), y.astype(dt)
+    out = x * jnp.log1p(y)
+    return jnp.where(jnp.isnan(y), jnp.nan, jnp.where(x == 0, 0.0, out))
