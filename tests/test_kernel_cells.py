@@ -128,7 +128,8 @@ def test_deliberate_error_shows_at_most_one_xlanb_frame(kc):
     # %debug starts at that line, with the x* commands; `down` still reaches xlanb
     _, status, out = run(kc, "%debug", stdin=("xla", "down", "q"))
     assert status == "ok" and f"> In[{n}](4)" in out and "pending" in out, out
-    assert "realize.py" in out.split("pending", 1)[1], out
+    after = out.split("pending", 1)[1]  # IPython 9's `down` skips xlanb's modules unless asked
+    assert "realize.py" in after or "unignore_module" in after, out
 
 
 def test_breakpoint_has_the_x_commands_after_load_ext(kc):
