@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "divergence_cases.py")
 MODES = ("lazy", "eager", "opbyop")
 CASES = [f"{m}:{c}" for m in MODES for c in ("correct", "extra_op", "extra_collective")] + \
-    ["lazy:replicas", "lazy:recorder", "eager:stop"]
+    ["lazy:replicas", "lazy:recorder", "lazy:slow_compile", "eager:stop"]
 
 
 def _env(**extra) -> dict:
@@ -119,6 +119,15 @@ def test_a_process_that_stops_arriving_is_named_and_everyone_exits(run):
     assert "xlanb: process 1 stops: another process waited for it in vain." in err
     assert re.search(r"^\[1\] .*process 1 is now at divergence_cases\.py", err, re.M)
     assert re.search(r"^\[0\] .*MissingProcessError", err, re.M)
+
+
+def test_a_slow_compile_is_waited_for(run):
+    """Process 1 compiles longer than XLANB_DIST_TIMEOUT: process 0 asks where it is,
+    finds it compiling and waits again; both get the answer."""
+    got = _case(run, "lazy:slow_compile")
+    assert "error" not in got[0] and got[0] == got[1]
+    assert re.search(r"still waiting for process 1 \(divergence_cases\.py:\d+ slow\), which is "
+                     r"compiling; waiting another 3 s", run["stderr"]), run["stderr"][-3000:]
 
 
 def test_flight_recorder(run):

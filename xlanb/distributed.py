@@ -234,6 +234,7 @@ def _colls_text(colls) -> str:
     return ", ".join(f"{n} {k}" for k, n in counts.items()) + f", {total} B #{key}"
 
 
+_XLANB_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _LIBS = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, np))
 
 
@@ -254,8 +255,8 @@ def _where_now(frame) -> dict:
         return {"at": "?", "inner": "", "compiling": False, "stack": []}
     stack = traceback.extract_stack(frame)
     user = next((fs for fs in reversed(stack) if _is_user(fs)), None)
-    compiling = any(fs.filename.endswith(os.path.join("runtime", "jit.py")) and "compile" in fs.name
-                    for fs in stack)
+    # inside one of xlanb's compiles (compile_lowered, _compile_graph, compile_op...)
+    compiling = any(fs.filename.startswith(_XLANB_DIR) and "compile" in fs.name for fs in stack)
     return {"at": _short(user) if user else "?", "inner": _short(stack[-1]) if stack else "",
             "compiling": compiling, "stack": [_short(fs) for fs in stack[-8:]]}
 

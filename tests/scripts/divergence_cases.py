@@ -72,6 +72,24 @@ def recorder():
     return [str(r) for r in xlanb.distributed.recent()]
 
 
+def slow_compile():
+    """Process 1 compiles for longer than XLANB_DIST_TIMEOUT: it is waited for."""
+    import xlanb.execute.graphs as graphs
+    real = graphs.compile_lowered
+
+    def slow(*args, **kwargs):
+        time.sleep(5 if rank == 1 else 0)  # LINE:slow_compile
+        return real(*args, **kwargs)
+
+    graphs.compile_lowered = slow
+    try:
+        y = (x @ w).sum() * 3
+        xlanb.sync()
+    finally:
+        graphs.compile_lowered = real
+    return [y.item()]
+
+
 def stop():
     y = (x @ w).sum()
     if rank == 1:
