@@ -155,23 +155,20 @@ def _functional(plan: OpPlan, info: OpInfo, tensors: list, scalars: list):
 
 
 def _dispatch_general(plan: OpPlan, func, args, kwargs):
+    """Every call the fast path does not take: special ops, host operands, ``out=``,
+    views, in-place and mutating ops, and signatures seen for the first time. As JAX's
+    ``apply_primitive``: find (or make) the op's ``OpInfo``, record or run it, then write
+    its results back as the op's kind says (``_WRITE_BACK``)."""
     if plan.special is not None:
         res = plan.special(func, args, kwargs)
         if res is not NotImplemented:
             return res
-    if plan.name in _HOST_INDICES_OK and not session.direct and len(args) > 1 \
-            and isinstance(args[1], (list, tuple)):
-        _check_known_indices(args[0], args[1], plan.name)
-    if not session.direct and _has_host_tensor(args, kwargs):
-        args, kwargs = _host_operands(plan, args, kwargs)
-    if plan.name in _HOST_INDICES_OK and len(args) > 1:
-        args = _byte_masks(args)
+    args, kwargs = _device_operands(plan, args, kwargs)
     if plan.lowering is None and plan.decomp is None:
         if session.direct or plan.kind == "view":
             # A view computed on the host would stop aliasing its base: never fall back.
             raise NotImplementedError(f"xlanb: no lowering for {plan.name}")
         return cpu_fallback(func, args, kwargs)
-    lift = plan.lift
     kind = plan.kind
     outs = ()
     out_args = None
@@ -182,6 +179,7 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
         kwargs = {k: v for k, v in kwargs.items() if k not in plan.mutated}
     tensors: list = []
     scalars: list = []
+    lift = plan.lift
     sig_args = tuple([sig_of(a, tensors, scalars, lift) for a in args])
     sig_kwargs = tuple([(k, sig_of(v, tensors, scalars, lift)) for k, v in kwargs.items()])
     sig = (plan, sig_args, sig_kwargs, tuple([o._key for o in outs])) if outs else (plan, sig_args, sig_kwargs)
@@ -189,28 +187,9 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
     device = tensors[0]._storage.device if tensors else (
         outs[0]._storage.device if outs else _factory_device(kwargs))
     if info is None:
-        if any(t._storage.device != device for t in tensors):
-            raise RuntimeError(f"xlanb: {plan.name} got tensors on different devices: "
-                               + ", ".join(str(t.device) for t in tensors))
-        try:
-            readable = (func, readable_sig(args, lift),
-                        tuple((k, readable_sig(v, lift)) for k, v in kwargs.items()),
-                        readable_sig(outs, lift))
-            info = new_info(plan, func, readable, args, kwargs, tensors, scalars, device, out_args)
-        except NotImplementedError:
-            if session.direct or plan.kind == "view":
-                raise
-            return cpu_fallback(func, args, kwargs)
-        except (RuntimeError, IndexError, ValueError, TypeError) as e:
-            if session.direct or plan.kind == "view":
-                raise
-            return _meta_refused(func, args, {**kwargs, **(out_args or {})}, e)
-        if plan.name in _NO_IDENTITY and any(not t.numel() for t in tensors):
-            _cpu_refuses_empty(plan, func, args, {**kwargs, **(out_args or {})})
-        if outs and _out_casts(outs, info):
-            # an out= of another dtype than the result: CPU torch's casting rules decide
-            # (its meta kernels accept casts its CPU kernels refuse: neg(int, out=float))
-            _cpu_accepts(func, args, {**kwargs, **out_args})
+        info = _info_for(plan, func, args, kwargs, tensors, scalars, device, outs, out_args)
+        if not isinstance(info, OpInfo):  # CPU torch answered instead (fallback, its error)
+            return info.value
         _infos[sig] = info
         if plan.fast is not None:
             plan.fast[sig_args if not kwargs else (_KW, sig_args, sig_kwargs)] = info
@@ -227,24 +206,89 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
     if kind == "view":
         return _view_result(func, info, tensors[0])
     node = run_node(info, tuple([value_node(t) for t in tensors]), tuple(scalars))
-    if kind == "out":
-        results = [node] if not info.multi else [output_node(node, info, i) for i in range(len(info.out))]
-        for o, n, m in zip(outs, results, _out_metas(info)):
-            if tuple(o.shape) != m.shape:
-                resize_out(o, cast_node(n, m, o.dtype, device), m)
-                continue
-            write(o, cast_node(n, m, o.dtype, device))
-        if not func._schema.returns:
-            return None
-        return outs[0] if len(outs) == 1 else tuple(outs)
-    if kind == "functional":
-        return wrap_results(node, info, device)
-    if kind == "inplace":
-        self_t = args[0]
-        write(self_t, cast_node(node, info.out, self_t.dtype, device))
-        return self_t
-    # mutating: the functional op returns the op's results, then the mutated args' new
-    # values (a list argument, as in _foreach_add_, takes one value per element)
+    return _WRITE_BACK[kind](func, plan, info, node, args, kwargs, outs, device)
+
+
+def _device_operands(plan: OpPlan, args, kwargs):
+    """The call's arguments with host tensors moved to the device (as torch does for a
+    CPU scalar tensor), host index lists checked against the shape they index, and byte
+    masks made bool."""
+    if plan.name in _HOST_INDICES_OK and not session.direct and len(args) > 1 \
+            and isinstance(args[1], (list, tuple)):
+        _check_known_indices(args[0], args[1], plan.name)
+    if not session.direct and _has_host_tensor(args, kwargs):
+        args, kwargs = _host_operands(plan, args, kwargs)
+    if plan.name in _HOST_INDICES_OK and len(args) > 1:
+        args = _byte_masks(args)
+    return args, kwargs
+
+
+class _Answered:
+    """What CPU torch made of a call xlanb could not describe (``_info_for``)."""
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _info_for(plan: OpPlan, func, args, kwargs, tensors, scalars, device, outs, out_args):
+    """The OpInfo of a signature seen for the first time, from torch's meta kernel; or
+    ``_Answered`` where CPU torch decides instead: an op with no meta kernel falls back,
+    and a call the meta kernel refuses gets CPU torch's own answer."""
+    if any(t._storage.device != device for t in tensors):
+        raise RuntimeError(f"xlanb: {plan.name} got tensors on different devices: "
+                           + ", ".join(str(t.device) for t in tensors))
+    lift = plan.lift
+    try:
+        readable = (func, readable_sig(args, lift),
+                    tuple((k, readable_sig(v, lift)) for k, v in kwargs.items()),
+                    readable_sig(outs, lift))
+        info = new_info(plan, func, readable, args, kwargs, tensors, scalars, device, out_args)
+    except NotImplementedError:
+        if session.direct or plan.kind == "view":
+            raise
+        return _Answered(cpu_fallback(func, args, kwargs))
+    except (RuntimeError, IndexError, ValueError, TypeError) as e:
+        if session.direct or plan.kind == "view":
+            raise
+        return _Answered(_meta_refused(func, args, {**kwargs, **(out_args or {})}, e))
+    if plan.name in _NO_IDENTITY and any(not t.numel() for t in tensors):
+        _cpu_refuses_empty(plan, func, args, {**kwargs, **(out_args or {})})
+    if outs and _out_casts(outs, info):
+        # an out= of another dtype than the result: CPU torch's casting rules decide
+        # (its meta kernels accept casts its CPU kernels refuse: neg(int, out=float))
+        _cpu_accepts(func, args, {**kwargs, **out_args})
+    return info
+
+
+# -- write-backs: what a recorded or run node becomes, by the op's kind
+
+def _write_functional(func, plan, info, node, args, kwargs, outs, device):
+    return wrap_results(node, info, device)
+
+
+def _write_out(func, plan, info, node, args, kwargs, outs, device):
+    """``out=``: each result cast into its out tensor (resized when its shape differs)."""
+    results = [node] if not info.multi else [output_node(node, info, i) for i in range(len(info.out))]
+    for o, n, m in zip(outs, results, _out_metas(info)):
+        if tuple(o.shape) != m.shape:
+            resize_out(o, cast_node(n, m, o.dtype, device), m)
+            continue
+        write(o, cast_node(n, m, o.dtype, device))
+    if not func._schema.returns:
+        return None
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _write_inplace(func, plan, info, node, args, kwargs, outs, device):
+    self_t = args[0]
+    write(self_t, cast_node(node, info.out, self_t.dtype, device))
+    return self_t
+
+
+def _write_mutating(func, plan, info, node, args, kwargs, outs, device):
+    """The functional op returns the op's results, then the mutated arguments' new values
+    (a list argument, as in ``_foreach_add_``, takes one value per element)."""
     schema = func._schema
     n_ret = len(schema.returns)
     outs = wrap_results(node, info, device)
@@ -261,6 +305,10 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
         return None
     res = outs[:n_ret]
     return res[0] if n_ret == 1 else res
+
+
+_WRITE_BACK = {"functional": _write_functional, "out": _write_out,
+               "inplace": _write_inplace, "mutating": _write_mutating}
 
 
 def _out_metas(info: OpInfo) -> list:
