@@ -492,8 +492,10 @@ class _Agreement:
         s = "es" if len(odd) > 1 else ""
         who = ", ".join(map(str, odd))
         others = [j for j in ref_group if j != ref]
+        ended = all(got[j][1] == "exit" for j in odd)
         lines = [f"the processes disagree about multi-process run #{seq}: process{s} {who} "
-                 f"would run something else than process {ref}"
+                 + (f"ended {'their' if s else 'its'} program where process {ref} goes on"
+                    if ended else f"would run something else than process {ref}")
                  + (f" (and {', '.join(map(str, others))}, which agree with it)" if others else "")
                  + ":"]
         for j in [ref] + odd:
