@@ -912,7 +912,21 @@ def _user_traceback(tb):
 def _show_deliberate(shell, etype, value, tb, tb_offset=None):
     """IPython's custom exception handler: the usual traceback (and ``%pdb``), less
     xlanb's frames; ``%debug`` can still walk every frame."""
-    shell.showtraceback((etype, value, _user_traceback(tb)), tb_offset=tb_offset)
+    # XLA's own error under a DeviceMemoryError (raised ... from it) happened wholly
+    # inside JAX: its first line is in the message, its traceback is noise
+    cause, inner = value.__cause__, []
+    t = getattr(value.__cause__, "__traceback__", None)
+    while t is not None:
+        inner.append(_internal(t.tb_frame))
+        t = t.tb_next
+    hide = cause is not None and all(inner)
+    if hide:
+        value.__cause__ = None
+    try:
+        shell.showtraceback((etype, value, _user_traceback(tb)), tb_offset=tb_offset)
+    finally:
+        if hide:
+            value.__cause__ = cause
     sys.last_traceback = tb
     if getattr(shell.InteractiveTB, "tb", None) is not None:  # what %debug walks
         shell.InteractiveTB.tb = tb

@@ -130,6 +130,13 @@ def test_deliberate_error_shows_at_most_one_xlanb_frame(kc):
     assert status == "ok" and f"> In[{n}](4)" in out and "pending" in out, out
     after = out.split("pending", 1)[1]  # IPython 9's `down` skips xlanb's modules unless asked
     assert "realize.py" in after or "unignore_module" in after, out
+    # XLA's own out-of-memory error: the message says it; JAX's frames under it are noise
+    n, status, out = run(kc, "huge = torch.zeros(1 << 38, device='xla')  # 1 TiB\n"
+                             "xlanb.sync()")
+    assert status == "error" and "ran out of device memory" in out, out
+    frames = re.findall(r"^File (\S+):\d+", out, re.M)
+    assert len([f for f in frames if "xlanb" in f or "jax" in f]) <= 1, out
+    run(kc, "del huge")
 
 
 def test_breakpoint_has_the_x_commands_after_load_ext(kc):
