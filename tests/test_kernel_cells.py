@@ -137,6 +137,20 @@ def test_deliberate_error_shows_at_most_one_xlanb_frame(kc):
     frames = re.findall(r"^File (\S+):\d+", out, re.M)
     assert len([f for f in frames if "xlanb" in f or "jax" in f]) <= 1, out
     run(kc, "del huge")
+    # the others xlanb raises on purpose: a NaN's first op, a bad sharding (the sharded
+    # work still pending from above is synced first: the NaN replay of a graph with
+    # sharded inputs is another matter)
+    run(kc, "xlanb.sync()")
+    for code, name in (("with xlanb.debug_nans():\n"
+                        "    bad = torch.log(torch.zeros(4, device='xla') - 1)\n"
+                        "    xlanb.sync()", "NonFiniteError"),
+                       ("xs.mark_sharding(torch.ones(4, 4).to('xla'), mesh, ('nope', None))",
+                        "ShardingError")):
+        n, status, out = run(kc, code)
+        assert status == "error" and name in out, out
+        frames = re.findall(r"^File (\S+):\d+", out, re.M)
+        assert not [f for f in frames if "xlanb" in f], out
+    run(kc, "del bad")
 
 
 def test_breakpoint_has_the_x_commands_after_load_ext(kc):
