@@ -35,14 +35,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 GROUPS = ("ops", "bert", "inspect", "coldwarm", "depth")
 DEPTHS = (2, 8, 24)  # BERT layers of the depth-scaling scenario
+# the depth scenario's runs: xlanb's lazy mode (its graph unrolled, the default), lazy with
+# its repeated layers compiled once as loops (XLANB_SCAN_LAYERS=1, graph/repeats.py), eager
+DEPTH_MODES = ("lazy", "lazy_scan", "eager")
 
 
 def run_backend(python: str, backend: str, steps: int, modes: str, only: str = "ops,bert",
-                cache_dir: str | None = None, layers: int = 2) -> dict:
+                cache_dir: str | None = None, layers: int = 2, env_extra: dict | None = None) -> dict:
     """Run ``scenarios.py`` once in a fresh process; ``cache_dir`` (default: a new empty
     one) is both xlanb's XLANB_CACHE_DIR and torch_xla's persistent cache."""
     cache_dir = cache_dir or tempfile.mkdtemp(prefix="xlanb-bench-")
-    env = dict(os.environ, PJRT_DEVICE="CPU", XLANB_CACHE_DIR=cache_dir)
+    env = dict(os.environ, PJRT_DEVICE="CPU", XLANB_CACHE_DIR=cache_dir, **(env_extra or {}))
     cmd = [python, os.path.join(HERE, "scenarios.py"), backend, "--steps", str(steps),
            "--modes", modes, "--only", only, "--layers", str(layers)]
     if backend == "torch_xla" and only == "first_step":
@@ -75,9 +78,13 @@ def measure(python: str, backend: str, steps: int, modes: list[str], groups: lis
         # empty cache each: the first step's compiles and the steady step
         res["depth"] = {}
         for layers in DEPTHS:
-            for mode in ("lazy", "eager"):
-                r = run_backend(python, backend, 3, mode, "depth", layers=layers)
-                res["depth"].setdefault(str(layers), {}).update(r["depth"])
+            for mode in DEPTH_MODES:
+                if mode == "lazy_scan" and backend != "xlanb":
+                    continue
+                scan = mode == "lazy_scan"
+                r = run_backend(python, backend, 4, "lazy" if scan else mode, "depth",
+                                layers=layers, env_extra={"XLANB_SCAN_LAYERS": "1" if scan else "0"})
+                res["depth"].setdefault(str(layers), {})[mode] = r["depth"]["lazy" if scan else mode]
     if "coldwarm" in groups:
         res["coldwarm"] = {}
         for mode in ("lazy", "eager"):  # opbyop compiles nothing worth caching
@@ -262,7 +269,7 @@ def table(results: dict) -> tuple[str, list[str]]:
 
     dx, dt = x.get("depth", {}), t.get("depth", {})
     for layers in sorted(dx, key=int):
-        for mode in ("lazy", "eager"):
+        for mode in DEPTH_MODES:
             xm, tm = dx[layers].get(mode), dt.get(layers, {}).get(mode)
             if xm is None:
                 continue
@@ -275,8 +282,11 @@ def table(results: dict) -> tuple[str, list[str]]:
     if dx:
         notes.append("depth: BertForSequenceClassification, hidden 256, 4 heads, intermediate "
                      "1024, sequence 128, batch 8, AdamW, at each depth; one fresh process per "
-                     "depth and mode with an empty persistent cache; 3 steps, steady = median of "
-                     "steps 2 and 3.")
+                     "depth and mode with an empty persistent cache; 4 steps, steady = median of "
+                     "steps 2 to 4. lazy: the graph unrolled (XLANB_SCAN_LAYERS=0, the default); "
+                     "lazy_scan: the repeated encoder layers lowered as one loop each, forward "
+                     "and backward (XLANB_SCAN_LAYERS=1; graph/repeats.py).")
+        notes += depth_notes(dx)
 
     cw_x, cw_t = x.get("coldwarm", {}), t.get("coldwarm", {})
     for mode in ("lazy", "eager"):
@@ -306,6 +316,29 @@ def table(results: dict) -> tuple[str, list[str]]:
                      "first step (model setup excluded); the warm process reuses the cold one's "
                      "persistent cache directory (XLANB_CACHE_DIR; for torch_xla initialize_cache).")
     return "\n".join(lines), notes
+
+
+def depth_notes(dx: dict) -> list[str]:
+    """Issue 36's figures: the first step at the deepest depth over the shallowest, with
+    and without the layers compiled once; the steady step with over without; the losses."""
+    out = []
+    depths = sorted(dx, key=int)
+    lo, hi = depths[0], depths[-1]
+    for mode in ("lazy_scan", "lazy"):
+        a, b = dx[lo].get(mode), dx[hi].get(mode)
+        if a and b:
+            out.append(f"depth, {mode}: first step at {hi} layers ÷ {lo} layers = "
+                       f"{b['first_step_s'] / a['first_step_s']:.2f}× "
+                       f"({b['first_step_s']:.2f} s / {a['first_step_s']:.2f} s)")
+    for layers in depths:
+        s, u = dx[layers].get("lazy_scan"), dx[layers].get("lazy")
+        if s and u:
+            same = s.get("losses") == u.get("losses")
+            out.append(f"depth {layers} layers: steady step with the loop ÷ unrolled = "
+                       f"{s['steady_step_s'] / u['steady_step_s']:.2f}×; losses over "
+                       f"{len(s.get('losses') or ())} steps "
+                       + ("equal" if same else f"{s.get('losses')} vs {u.get('losses')}"))
+    return out
 
 
 def main() -> None:

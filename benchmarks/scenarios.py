@@ -281,11 +281,12 @@ def bert_step(b: Backend, mode: str, steps: int, layers: int = 2) -> dict:
     times = []
     first_profile = None
     executes = []  # xlanb: seconds running executables in each step
+    losses = []
     for _ in range(steps):
         e0 = b.execute_total()
         t0 = time.perf_counter()
         loss = step(ids, labels)
-        loss.item()
+        losses.append(loss.item())
         times.append(time.perf_counter() - t0)
         executes.append(b.execute_total() - e0)
         if first_profile is None:
@@ -299,6 +300,7 @@ def bert_step(b: Backend, mode: str, steps: int, layers: int = 2) -> dict:
     b.set_mode("lazy")
     res = {"first_step_s": times[0], "steady_step_s": later[len(later) // 2] if later else None,
            "compiles": n, "compile_s": secs, "first_step_profile": first_profile,
+           "losses": losses,
            "steady_execute_s": later_exec[len(later_exec) // 2] if b.name == "xlanb" and later_exec else None}
     if mode == "compile":
         res["status"] = step.status()

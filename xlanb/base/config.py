@@ -18,8 +18,9 @@
                      ``xlanb.memory_by_line`` (default 256 KiB; lazy and opbyop: all)
 ``XLANB_TARGET``     a TPU topology (``v5e:2x2``) every graph also compiles for, with
                      libtpu and no TPU (``xlanb.target``); execution stays here
-``XLANB_SCAN_LAYERS``  0: compile repeated layers (a transformer's, a ResNet stage's) once
-                     per copy, unrolled, instead of once as a loop (default 1)
+``XLANB_SCAN_LAYERS``  1: lower a graph's repeated layers (a transformer's, a ResNet
+                     stage's) as one loop each, so XLA compiles one layer's body
+                     (default 0: unrolled; on XLA:CPU the loop did not compile faster)
 ``XLANB_PEEK_CACHE_BYTES``  how many bytes of values peeks keep until the next sync
                      (default 256 MiB); past that the least recently used are recomputed
 ``XLANB_DIST_CHECK``  0: several processes do not check that they agree before each run
@@ -260,7 +261,9 @@ class Config:
         self.mat_mul_precision: str | None = None
         # Repeated layers of a graph lowered as one lax.scan each, so XLA compiles one
         # layer's body (graph/repeats.py, execute/stages.py); read when a graph is lowered.
-        self.scan_layers = env_flag("XLANB_SCAN_LAYERS", True)
+        # Off by default: on XLA:CPU the loop compiled no faster than the unrolled graph
+        # (docs/benchmarks.md, "Repeated layers compiled once").
+        self.scan_layers = env_flag("XLANB_SCAN_LAYERS", False)
         # Several processes (xlanb.distributed): before each run over more than one of
         # them, every process checks that the others run the same thing (one exchange
         # through jax.distributed's key-value store per run).

@@ -175,11 +175,12 @@ def _lower_op(info, args, scalars, place):
 def _run_in_order(vals, n_leaves, steps, places, scalars, offsets, repeats) -> None:
     """The graph's ops in ``repeats.order``: each run of repeated layers as one
     ``lax.scan`` (``graph/repeats.py``); a run whose scan fails to trace is unrolled."""
+    stacked: dict = {}  # value position -> (stacked array, layer): a run's results
     for item in repeats.order:
         if isinstance(item, tuple):
             run = repeats.runs[item[1]]
             try:
-                _scan_run(vals, n_leaves, steps, places, scalars, offsets, run)
+                _scan_run(vals, n_leaves, steps, places, scalars, offsets, run, stacked)
                 continue
             except Exception as e:  # e.g. a carry whose type changes from layer to layer
                 metrics.counter("ScanLayersUnrolled")
@@ -204,7 +205,26 @@ def _stack(values):
     return jax.tree_util.tree_map(lambda *a: jax.numpy.stack(a), *values)
 
 
-def _scan_run(vals, n_leaves, steps, places, scalars, offsets, run) -> None:
+def _stack_at(vals, positions, stacked):
+    """The values at ``positions`` stacked; where they are one earlier run's stacked
+    result, layer by layer (the activations a backward run reads from its forward
+    run), that result itself: slicing it and stacking the slices again would make XLA
+    compile a slice and a concatenation per layer."""
+    first = stacked.get(positions[0])
+    if first is not None and first[1] == 0:
+        arr = first[0]
+        if all(stacked.get(p, (None,))[0] is arr and stacked[p][1] == s
+               for s, p in enumerate(positions)) and _leading(arr) == len(positions):
+            return arr
+    return _stack([vals[p] for p in positions])
+
+
+def _leading(tree) -> int:
+    leaves = jax.tree_util.tree_leaves(tree)
+    return leaves[0].shape[0] if leaves else -1
+
+
+def _scan_run(vals, n_leaves, steps, places, scalars, offsets, run, stacked) -> None:
     """One run of repeated layers as ``lax.scan``: the carry in, the per-layer inputs
     and lifted scalars stacked (in layer order), the body traced once with the first
     layer's ops (their scope and line name the HLO's instructions), and each value used
@@ -213,7 +233,7 @@ def _scan_run(vals, n_leaves, steps, places, scalars, offsets, run) -> None:
     first = -1 if run.reverse else 0  # the layer the chain starts from
     carry_in = [vals[run.ext[first][e]] for e, _ in run.carry]
     invariant = {e: vals[run.ext[0][e]] for e in run.invariant}
-    xs = [_stack([vals[ext[e]] for ext in run.ext]) for e in run.xs]
+    xs = [_stack_at(vals, [ext[e] for ext in run.ext], stacked) for e in run.xs]
     scal = []
     for m, j in enumerate(body_ops):
         n = len(steps[j][0].scalar_specs)
@@ -248,6 +268,7 @@ def _scan_run(vals, n_leaves, steps, places, scalars, offsets, run) -> None:
     for s, ops in enumerate(run.segments):
         for q, m in enumerate(run.exported):
             vals[n_leaves + ops[m]] = jax.tree_util.tree_map(lambda a: a[s], ys[q])
+            stacked[n_leaves + ops[m]] = (ys[q], s)
 
 
 def sharding_of(a):
