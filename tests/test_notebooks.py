@@ -160,6 +160,25 @@ def test_stale_outputs_are_found():
                                                count=2), fresh)[0]
 
 
+def test_notebooks_need_only_what_the_readme_installs():
+    """The standard ``python3`` kernel (no xlanb kernel to install), the extension loaded
+    before any magic, and every package they import in the ``notebook`` extra."""
+    import tomllib
+    extra = tomllib.loads((EXAMPLES.parent / "pyproject.toml").read_text())[
+        "project"]["optional-dependencies"]["notebook"]
+    packages = {re.split(r"[<>=\[]", r)[0] for r in extra}
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        assert nb.metadata.kernelspec.name == "python3", path.name
+        code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+        magic = re.search(r"^%+xla_", code, re.M)
+        if magic:
+            assert 0 <= code.find("%load_ext xlanb") < magic.start(), path.name
+        if re.search(r"^\s*(import|from) transformers", code, re.M) \
+                or "import torch, transformers" in code:
+            assert "transformers" in packages, path.name
+
+
 def test_there_are_example_notebooks():
     names = {p.stem for p in NOTEBOOKS}
     assert len(names) >= 5, names
