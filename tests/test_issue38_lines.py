@@ -69,33 +69,37 @@ def test_warning_header_names_a_cell_as_messages_do():
 def shell(monkeypatch):
     monkeypatch.delenv("PYTHONBREAKPOINT", raising=False)
     ip = InteractiveShell.instance()
+    # other tests in this process may have left it loaded: start from unloaded
+    xlanb.unload_ipython_extension(ip)
     yield ip
-    ip.run_line_magic("unload_ext", "xlanb")
+    xlanb.unload_ipython_extension(ip)
 
 
 def test_load_ext_gives_breakpoint_and_debug_the_x_commands(shell):
     hook, debugger = sys.breakpointhook, shell.InteractiveTB.debugger_cls
     show = warnings.showwarning
-    shell.run_line_magic("load_ext", "xlanb")
+    xlanb.load_ipython_extension(shell)
     assert warnings.showwarning is not show  # names cells In[N] in warning headers
     from xlanb.extensions.pdb import XlaPdb
     assert sys.breakpointhook is not hook
     assert issubclass(shell.InteractiveTB.debugger_cls, (XlaPdb, debugger))
     assert hasattr(shell.InteractiveTB.debugger_cls, "do_xsync")
-    shell.run_line_magic("unload_ext", "xlanb")
+    assert xlanb.DeviceMemoryError in shell.custom_exceptions
+    xlanb.unload_ipython_extension(shell)
     assert sys.breakpointhook is hook and shell.InteractiveTB.debugger_cls is debugger
     assert warnings.showwarning is show
+    assert shell.custom_exceptions == ()
 
 
 def test_pythonbreakpoint_set_by_the_user_wins(shell, monkeypatch):
     monkeypatch.setenv("PYTHONBREAKPOINT", "pdb.set_trace")
     hook = sys.breakpointhook
-    shell.run_line_magic("load_ext", "xlanb")
+    xlanb.load_ipython_extension(shell)
     assert sys.breakpointhook is hook
 
 
 def test_deliberate_error_ends_at_the_users_line(shell):
-    shell.run_line_magic("load_ext", "xlanb")
+    xlanb.load_ipython_extension(shell)
     shell.run_cell("import torch, xlanb\nbig = torch.randn(64, 64, device='xla')",
                    store_history=True)
     with capture_output() as c:
