@@ -26,6 +26,9 @@ def main(argv: list[str]) -> None:
     # Loaded directly rather than through IPython's extension manager (``--ext``), so a
     # notebook's own ``%load_ext xlanb`` (needed on a plain python3 kernel) is silent
     # here instead of printing "already loaded".
-    import xlanb
-    xlanb.load_ipython_extension(app.shell)
+    try:
+        import xlanb
+        xlanb.load_ipython_extension(app.shell)
+    except Exception:  # as IPython does for --ext: the kernel still starts, and says why
+        app.log.exception("xlanb: the IPython extension failed to load")
     app.start()
