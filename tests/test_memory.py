@@ -110,12 +110,12 @@ def test_small_eager_results_skip_the_line_unless_asked():
         b = a + 1  # 32 bytes: below the threshold, no line
         rows = [r for r in xlanb.memory_by_line() if r.op == "aten::add" and r.loc is None]
         assert rows and "line not recorded" in rows[0].source
-        xlanb.memory_lines(0)
+        xlanb.set_memory_line_bytes(0)
         c = a + 2  # @line-small
         assert any(r.loc is not None and r.loc.line == _line_of("@line-small")
                    for r in xlanb.memory_by_line())
     finally:
-        xlanb.memory_lines(256 << 10)
+        xlanb.set_memory_line_bytes(256 << 10)
         xlanb.config.background_compile = background
     del a, b, c
 

@@ -36,7 +36,8 @@ from .execute.memory import (DeviceMemoryError, GraphBuffer, GraphMemory, Memory
                              memory_allocated, memory_by_line, memory_limit, memory_stats,
                              memory_reserved, max_memory_reserved,
                              memory_summary, memory_timeline, reset_peak_memory_stats,
-                             set_line_bytes as memory_lines)
+                             set_memory_line_bytes)
+memory_lines = set_memory_line_bytes  # its first name, kept for code that calls it
 from .execute.graphs import (Column, CompiledGraph, GraphList, RecompileWarning,
                              graph_columns, graphs)
 from .execute.target import (PaddingList, PaddingRow, TargetCost, TargetReport, get_target,
@@ -81,7 +82,7 @@ __all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "c
            "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats",
            "memory_reserved", "max_memory_reserved",
            "memory_stats", "memory_summary", "memory_by_line", "memory_limit",
-           "memory_timeline", "memory_lines", "pending_memory", "MemoryForecast",
+           "memory_timeline", "set_memory_line_bytes", "memory_lines", "pending_memory", "MemoryForecast",
            "DeviceMemoryError", "GraphMemory", "GraphBuffer",
            "MemoryByLine", "MemoryRow", "MemoryLimit", "MemorySample", "MemoryTimeline",
            "compile_for", "target", "set_target", "get_target", "Target", "TargetError",

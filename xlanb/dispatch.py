@@ -66,11 +66,12 @@ def _plan(op) -> OpPlan:
 # a Python float, a factory without dtype=), and op signatures do not hold it: every
 # signature is forgotten when it changes (once per change; programs rarely change it).
 _get_default_dtype = torch.get_default_dtype
-_signed_under = [torch.get_default_dtype()]
+_signed_under = torch.get_default_dtype()  # the default dtype the signatures were made under
 
 
 def _default_dtype_changed() -> None:
-    _signed_under[0] = _get_default_dtype()
+    global _signed_under
+    _signed_under = _get_default_dtype()
     _infos.clear()
     for plan in _plans.values():
         if plan.fast is not None:
@@ -82,7 +83,7 @@ def torch_dispatch(cls, func, types, args=(), kwargs=None):
     for every aten op on an xla tensor, so the fast path below is the hot path, one
     Python frame deep."""
     __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
-    if _get_default_dtype() is not _signed_under[0]:
+    if _get_default_dtype() is not _signed_under:
         _default_dtype_changed()
     plan = _plans.get(id(func)) or _plan(func)
     fast = plan.fast

@@ -49,11 +49,6 @@ def result_bytes(out) -> int:
     return 0
 
 
-# Eager results of at least this many bytes remember the line that made them (set by
-# xlanb.memory_lines; XLANB_MEMORY_LINE_BYTES).
-LINE_BYTES = [config.memory_line_bytes]  # checked in base/config.py
-
-
 # Never reset: a uid names an OpInfo for the life of the process (graph keys hold them).
 _uids = itertools.count(1)
 GETITEM = "getitem"  # the name of the info that picks one output of a multi-output node
@@ -96,7 +91,7 @@ class OpInfo:
         self.nbytes = result_bytes(out)
         # eager: whether its results remember the user's line (xlanb.memory_by_line).
         # Only results big enough to matter pay for finding the line.
-        self.lines = self.nbytes >= LINE_BYTES[0]
+        self.lines = self.nbytes >= config.memory_line_bytes
 
     def __repr__(self) -> str:
         return f"<OpInfo {self.uid} {self.name}>"

@@ -14,14 +14,14 @@ from .ir import Node
 # tensor nobody holds is never computed. A list of weakrefs, because tracking happens on
 # every recorded op; duplicates and dead entries are dropped when it is read or compacted.
 _live = session.live
-_compact_at = [4096]
+_compact_at = 4096  # compact() sets it: twice the pending storages it left
 # Values computed by peeks, kept until the next sync, within a byte budget.
 peek_values = session.peek_values
 
 
 def track(storage) -> None:
     _live.append(weakref.ref(storage))
-    if len(_live) > _compact_at[0]:
+    if len(_live) > _compact_at:
         compact()
 
 
@@ -39,8 +39,9 @@ def live_storages() -> list:
 
 
 def compact() -> None:
+    global _compact_at
     _live[:] = [weakref.ref(s) for s in live_storages()]
-    _compact_at[0] = max(4096, 2 * len(_live))
+    _compact_at = max(4096, 2 * len(_live))
 
 
 # Eager mode: views whose cached value waits on a background compile (dispatch.py). A

@@ -202,17 +202,18 @@ class XlaUntypedStorage(torch.UntypedStorage):
         return self._xlanb_address
 
 
-_next_address = [1 << 40]  # far from 0: no storage starts at the null pointer
+_next_address = 1 << 40  # far from 0: no storage starts at the null pointer
 
 
 def _storage_address(meta: TensorMeta) -> int:
     """A fresh range for a storage of ``meta``'s bytes (never reused, 64-byte aligned)."""
+    global _next_address
     n = 1
     for d, st in zip(meta.shape, meta.stride):
         n += (d - 1) * st if d else 0
     size = (meta.offset + n) * torch._utils._element_size(meta.dtype)
-    addr = _next_address[0]
-    _next_address[0] += (size + 127) // 64 * 64
+    addr = _next_address
+    _next_address += (size + 127) // 64 * 64
     return addr
 
 

@@ -33,7 +33,7 @@ from ..base.frames import SourceLoc, format_loc
 from ..base.session import session
 from ..base.tables import format_bytes, format_table
 from ..graph.hlo_text import array_sizes, entry_buffers
-from ..ir import LINE_BYTES, result_bytes
+from ..ir import result_bytes
 from ..runtime.devices import device_index, jax_device, jax_devices
 from ..tensor import Storage, XlaTensor
 
@@ -807,12 +807,12 @@ def device_oom(e: BaseException, index: int, what: str, graph=None) -> DeviceMem
                              contributors=contributors)
 
 
-def set_line_bytes(n: int) -> None:
-    """Eager results of at least ``n`` bytes remember their line (every op signature
-    already made is updated)."""
+def set_memory_line_bytes(n: int) -> None:
+    """Eager results of at least ``n`` bytes remember their line (``config.memory_line_bytes``,
+    ``XLANB_MEMORY_LINE_BYTES``); every op signature already made is updated."""
     if n < 0:
-        raise ValueError("xlanb.memory_lines: a byte count >= 0")
-    LINE_BYTES[0] = n
+        raise ValueError("xlanb.set_memory_line_bytes: a byte count >= 0")
+    config.memory_line_bytes = n
     for table in (session.infos, session.getitem_infos, session.scatter_infos):
         for info in table.values():
             info.lines = info.nbytes >= n

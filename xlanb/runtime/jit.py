@@ -103,9 +103,15 @@ def background(fn, *args, later: bool = False, **kwargs) -> concurrent.futures.F
     return future
 
 
-# [holders, parked]: while a value is awaited (``later_held``), a compile thread that
-# finds only ``later`` tasks parks its turn instead of taking a core from the wait.
-_held = [0, 0]
+class _Hold:
+    """While a value is awaited (``later_held``: ``holders`` > 0), a compile thread that
+    finds only ``later`` tasks parks its turn (``parked`` counts them) instead of taking a
+    core from the wait. Read and written under ``_tasks_lock``."""
+    holders = 0
+    parked = 0
+
+
+_held = _Hold()
 
 
 @contextlib.contextmanager
@@ -114,23 +120,23 @@ def later_held():
     single-op runs get both cores, and the optimized compiles follow (measured on the
     seeds/003 first look: about 12% less wall time)."""
     with _tasks_lock:
-        _held[0] += 1
+        _held.holders += 1
     try:
         yield
     finally:
         with _tasks_lock:
-            _held[0] -= 1
-            parked = _held[1] if not _held[0] else 0
+            _held.holders -= 1
+            parked = _held.parked if not _held.holders else 0
             if parked:
-                _held[1] = 0
+                _held.parked = 0
         for _ in range(parked):
             _pool[0].submit(_run_most_urgent)
 
 
 def _run_most_urgent() -> None:
     with _tasks_lock:
-        if _held[0] and _tasks[0][0]:  # the most urgent is ``later``: so are all the rest
-            _held[1] += 1  # its turn comes back when the hold ends
+        if _held.holders and _tasks[0][0]:  # the most urgent is ``later``: so are all the rest
+            _held.parked += 1  # its turn comes back when the hold ends
             return
         _, _, future, fn, args, kwargs = heapq.heappop(_tasks)
     if not future.set_running_or_notify_cancel():
