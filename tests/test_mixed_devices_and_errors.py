@@ -1,5 +1,7 @@
-"""Faults found by the hostile review (issue 22), each pinned by a test that failed before
-its fix."""
+"""Mixed devices (CPU tensors given to ops on xla), the errors a failed lowering or an
+integer division by zero gives, recompile warnings, the peek budget, eager factories and
+per-thread mode blocks: faults a hostile review found (issue 22), each pinned by a test
+that failed before its fix."""
 from __future__ import annotations
 
 import sys
@@ -91,7 +93,7 @@ def test_lowering_failure_in_a_sync_names_the_op_and_line(mode, monkeypatch):
         xlanb.sync()
     notes = _notes(err.value)
     assert "aten::sinh(f32[2,13])" in notes, notes
-    assert f"test_hostile_review.py:{y_line} " in notes, notes
+    assert f"test_mixed_devices_and_errors.py:{y_line} " in notes, notes
     monkeypatch.undo()
     assert xlanb.pending_count(y) == 2  # nothing lost
     torch.testing.assert_close(y.cpu(), torch.sinh(a) * 2)

@@ -1,7 +1,7 @@
 """xlanb.spmd on 8 simulated CPU devices.
 
 JAX fixes its device count when it starts, so the checks run in one child process
-(tests/spmd_script.py, with XLA_FLAGS=--xla_force_host_platform_device_count=8) that
+(tests/scripts/spmd_script.py, with XLA_FLAGS=--xla_force_host_platform_device_count=8) that
 prints its results as JSON; each test here asserts on its part of them."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "tests", "spmd_script.py")
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "spmd_script.py")
 MODES = ("lazy", "eager", "opbyop")
 
 
@@ -174,7 +174,7 @@ def _dist_results(cmd: list, **env) -> dict:
     return json.loads(line[len("DIST-RESULTS "):]), proc.stdout
 
 
-DIST_SCRIPT = os.path.join(ROOT, "tests", "spmd_dist_script.py")
+DIST_SCRIPT = os.path.join(ROOT, "tests", "scripts", "spmd_dist_script.py")
 
 
 @pytest.fixture(scope="module")
