@@ -257,6 +257,12 @@ def test_notebook_runs(path):
             o.get("evalue", "") + o.get("text", "") for c in code for o in _outputs(c))
         assert "Shard(xla:0, [0:64], (64,))" in all_text
         assert "sharding={'data'} on mesh (data=2, model=4) (marked at" in all_text
+    # a cell is In[N] in every output, never the kernel's temp file for it
+    shown_text = "\n".join(str(o.get("text", "")) + str(o.get("evalue", ""))
+                           + "".join(str(v) for v in o.get("data", {}).values())
+                           for c in code for o in _outputs(c))
+    temp = re.search(r".{0,60}(ipykernel_\d+|\b\d{8,10}\.py\b).{0,40}", shown_text)
+    assert temp is None, f"{path.name}: a kernel temp file in an output: {temp.group(0)!r}"
     stale = stale_outputs(stored, nb)
     assert not stale, (f"{path.name}: stored outputs differ from a fresh run's (store fresh "
                        f"ones: python tools/store_notebooks.py {path.stem}):\n"
