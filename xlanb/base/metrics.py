@@ -132,6 +132,8 @@ DESCRIPTIONS = {
     "GraphExecutableEvicted": "graph executables dropped to bound the loaded ones",
     "CompiledReplay": "xlanb.compile steps replayed without running Python",
     "MarkStep": "xm.mark_step() calls (torch_xla compat)",
+    "ScanLayersUnrolled": "repeated layers that could not run as one loop (scan) and were "
+                          "unrolled instead",
     # single ops
     "OpCompile": "single-op executables new to this process: compiled, or loaded from "
                  "the on-disk store (PersistentCacheHit)",
