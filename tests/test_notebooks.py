@@ -72,7 +72,10 @@ def execute(path: pathlib.Path, kernel_dirs=None) -> "nbformat.NotebookNode":
         km = KernelManager(kernel_name="python3", kernel_spec_manager=ksm)
         client = nbclient.NotebookClient(nb, km=km, timeout=300, startup_timeout=120,
                                          resources={"metadata": {"path": str(EXAMPLES)}})
-        client.execute()
+        try:
+            client.execute()
+        finally:  # nbclient shuts down only kernels it started itself (km=None)
+            km.shutdown_kernel(now=True)
     return nb
 
 

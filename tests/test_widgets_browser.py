@@ -69,7 +69,10 @@ def executed(tmp_path_factory):
         for k in [k for k in os.environ if k.startswith("XLANB_")]:
             mp.delenv(k)
         mp.setenv("PYTHONWARNINGS", os.environ.get("PYTHONWARNINGS", "ignore"))
-        client.execute()
+        try:
+            client.execute()
+        finally:  # nbclient shuts down only kernels it started itself (km=None)
+            km.shutdown_kernel(now=True)
     return nb
 
 
