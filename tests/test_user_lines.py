@@ -1,4 +1,4 @@
-"""Issue 38, in process: the user's line everywhere a line is shown.
+"""The user's line everywhere a line is shown (issue 38), in process.
 
 - an op recorded by autograd's backward has the forward line it differentiates (graph
   summaries, a graph's largest buffers, what ``%xla_memory --graph`` prints);

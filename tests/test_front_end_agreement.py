@@ -1,4 +1,4 @@
-"""Issue 38, part B: what the front ends say agrees with what happens (eager mode's
+"""What the front ends say agrees with what happens (issue 38): eager mode's
 waiting ops, one time format, one location format, one set of column names, metric
 descriptions, mesh axis names)."""
 from __future__ import annotations
