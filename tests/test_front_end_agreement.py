@@ -1,6 +1,6 @@
 """What the front ends say agrees with what happens (issue 38): eager mode's
 waiting ops, one time format, one location format, one set of column names, metric
-descriptions, mesh axis names)."""
+descriptions, mesh axis names."""
 from __future__ import annotations
 
 import pytest
