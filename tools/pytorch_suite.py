@@ -37,8 +37,9 @@ def tests_dir() -> str:
                                                                    "pytorch-tests")
 
 
-def run_file(name: str, mode: str, results: str, timeout: int = 3600) -> str:
-    """Run one file in one mode; returns the path of its JUnit XML."""
+def run_file(name: str, mode: str, results: str, timeout: int = 3600, nice: int = 0) -> str:
+    """Run one file in one mode; returns the path of its JUnit XML. ``nice``: the
+    child's niceness (the test suite runs files behind its other tests)."""
     xml = os.path.join(results, f"{mode}__{name}.xml")
     env = dict(os.environ, TORCH_TEST_DEVICES=PLUGIN, PYTORCH_TESTING_DEVICE_ONLY_FOR="xla",
                XLANB_SUITE_MODE=mode, XLANB_CACHE_DIR="")
@@ -47,7 +48,8 @@ def run_file(name: str, mode: str, results: str, timeout: int = 3600) -> str:
     subprocess.run([sys.executable, "-m", "pytest", os.path.join(tests_dir(), name + ".py"),
                     "-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
                     f"--junitxml={xml}"], env=env, cwd=ROOT, timeout=timeout,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   preexec_fn=(lambda: os.nice(nice)) if nice else None)
     with open(xml + ".json", "w") as f:
         json.dump({"seconds": time.time() - t0}, f)
     return xml
