@@ -43,9 +43,11 @@ def _line(tag: str) -> str:
 
 @pytest.fixture(scope="module")
 def run() -> dict:
-    # a short timeout: the "stop" case waits it out (the default suits a slow compile)
+    # a short timeout: the "stop" case waits it out (the default suits a slow compile).
+    # --grace: on a loaded machine process 1's watcher may need more than the default 3 s
+    # to hear that process 0 gave up on it, and the test reads what it says then
     proc = subprocess.run([sys.executable, "-m", "xlanb.launch", "--nproc", "2",
-                           "--devices-per-proc", "2", SCRIPT, ",".join(CASES)],
+                           "--devices-per-proc", "2", "--grace", "20", SCRIPT, ",".join(CASES)],
                           capture_output=True, text=True, cwd=ROOT, timeout=240,
                           env=_env(XLANB_DIST_TIMEOUT="3"))
     cases: dict = {}
