@@ -409,10 +409,13 @@ def _byte_masks(args):
     if not isinstance(indices, (list, tuple)) or not any(
             isinstance(i, torch.Tensor) and i.dtype == torch.uint8 for i in indices):
         return args
-    for i in indices:  # torch warns once per uint8 index tensor
+    # torch warns once per uint8 index tensor, every time (PyTorch's test_indexing counts
+    # them): the stack level reaches past the indexing call, so the warnings module keeps
+    # no once-per-line record of it
+    for i in indices:
         if isinstance(i, torch.Tensor) and i.dtype == torch.uint8:
             warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a "
-                          "dtype torch.bool instead.", UserWarning, stacklevel=5)
+                          "dtype torch.bool instead.", UserWarning, stacklevel=6)
     fixed = type(indices)(i.to(torch.bool) if isinstance(i, torch.Tensor) and i.dtype == torch.uint8
                           else i for i in indices)
     return (args[0], fixed, *args[2:])
