@@ -29,14 +29,8 @@ class SourceLoc(NamedTuple):
     def short(self) -> str:
         """``model.py:42 forward``: how xlanb shows a location (``In[5]:3 forward`` for a
         notebook cell, once the IPython extension has installed its labeler)."""
-        for labeler in _labelers:
-            try:
-                label = labeler(self)
-            except Exception:  # a front end's bug must not hide the message it is in
-                label = None
-            if label:
-                return label
-        return f"{file_label(self.file, short=True)}:{self.line} {self.function}"
+        return (_first_label(_labelers, self)
+                or f"{file_label(self.file, short=True)}:{self.line} {self.function}")
 
     def __str__(self) -> str:
         return self.short
@@ -61,14 +55,18 @@ def set_location_labeler(fn=None, *, files=None) -> None:
 def file_label(file: str, short: bool = False) -> str:
     """How messages name ``file``: the front end's name (``In[5]`` for a notebook cell;
     never a kernel's temp file), else the path (its base name with ``short``)."""
-    for labeler in _file_labelers:
+    return _first_label(_file_labelers, file) or (os.path.basename(file) if short else file)
+
+
+def _first_label(labelers: list, what) -> str | None:
+    for labeler in labelers:
         try:
-            label = labeler(file)
+            label = labeler(what)
         except Exception:  # a front end's bug must not hide the message it is in
             label = None
         if label:
             return label
-    return os.path.basename(file) if short else file
+    return None
 
 
 def source_text(where: str) -> str:
