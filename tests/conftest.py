@@ -195,3 +195,16 @@ def pytest_collection_finish(session):
         if item.path.name == "test_pytorch_suite.py" and item.name.startswith("test_pytorch_file"):
             item.module.RUNS.start_behind()
             return
+
+
+@pytest.fixture
+def tx():
+    """torch_xla resolved to xlanb's modules in this process; undone afterwards
+    (tests/test_compat.py, tests/test_compat_debug.py)."""
+    from xlanb import compat
+    if compat.real_torch_xla() is not None:
+        pytest.skip("the real torch_xla is installed here")
+    assert compat.install()
+    import torch_xla
+    yield torch_xla
+    compat.uninstall()

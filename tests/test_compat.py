@@ -312,17 +312,6 @@ def test_run_usage():
 
 # --------------------------------------------------------------------------- the surface
 
-@pytest.fixture
-def tx():
-    """torch_xla resolved to xlanb's modules in this process; undone afterwards."""
-    if compat.real_torch_xla() is not None:
-        pytest.skip("the real torch_xla is installed here")
-    assert compat.install()
-    import torch_xla
-    yield torch_xla
-    compat.uninstall()
-
-
 def test_install_resolves_the_modules_and_uninstall_removes_them(tx):
     import torch_xla._XLAC
     import torch_xla.core.xla_model as xm

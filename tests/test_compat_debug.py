@@ -246,16 +246,6 @@ def test_memory_sharding_and_device_calls(run):
 
 # --------------------------------------------------------------------------- this process
 
-@pytest.fixture
-def tx():
-    if compat.real_torch_xla() is not None:
-        pytest.skip("the real torch_xla is installed here")
-    assert compat.install()
-    import torch_xla
-    yield torch_xla
-    compat.uninstall()
-
-
 def test_mat_mul_precision_changes_what_is_compiled(tx):
     import torch_xla.backends as backends
     a = torch.randn(16, 16, device="xla")
