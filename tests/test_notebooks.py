@@ -93,6 +93,7 @@ def normalize(text: str) -> str:
     text = re.sub(r"ipykernel_\d+", "ipykernel_N", text)
     text = re.sub(r"0x[0-9a-fA-F]+", "0x?", text)
     text = re.sub(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{8,}\b", "<hex>", text)
+    text = re.sub(r"-{2,}", "--", text)  # a table's rule is as wide as its widest value
     text = re.sub(r"(?<![\w\[])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?!\])(?:\s*" + _UNIT + r"(?!\w))?",
                   "#", text)
     return "\n".join(" ".join(line.split()) for line in text.splitlines() if line.strip())
@@ -154,6 +155,7 @@ def test_stale_outputs_are_found():
                    "/tmp/ipykernel_123/1.py graph 3fa2b1c4d5e6\n"))
     assert stale_outputs(nb(out("synced at In[3]:4 step: 27 ops in  1.2 s, 0x7f11 at "
                                 "/tmp/ipykernel_9/1.py graph 00aa11bb22cc\n")), fresh) == []
+    assert stale_outputs(nb(out("- ---- ------\n")), nb(out("- ----- ------\n"))) == []
     assert stale_outputs(nb(), fresh)[0].endswith("no stored output")
     assert "In[4]" in stale_outputs(nb(out("synced at In[4]:4 step: 27 ops in 218 ms, 0x7f3a at "
                                            "/tmp/ipykernel_123/1.py graph 3fa2b1c4d5e6\n")),

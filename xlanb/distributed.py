@@ -427,6 +427,15 @@ class _Agreement:
                 report = self._get(_ABORT) or report
             for k in missing:
                 self._send(k, "abort")
+            # this process may hold jax's coordination service: were it to end first, the
+            # others' clients would abort before their watchers print why they stop
+            end = time.monotonic() + 10
+            for k in missing:
+                try:
+                    c.blocking_key_value_get(f"xlanb/stopped/{k}",
+                                             max(1, int((end - time.monotonic()) * 1000)))
+                except Exception:
+                    pass
             self._raise_missing(report, seq, missing)
 
     def _get(self, key: str):
@@ -563,6 +572,10 @@ class _Agreement:
                     report = "another process stopped the program"
                 print(f"{format_recent()}\nxlanb: process {self.me} stops: another process "
                       f"waited for it in vain.\n{report}", file=sys.stderr, flush=True)
+                try:
+                    c.key_value_set(f"xlanb/stopped/{self.me}", "1")
+                except Exception:
+                    pass
                 os._exit(1)
 
     def at_exit(self) -> None:
