@@ -52,8 +52,8 @@ def _drain_pending() -> None:
     try:
         xlanb.sync()
     except Exception:
-        from xlanb.base.session import session
-        session.live.clear()
+        from xlanb import live
+        live._live.clear()
 
 
 @pytest.fixture(autouse=True)

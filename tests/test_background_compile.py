@@ -234,8 +234,8 @@ def test_a_peek_waits_for_quick_executables_only_and_optimized_ones_replace_them
     xlanb.set_mode("eager")
     z = ((x * 1.75).cos() + x).tanh().sum(0)  # the same signatures, run now
     torch.testing.assert_close(z.cpu(), ref)
-    from xlanb.base.session import session
-    used = [i.exe for i in session.resident.values()
+    from xlanb.execute import resident
+    used = [i.exe for i in resident.resident.values()
             if i.name in ("aten::mul.Tensor", "aten::cos", "aten::add.Tensor", "aten::tanh")
             and i.exe is not None and id(i.exe) in built]
     assert used and all(built[id(e)] == "optimized" for e in used)

@@ -103,7 +103,7 @@ def test_lowering_failure_in_a_sync_names_the_op_and_line(mode, monkeypatch):
 # Peek memory: the values peeks keep are bounded by bytes
 
 def test_peeked_values_stay_within_their_byte_budget(monkeypatch, count):
-    from xlanb.base.session import session
+    from xlanb.execute.peeks import peek_values
     monkeypatch.setattr(xlanb.config, "peek_cache_bytes", 64 << 10)  # 64 KiB
     a = torch.randn(64, 64)  # 16 KiB per float32 value
     x = a.to("xla")
@@ -115,8 +115,8 @@ def test_peeked_values_stay_within_their_byte_budget(monkeypatch, count):
         chain.append((h, cpu_h))
     for t, expect in chain[::3]:  # each peek keeps what it computed, within the budget
         torch.testing.assert_close(xlanb.peek(t), expect)
-        assert session.peek_values.nbytes <= 64 << 10
-    assert 0 < len(session.peek_values) <= 4
+        assert peek_values.nbytes <= 64 << 10
+    assert 0 < len(peek_values) <= 4
     # an evicted value is computed again on demand, from what is left: nothing compiles
     compiles = count("OpCompile")
     torch.testing.assert_close(xlanb.peek(chain[1][0]), chain[1][1])

@@ -572,18 +572,18 @@ def test_ops_a_look_left_are_forgotten_once_compiled_in_opbyop_mode(monkeypatch)
     """In opbyop mode no graph compile drains the ops a first look left: the op-by-op
     sync compiles them itself, and the next look's queue keeps only what still lacks an
     executable."""
-    from xlanb.base.session import session
+    from xlanb.execute import background
     from xlanb.execute import prefix
     monkeypatch.setattr(prefix, "MIN_MISSING", 1)
     with xlanb.mode("opbyop"):
         _, xla = _chain([6, 41, 17, 3], seed=5)
         out = xla[2](xla[1](xla[0](torch.randn(2, 6).to("xla"))))
         xlanb.peek(out)
-        first = list(session.lower_soon)
+        first = list(background._lower_soon)
         assert first and all(i.exe is None for i in first)
         out.cpu()  # the op-by-op sync compiles them
         _, xla2 = _chain([6, 43, 3], seed=6)
         out2 = xla2[1](xla2[0](torch.randn(2, 6).to("xla")))
         xlanb.peek(out2)
-        assert not any(i in session.lower_soon for i in first)
-        assert session.lower_soon
+        assert not any(i in background._lower_soon for i in first)
+        assert background._lower_soon

@@ -14,8 +14,7 @@ import torch
 
 import xlanb
 from xlanb import metrics
-from xlanb.base.session import session
-from xlanb.execute import resident
+from xlanb.execute import background, resident
 from xlanb.runtime import maps
 
 
@@ -40,7 +39,7 @@ def test_loaded_executables_stay_under_the_cap_and_are_freed(small_cap):
     _distinct_ops(1, 8)  # warm up the transfer paths before counting mappings
     before = maps.count()
     _distinct_ops(8, 160)  # ~300 new single-op executables
-    assert len(session.resident) <= small_cap
+    assert len(resident.resident) <= small_cap
     assert metrics.counter_value("OpExecutableEvicted") > 200
     # Dropped executables release their code mappings (~3 each). Without the bound, or
     # with a reference left behind (finished compile Futures held them), this grew by
@@ -62,10 +61,10 @@ def test_hot_executables_survive_a_churn_of_new_ones(small_cap):
     xlanb.set_mode("eager")
     w = torch.randn(7, 13).to("xla")
     x = torch.randn(7).to("xla")
-    before = set(session.resident)
+    before = set(resident.resident)
     hot = (x @ w).tanh()
     hot.cpu()
-    hot_infos = [info for uid, info in session.resident.items() if uid not in before]
+    hot_infos = [info for uid, info in resident.resident.items() if uid not in before]
     assert len(hot_infos) >= 2  # the matmul and the tanh
     for n in range(400, 470):
         (x @ w).tanh()  # the hot ops run between every new one
@@ -98,9 +97,9 @@ def test_near_the_mapping_limit_compiling_raises_and_loses_nothing(monkeypatch, 
 def test_reset_drops_every_loaded_executable():
     xlanb.set_mode("eager")
     _distinct_ops(500, 505)
-    assert session.resident
+    assert resident.resident
     xlanb.reset()
-    assert not session.resident and not session.in_flight
+    assert not resident.resident and not background._in_flight
 
 
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
@@ -139,7 +138,7 @@ def test_graph_executables_are_bounded_and_come_back_when_needed(few_graphs, sto
     first = len(xlanb.graphs())
     base = 600 if store else 700  # signatures no other test compiles
     _distinct_graphs(base, base + 10)
-    assert len(session.resident_graphs) <= few_graphs
+    assert len(resident.resident_graphs) <= few_graphs
     assert metrics.counter_value("GraphExecutableEvicted") >= 7
     recs = xlanb.graphs()[first:]
     assert len(recs) == 10 and recs[0]._exe is None  # listed, executable dropped
@@ -167,5 +166,5 @@ def test_dropped_graph_executables_are_freed(few_graphs, monkeypatch):
     _distinct_graphs(800, 806)  # warm up
     before = maps.count()
     _distinct_graphs(806, 866)  # 60 new graphs, 3 kept loaded
-    assert len(session.resident_graphs) <= few_graphs
+    assert len(resident.resident_graphs) <= few_graphs
     assert maps.count() - before < 100

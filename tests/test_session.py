@@ -1,11 +1,14 @@
-"""One home for session state: ``xlanb.reset()`` forgets every cache and record, as a new
-process would, and loses no tensor's value."""
+"""``xlanb.reset()`` forgets every cache and record (each registered beside its owner,
+base/caches.py), as a new process would, and loses no tensor's value."""
 from __future__ import annotations
 
 import torch
 
 import xlanb
-from xlanb.base.session import session
+from xlanb import dispatch, live
+from xlanb.base import caches
+from xlanb.execute import graphs
+from xlanb.ops.infos import infos
 
 
 def test_reset_forgets_compiles_and_keeps_values(count):
@@ -14,11 +17,14 @@ def test_reset_forgets_compiles_and_keeps_values(count):
     y = (x * 2).sin()          # pending
     xlanb.sync()
     z = y + 1                  # pending again: reset must sync it, not drop it
-    assert xlanb.graphs() and session.infos and session.plans
+    assert xlanb.graphs() and infos and dispatch.plans
+    filled = {what for what, n in caches.registered() if n}
+    assert {"op signature -> OpInfo", "(device, structural key) -> CompiledGraph",
+            "(shape, stride, dtype, device, offset) -> SigKey",
+            "weakrefs of pending storages, in write order"} <= filled
     xlanb.reset()
     assert list(xlanb.graphs()) == []
-    assert not session.infos and not session.plans and not session.live
-    assert not session.graph_cache and not session.sig_keys
+    assert [(what, n) for what, n in caches.registered() if n] == []
     assert xlanb.metrics.counter_value("UncachedCompile") is None  # metrics cleared too
     torch.testing.assert_close(z.cpu(), (a * 2).sin() + 1)
     # the same program compiles again, as in a new process (from the store on disk, if on)
@@ -38,13 +44,19 @@ def test_reset_returns_to_the_starting_mode():
     assert t.cpu().tolist() == [4.0, 4.0, 4.0]
 
 
-def test_session_containers_are_the_ones_modules_use():
-    """Modules keep references to the session's containers (the hot path reads module
-    globals); ``clear`` empties them in place, so those references stay the session's."""
-    from xlanb import dispatch, live
-    from xlanb.execute import graphs
+def test_reset_empties_the_containers_modules_hold():
+    """Modules hold their caches as globals (the hot path reads module globals); a reset
+    empties them in place, so those references stay the registered ones."""
     before = (dispatch._infos, live._live, graphs._graph_cache)
     xlanb.reset()
     assert (dispatch._infos, live._live, graphs._graph_cache) == before
-    assert dispatch._infos is session.infos and live._live is session.live
-    assert graphs._graph_cache is session.graph_cache
+    registered = [c.container for c in caches._caches]
+    assert all(any(x is c for c in registered) for x in before)
+
+
+def test_compiled_caches_are_marked():
+    """What a lowering setting (the mat-mul precision) must forget: compiled code, and
+    nothing a tensor's value depends on."""
+    marked = {c.what for c in caches._caches if c.compiled}
+    assert "op signature -> OpInfo" in marked and "(device, structural key) -> CompiledGraph" in marked
+    assert "weakrefs of pending storages, in write order" not in marked

@@ -33,7 +33,7 @@ import torch
 
 import xlanb
 # A tool, not a front end: it reaches into the session to forget work between samples.
-from xlanb.base.session import session
+from xlanb import live
 from xlanb.execute.graphs import clear_graph_cache
 
 # ---------------------------------------------------------------------------------------
@@ -328,7 +328,7 @@ def _drain() -> None:
     try:
         xlanb.sync()
     except Exception:
-        session.live.clear()
+        live._live.clear()
 
 
 def _map(x, fn):

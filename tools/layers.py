@@ -24,8 +24,8 @@ DESIGN = os.path.join(ROOT, "docs", "DESIGN.md")
 # before it. ``xlanb.lowering.*`` is one unit: its modules import each other freely
 # (never in a cycle) and only ``xlanb.base`` below them.
 LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
-    ("base", "settings, metrics, dtypes, tables, the session state, source locations, scopes, RNG",
-     ("xlanb.base.config", "xlanb.base.metrics", "xlanb.base.dtypes", "xlanb.base.tables",
+    ("base", "settings, the cache registry, metrics, dtypes, tables, the session state, source locations, scopes, RNG",
+     ("xlanb.base.config", "xlanb.base.caches", "xlanb.base.metrics", "xlanb.base.dtypes", "xlanb.base.tables",
       "xlanb.base.session", "xlanb.base.frames", "xlanb.base.scopes", "xlanb.base.rng")),
     ("runtime", "memory-mapping headroom, libtpu without a TPU, JAX devices and meshes, TPU "
      "targets, lowering and compiling, the executable store, array transfers",
@@ -46,10 +46,10 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     ("ops", "op plans, view records, leaves, signatures, op infos",
      ("xlanb.ops.plan", "xlanb.ops.views", "xlanb.ops.leaves", "xlanb.ops.signature",
       "xlanb.ops.infos")),
-    ("execute", "the bounded set of loaded executables, device memory (figures, by line, the limit), compile, fills, single-op executables, background compiles, op-by-op and "
+    ("execute", "peeked values, the bounded set of loaded executables, device memory (figures, by line, the limit), compile, fills, single-op executables, background compiles, op-by-op and "
      "a graph's stages (lowering, compiled for a TPU target, compiled and run), a first look's "
      "prefix graph, the first non-finite op",
-     ("xlanb.execute.resident", "xlanb.execute.memory", "xlanb.execute.compile", "xlanb.execute.fills", "xlanb.execute.checks",
+     ("xlanb.execute.peeks", "xlanb.execute.resident", "xlanb.execute.memory", "xlanb.execute.compile", "xlanb.execute.fills", "xlanb.execute.checks",
       "xlanb.execute.single_op",
       "xlanb.execute.background", "xlanb.execute.opbyop", "xlanb.execute.nans",
       "xlanb.execute.stages", "xlanb.execute.target", "xlanb.execute.graphs",

@@ -14,7 +14,9 @@ import torch
 
 from .base import rng
 from .base.config import config
+from .base.caches import cache
 from .base.frames import user_frame
+from .base.scopes import scope_stack
 from .base.session import mode_state, session
 from .execute.checks import (INDEX_RULES, IndexCheck, add_pending_check, device_range, host_range,
                              index_error)
@@ -22,9 +24,9 @@ from .execute.fills import fill_value, settle_fill
 from .fallback import cpu_fallback
 from .ir import OpInfo, TensorMeta
 from .live import track, track_view
-from .ops.infos import new_info
+from .ops.infos import infos, new_info
 from .ops.plan import OpPlan, make_plan
-from .ops.leaves import from_host
+from .ops.leaves import from_host, host_values
 from .ops.signature import sig_of
 from .reads import to_host
 from .inplace_meta import resize_, resize_out, set_
@@ -39,9 +41,10 @@ from .ir import contiguous_strides
 
 aten = torch.ops.aten
 
-_plans = session.plans  # id(OpOverload) -> OpPlan (OpOverload.__hash__ is Python code)
-_infos = session.infos  # signature -> OpInfo
-_scope_stack = session.scope_stack
+# id(OpOverload) -> OpPlan (OpOverload.__hash__ is Python code); their fast paths hold infos
+_plans = plans = cache({}, "id(OpOverload) -> OpPlan", compiled=True)
+_infos = infos  # signature -> OpInfo (ops/infos.py)
+_scope_stack = scope_stack
 
 
 def _plan(op) -> OpPlan:
@@ -512,7 +515,7 @@ def _index_range(idx: XlaTensor, ignore):
     ``_PENDING`` for a pending index (lazy, opbyop), which the sync that computes it
     checks in its graph; None when empty or unchecked."""
     if not idx._view:
-        host = session.host_values.get(idx._storage.node)
+        host = host_values.get(idx._storage.node)
         if host is not None:
             return host_range(host, ignore)
     if not config.check_device_indices:

@@ -10,16 +10,16 @@ import warnings
 import torch
 
 from .base import metrics
+from .base.caches import cache
 from .base.config import config
 from .base.frames import user_frame, warn_at
-from .base.session import session
 from .ops.leaves import from_host
 from .ir import TensorMeta
 from .reads import to_host
 from .record import rebase, value_node
 from .tensor import XlaTensor, dispatch_op
 
-_warned = session.fallback_warned
+_warned = cache(set(), "ops warned about running on CPU torch (once each)")
 aten = torch.ops.aten
 
 # Layouts and dtypes that cannot work at all: a clear error naming the op, not a fallback.

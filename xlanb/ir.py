@@ -16,8 +16,8 @@ from typing import Callable, NamedTuple
 import torch
 
 from .base.config import config
+from .base.caches import cache
 from .base.frames import SourceLoc
-from .base.session import session
 
 
 class TensorMeta(NamedTuple):
@@ -97,7 +97,7 @@ class OpInfo:
         return f"<OpInfo {self.uid} {self.name}>"
 
 
-_aval_ids = session.aval_ids
+_aval_ids = cache({}, "(shape, dtype) -> negative uid of a leaf type")
 
 
 def aval_uid(meta: TensorMeta) -> int:
@@ -201,7 +201,7 @@ def plan_graph(roots: list[Node], known: dict | None = None) -> GraphPlan:
     return GraphPlan(tuple(key_parts), leaves, scalars, steps, op_nodes, roots, root_pos)
 
 
-_digests = session.digests
+_digests = cache({}, "OpInfo uid -> its process-independent digest")
 
 
 def info_digest(info: OpInfo) -> bytes:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import weakref
 
 from .base.session import mode_state, session
+from .base.caches import cache
+from .execute.peeks import peek_values  # noqa: F401 (realize.py reads it here)
 from .ir import Node
 
 # Storages whose node may be pending, appended on every write. Read in last-write order,
@@ -13,10 +15,9 @@ from .ir import Node
 # step that creates optimizer state cuts the same graph as the steps after it. Weak: a
 # tensor nobody holds is never computed. A list of weakrefs, because tracking happens on
 # every recorded op; duplicates and dead entries are dropped when it is read or compacted.
-_live = session.live
+_live = cache([], "weakrefs of pending storages, in write order")
 _compact_at = 4096  # compact() sets it: twice the pending storages it left
 # Values computed by peeks, kept until the next sync, within a byte budget.
-peek_values = session.peek_values
 
 
 def track(storage) -> None:
@@ -46,7 +47,7 @@ def compact() -> None:
 
 # Eager mode: views whose cached value waits on a background compile (dispatch.py). A
 # view's value is not its storage's node, so running the storages alone would leave it.
-_waiting_views = session.waiting_views
+_waiting_views = cache([], "eager: weakrefs of views waiting on a compile")
 
 
 def track_view(t) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from .base import metrics
 from .base.config import config
 from .base.frames import user_frame
-from .base.scopes import current_scope
+from .base.scopes import current_scope, scope_stack
 from .base.session import ModeState, session, set_policies
 from .execute.background import compile_op_ahead, compiles_in_flight
 from .execute.compile import add_op_note
@@ -28,7 +28,7 @@ from .realize import node_array, sync
 from .record import _x64, run_cached
 
 _counters = metrics.counters_table()  # counted in place: this is the eager hot path
-_scope_stack = session.scope_stack
+_scope_stack = scope_stack
 
 
 class ModePolicy:

@@ -14,6 +14,7 @@ import jax
 import torch
 
 from .base import metrics
+from .base.caches import cache
 from .base.frames import user_frame
 from .base.scopes import current_scope
 from .base.session import mode_state, session
@@ -90,7 +91,7 @@ def run_cached(info: OpInfo, call, inputs, scalars) -> Node:
     return Node(info, (), (), data)
 
 
-_scalar_tables = session.scalar_arrays  # device -> {float or its bits: device array}
+_scalar_tables = cache({}, "device -> {float or its bits: the float as a device array}")
 
 
 def _scalar_arrays(scalars, device: int) -> list:

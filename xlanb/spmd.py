@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .base.frames import user_frame
 from .base.session import mode_state, session
 from .ir import Node, OpInfo
+from .ops.infos import infos
 from .ops.leaves import is_placed, placed_info
 from .realize import node_array, peek_node
 from .record import run_node, value_node, write
@@ -74,7 +75,7 @@ def _spec_short(s: NamedSharding) -> str:
 def constraint_info(meta, device: int, sharding: NamedSharding) -> OpInfo:
     """The op that constrains a pending value to ``sharding``: one per (layout, sharding)."""
     sig = ("xlanb::mark_sharding", meta, device, sharding)
-    info = session.infos.get(sig)
+    info = infos.get(sig)
     if info is None:
         def fn(args, scalars, _s=sharding):
             # retarget: the same constraint on a TPU target's devices (xlanb.compile_for)
@@ -84,7 +85,7 @@ def constraint_info(meta, device: int, sharding: NamedSharding) -> OpInfo:
                       fn, meta, n_in=1, device=device, in_metas=(meta,),
                       template=((_In(0), _SpecText(_spec_short(sharding))), {}))
         info.sharding = sharding
-        session.infos[sig] = info
+        infos[sig] = info
     return info
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .base.session import session
+from .base.caches import cache
 from .ir import Node, TensorMeta, contiguous_strides
 
 _TORCH_DEVICES: dict[int, torch.device] = {}
@@ -41,7 +41,7 @@ class SigKey:
         return f"<SigKey {self.layout}>"
 
 
-_sig_keys = session.sig_keys
+_sig_keys = cache({}, "(shape, stride, dtype, device, offset) -> SigKey")
 
 
 def sig_key(meta: TensorMeta, device: int) -> SigKey:

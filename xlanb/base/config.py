@@ -238,7 +238,7 @@ class Config:
         # made one. Turned on and off with xlanb.debug_nans(), which also records where
         # backward ops come from; XLANB_DEBUG_NANS=1 turns it on at import.
         self.debug_nans = env_flag("XLANB_DEBUG_NANS", False)
-        # Bytes of peeked values kept until the next sync (base/session.py PeekCache).
+        # Bytes of peeked values kept until the next sync (execute/peeks.py).
         self.peek_cache_bytes = env_size("XLANB_PEEK_CACHE_BYTES", 256 << 20, 0)
         # Single-op executables kept loaded (execute/resident.py); 0: derived from the
         # kernel's limit on memory mappings, which XLA's executables use up.

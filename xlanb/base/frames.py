@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from .session import session
+from .caches import cache
 
 
 class SourceLoc(NamedTuple):
@@ -111,8 +111,8 @@ _SKIP_PREFIXES = (
 _SKIP_SUFFIXES = tuple(os.sep + os.path.join("IPython", "core", f)
                        for f in ("debugger.py", "interactiveshell.py", "magic.py"))
 
-_skip_file = session.skip_file
-_locations = session.locations
+_skip_file = cache({}, "file name -> never the user's line?")
+_locations = cache({}, "(file, line) -> SourceLoc, interned")
 
 
 # Autograd's sequence number of a forward op's node -> the user's line of that op: an op

@@ -5,12 +5,14 @@ module call it traces) while it skips the rest of xlanb: under dynamo they do no
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
-from .session import session
+from .caches import cache
 
-_scope_stack: list[str] = session.scope_stack
-_module_names = session.module_names
+_scope_stack = scope_stack = cache([], "nn.Module paths being run")  # list[str]
+_module_names = cache(weakref.WeakKeyDictionary(), "nn.Module -> its path")
 
 
 def current_scope() -> str:

@@ -1,69 +1,18 @@
-"""The one home of xlanb's session state: every cache, registry and record of this process.
+"""The session's state that is not a cache: the execution mode (one object per mode,
+read by the dispatcher on every op), ``xlanb.mode()`` blocks per thread, the recorder of an
+``xlanb.compile`` trace, the decomposition depth, the TPU target, the multi-process check.
 
-Modules keep references to the containers here (``_infos = session.infos``) so that the
-per-op hot path reads a module global, as fast as before; for that reason ``clear`` empties
-the containers in place and never replaces them. Scalars that change while running (the
-mode, the recorder of an ``xlanb.compile`` trace, the decomposition depth) are attributes.
-
-What is *not* here, on purpose: process resources that outlive a session (the compile
-thread pool, JAX's device list, the executable store's once-per-process warnings) and
-metrics, an observer with its own ``clear``.
+The caches and records a reset forgets live beside the code that fills them, each
+registered in base/caches.py; ``Session.clear`` empties them all. What outlives a reset,
+on purpose: process resources (the compile thread pool, JAX's device list, the executable
+store's once-per-process warnings) and metrics, an observer with its own ``clear``.
 """
 from __future__ import annotations
 
 import threading
-import weakref
-from collections import OrderedDict
 
-from .config import MODES, config, env_choice
-
-
-class PeekCache:
-    """Values peeks computed, by node id, kept until the next sync so that repeated peeks
-    recompute nothing, up to ``config.peek_cache_bytes``: past that, the least recently
-    used go first (a later peek recomputes them from what is left; a peek never cuts the
-    graph either way). Each entry holds its node, so its id stays a valid key."""
-
-    def __init__(self) -> None:
-        self._entries: OrderedDict = OrderedDict()  # node id -> (node, array)
-        self.nbytes = 0
-
-    def __contains__(self, nid: int) -> bool:
-        return nid in self._entries
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __getitem__(self, nid: int):
-        return self._entries[nid][1]
-
-    def get(self, nid: int):
-        entry = self._entries.get(nid)
-        if entry is None:
-            return None
-        self._entries.move_to_end(nid)
-        return entry[1]
-
-    def put(self, node, value) -> None:
-        size = _nbytes(value)
-        limit = config.peek_cache_bytes
-        if size > limit or id(node) in self._entries:
-            return
-        self._entries[id(node)] = (node, value)
-        self.nbytes += size
-        while self.nbytes > limit:
-            _, (_, old) = self._entries.popitem(last=False)
-            self.nbytes -= _nbytes(old)
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self.nbytes = 0
-
-
-def _nbytes(value) -> int:
-    if isinstance(value, (tuple, list)):
-        return sum(_nbytes(v) for v in value)
-    return int(getattr(value, "nbytes", 0))
+from .caches import clear_all
+from .config import MODES, env_choice
 
 
 # mode name -> its ModePolicy (mode_policy.py installs them at import: set_policies)
@@ -116,61 +65,10 @@ class Session:
         # one process, to check that all of them run the same; None in one process
         self.agree = None
 
-        # -- what ops are and how each signature evaluates (dispatch, ops/)
-        self.plans: dict = {}          # id(OpOverload) -> OpPlan
-        self.infos: dict = {}          # op signature -> OpInfo
-        self.sig_keys: dict = {}       # (shape, stride, dtype, device, offset) -> SigKey
-        self.aval_ids: dict = {}       # (shape, dtype) -> negative uid of a leaf type
-        self.digests: dict = {}        # OpInfo uid -> its process-independent digest
-        self.getitem_infos: dict = {}  # (OpInfo uid, output index) -> OpInfo
-        self.data_infos: dict = {}     # leaf infos of device data, by (shape, dtype, device)
-        self.placed_infos: dict = {}   # leaf infos of data mark_sharding laid out
-        self.empty_infos: dict = {}    # leaf infos of uninitialized memory
-        self.scatter_infos: dict = {}  # writes through a view chain
-        self.scalar_arrays: dict = {}  # device -> {float or its bits: the float as a device array}
-
-        # -- pending work and peeks (live.py, realize.py)
-        self.live: list = []           # weakrefs of storages, in write order
-        self.waiting_views: list = []  # eager: weakrefs of views waiting on a compile
-        self.peek_values = PeekCache()  # node id -> array computed by a peek
-        # small integer tensors moved from the host (index lists): their host values, so
-        # indexing can check bounds with no transfer back (dispatch.py)
-        self.host_values = weakref.WeakKeyDictionary()  # Node -> CPU tensor
-
-        # -- compiles (execute/)
-        self.in_flight: list = []      # Futures of background single-op compiles
-        self.lower_soon: list = []     # OpInfos a look left to lower at the next graph compile
-        # OpInfo uid -> OpInfo holding a single-op executable, least recently used first
-        # (execute/resident.py keeps it bounded)
-        self.resident: OrderedDict = OrderedDict()
-        self.graph_cache: dict = {}    # (device, structural key) -> CompiledGraph
-        # id -> CompiledGraph whose executable is loaded, least recently used first
-        self.resident_graphs: OrderedDict = OrderedDict()
-        self.graph_log: list = []      # every CompiledGraph, in compile order
-        self.syncs_at: dict = {}       # source location -> lazy syncs from there
-        self.compiles_at: dict = {}    # source location -> new graphs from there
-        self.recompile_warned: set = set()  # source locations warned about (once each)
-
-        # -- device memory (execute/memory.py)
-        self.op_memory: dict = {}      # OpInfo uid -> its single-op executable's analysis
-        self.memory_timeline: list = []  # MemorySample per sync
-        self.memory_peaks: dict = {}   # xla index -> the most device bytes sampled
-        self.memory_step_peaks: dict = {}  # the same, since the last sync's sample
-
-        # -- where ops come from (base/frames.py, base/scopes.py)
-        self.scope_stack: list = []    # nn.Module paths being run
-        self.module_names = weakref.WeakKeyDictionary()  # nn.Module -> its path
-        self.skip_file: dict = {}      # file name -> never the user's line?
-        self.locations: dict = {}      # (file, line) -> SourceLoc, interned
-
-        # -- warnings given once
-        self.fallback_warned: set = set()
-
     def clear(self, mode: str) -> None:
-        """Forget every cache and record, keeping each container object (see above)."""
-        for value in vars(self).values():
-            if isinstance(value, (dict, list, set, weakref.WeakKeyDictionary, PeekCache)):
-                value.clear()
+        """Forget every cache and record (each one registered beside its owner, emptied in
+        place: base/caches.py) and return to ``mode``."""
+        clear_all()
         self.default.set(mode)
         self.default.deferred = False
         self.direct = 0

@@ -14,7 +14,7 @@ import time
 import torch
 
 import xlanb
-from xlanb.base.session import session
+from xlanb.base.caches import clear_compiled
 from xlanb.execute.background import compiles_in_flight
 
 from .missing import module_getattr
@@ -56,9 +56,4 @@ def _forget_compiled() -> None:
     next ops and graphs lower again. ``xlanb.graphs()`` keeps its history."""
     while compiles_in_flight():  # their results land in infos about to be dropped
         time.sleep(0.001)
-    session.graph_cache.clear()
-    session.infos.clear()
-    session.getitem_infos.clear()
-    session.resident.clear()
-    session.op_memory.clear()
-    session.plans.clear()  # their fast paths hold signatures; rebuilt on the next op
+    clear_compiled()

@@ -35,7 +35,8 @@ import torch
 
 import xlanb
 from xlanb.base.frames import SourceLoc
-from xlanb.base.session import session
+from xlanb.execute.graphs import graph_log
+from xlanb.execute.resident import graph_cache
 from xlanb.graph.render import render_dot, render_text
 from xlanb.graph.summary import summarize
 from xlanb import realize
@@ -107,7 +108,7 @@ def install() -> None:
     _s.save_file = env.get("XLA_SAVE_TENSORS_FILE") or None
     _s.save_fmt = fmt
     _s.metrics_file = env.get("XLA_METRICS_FILE") or None
-    _s.seen = len(session.graph_log)
+    _s.seen = len(graph_log)
     _s.said = {}
     if env.get("XLA_USE_EAGER_DEBUG_MODE", "").strip().lower() in _TRUE:
         xlanb.set_mode("eager")
@@ -211,12 +212,12 @@ def _post_compilation(rec) -> str:
 
 def _graph_of(plan) -> tuple[list, object]:
     """The graphs compiled since the last report, and the record that ``plan`` ran."""
-    log = session.graph_log
+    log = graph_log
     new = list(log[_s.seen:])
     _s.seen = len(log)
     # the cache's keys are (device, the plan's structural key, ...): a scan, only while
     # these variables are set
-    rec = next((r for k, r in session.graph_cache.items() if k[1] == plan.key), None)
+    rec = next((r for k, r in graph_cache.items() if k[1] == plan.key), None)
     return new, rec
 
 

@@ -10,7 +10,7 @@ import functools
 import time
 
 from ..base import metrics
-from ..base.session import session
+from ..base.caches import cache
 from ..ir import OpInfo
 from ..runtime.jit import background
 from .checks import checked
@@ -18,7 +18,7 @@ from .compile import compile_op, load_stored, lower_op, op_store_key, quick_op_o
 from .resident import admit
 from .single_op import tier_lock
 
-_in_flight = session.in_flight  # Futures of background compiles not yet seen done
+_in_flight = cache([], "Futures of background single-op compiles not yet seen done")
 
 
 def compile_op_ahead(info: OpInfo, quick: bool = False):
@@ -80,7 +80,7 @@ def start_prepared(info: OpInfo, prepared: tuple, quick: bool = False) -> None:
 
 # Single ops a first look ran as part of its prefix graph (execute/prefix.py): lowered,
 # and their compiles started, while the main thread next waits for a graph compile or run.
-_lower_soon = session.lower_soon
+_lower_soon = cache([], "OpInfos a look left to lower at the next graph compile")
 
 
 def lower_soon(infos) -> None:

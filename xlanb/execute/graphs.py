@@ -11,6 +11,7 @@ from typing import Callable, NamedTuple
 import jax
 
 from ..base import metrics
+from ..base.caches import cache
 from ..base.config import config
 from ..base.frames import SourceLoc, format_loc, warn_at
 from ..base.session import session
@@ -27,7 +28,7 @@ from .background import drain_lowerings, lowerings_waiting
 from .compile import load_stored, store_key
 from .memory import (GraphMemory, check_graph, device_oom, graph_buffers, graph_memory,
                      is_device_oom)
-from .resident import admit_graph
+from .resident import admit_graph, graph_cache, resident_graphs
 from .stages import GraphLowering, kept_shardings, mesh_leaves, sharding_of
 from .target import check_target_fit, compile_in_background, format_seconds
 
@@ -301,8 +302,8 @@ class GraphList(list):
         return f"<table class='xlanb-graphs'><tr>{head}</tr>{body}</table>"
 
 
-_graph_cache = session.graph_cache
-graph_log = session.graph_log  # in compile order
+_graph_cache = graph_cache  # execute/resident.py
+graph_log = cache([], "every CompiledGraph, in compile order")
 
 
 def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
@@ -383,9 +384,9 @@ class RecompileWarning(UserWarning):
     """Graphs from one source line keep compiling (the graph is dynamic)."""
 
 
-_syncs_at = session.syncs_at        # source location -> lazy syncs from there
-_compiles_at = session.compiles_at  # source location -> new graphs from there
-_warned_at = session.recompile_warned  # source locations already warned about
+_syncs_at = cache({}, "source location -> lazy syncs from there")
+_compiles_at = cache({}, "source location -> new graphs from there")
+_warned_at = cache(set(), "source locations warned about recompiling (once each)")
 
 
 def _report_compile(rec: CompiledGraph, src) -> None:
@@ -464,7 +465,7 @@ def graphs() -> GraphList:
 
 
 def clear_graph_cache() -> None:
-    session.resident_graphs.clear()
+    resident_graphs.clear()
     _graph_cache.clear()
     graph_log.clear()
     _syncs_at.clear()

@@ -29,13 +29,17 @@ import jax
 import torch
 
 from ..base.config import config, parse_bytes
+from ..base.caches import cache
 from ..base.frames import SourceLoc, format_loc
 from ..base.session import session
 from ..base.tables import format_bytes, format_table
 from ..graph.hlo_text import array_sizes, entry_buffers
 from ..ir import result_bytes
+from ..ops.infos import getitem_infos, infos
+from ..ops.views import scatter_infos
 from ..runtime.devices import device_index, jax_device, jax_devices
 from ..tensor import Storage, XlaTensor
+from .peeks import peek_values
 
 
 # ---------------------------------------------------------------------------------------
@@ -84,7 +88,7 @@ def graph_memory(executable) -> GraphMemory | None:
                        ma.generated_code_size_in_bytes, getattr(ma, "peak_memory_in_bytes", 0) or 0)
 
 
-_op_memory = session.op_memory
+_op_memory = cache({}, "OpInfo uid -> its single-op executable's memory analysis", compiled=True)
 
 
 def op_memory(info) -> GraphMemory | None:
@@ -225,7 +229,7 @@ def holdings() -> list[Holding]:
         array_bytes_by_device(node.data, per, where)
         for i, n in per.items():
             out.append(Holding("view copy", i, n, node.src, node.scope, node.info.name))
-    for node, value in list(session.peek_values._entries.values()):
+    for node, value in list(peek_values._entries.values()):
         per = {}
         array_bytes_by_device(value, per, where)
         for i, n in per.items():
@@ -343,12 +347,12 @@ class MemorySample(NamedTuple):
     peak: dict = {}
 
 
-_timeline = session.memory_timeline
-_peaks = session.memory_peaks       # xla index -> the peak sampled
+_timeline = cache([], "MemorySample per sync")
+_peaks = cache({}, "xla index -> the most device bytes sampled")
 TIMELINE_MAX = 100_000
 
 
-_step_peaks = session.memory_step_peaks  # xla index -> the most since the last sample
+_step_peaks = cache({}, "xla index -> the most device bytes since the last sync's sample")
 
 
 def _note_peak(index: int, nbytes: int) -> None:
@@ -813,6 +817,6 @@ def set_memory_line_bytes(n: int) -> None:
     if n < 0:
         raise ValueError("xlanb.set_memory_line_bytes: a byte count >= 0")
     config.memory_line_bytes = n
-    for table in (session.infos, session.getitem_infos, session.scatter_infos):
+    for table in (infos, getitem_infos, scatter_infos):
         for info in table.values():
             info.lines = info.nbytes >= n

@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import gc
 import threading
+from collections import OrderedDict
 
 from ..base import metrics
+from ..base.caches import cache
 from ..base.config import config
-from ..base.session import session
 from ..runtime import maps
 
-_resident = session.resident  # OpInfo uid -> OpInfo with an executable loaded or compiling
-_graphs = session.resident_graphs  # id -> CompiledGraph with its executable loaded
+# OpInfo uid -> OpInfo with an executable loaded or compiling, least recently used first
+_resident = resident = cache(OrderedDict(), "OpInfo uid -> OpInfo holding a single-op executable", compiled=True)
+# id -> CompiledGraph with its executable loaded, least recently used first
+_graphs = resident_graphs = cache(OrderedDict(), "id -> CompiledGraph whose executable is loaded", compiled=True)
+# (device, structural key) -> CompiledGraph (execute/graphs.py fills it)
+graph_cache: dict = cache({}, "(device, structural key) -> CompiledGraph", compiled=True)
 
 # Measured 3.2 mappings per XLA:CPU single-op executable; a graph's can take more.
 _MAPS_PER_EXECUTABLE = 4
@@ -178,7 +183,7 @@ def reserve() -> None:
                 f"xlanb: this process holds {used:,} memory mappings of the kernel's limit of "
                 f"{lim:,} (vm.max_map_count), and XLA needs more for every executable it "
                 f"compiles: compiling another would crash the process. {len(_resident):,} "
-                f"single-op and {len(session.graph_cache):,} graph executables are loaded. "
+                f"single-op and {len(graph_cache):,} graph executables are loaded. "
                 "Nothing was lost. xlanb.reset() drops them all (pending work is synced "
                 "first); a lower XLANB_MAX_EXECUTABLES keeps fewer loaded; or raise the "
                 "limit: sysctl -w vm.max_map_count=262144")

@@ -15,14 +15,16 @@ import numpy as np
 import torch
 
 from ..base.dtypes import to_jax_dtype, to_torch_dtype
-from ..base.session import session
+from ..base.caches import cache
 from ..ir import GETITEM, OpInfo, TensorMeta, contiguous_strides
 from ..templates import fill_call, template_of
 from .plan import OpPlan
 from .signature import meta_tensor, metas_of
 from .views import ViewRecord
 
-_getitem_infos = session.getitem_infos
+# op signature -> OpInfo (dispatch.py and spmd.py fill it)
+infos: dict = cache({}, "op signature -> OpInfo", compiled=True)
+_getitem_infos = getitem_infos = cache({}, "(OpInfo uid, output index) -> OpInfo", compiled=True)
 
 
 def _conform(res, out, name):

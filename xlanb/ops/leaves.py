@@ -2,13 +2,15 @@
 xla tensors made from host values."""
 from __future__ import annotations
 
+import weakref
+
 import jax
 import torch
 
 from ..base.dtypes import to_jax_dtype, to_torch_dtype
+from ..base.caches import cache
 from ..base.frames import user_frame
 from ..base.scopes import current_scope
-from ..base.session import session
 from ..ir import Node, OpInfo, TensorMeta, contiguous_strides
 from ..runtime.transfer import host_to_device
 from ..tensor import XlaTensor, new_tensor
@@ -25,8 +27,11 @@ def _leaf_info(cache: dict, name: str, tag: str, meta: TensorMeta, device: int,
     return info
 
 
-_data_infos = session.data_infos
-_empty_infos = session.empty_infos
+# small integer tensors moved from the host (index lists): their host values, so
+# indexing can check bounds with no transfer back (dispatch.py)
+host_values = cache(weakref.WeakKeyDictionary(), "Node -> its CPU tensor (small host integers)")
+_data_infos = cache({}, "leaf infos of device data, by (shape, dtype, device)")
+_empty_infos = cache({}, "leaf infos of uninitialized memory")
 
 
 def data_info(meta: TensorMeta, device: int) -> OpInfo:
@@ -44,7 +49,7 @@ def empty_info(meta: TensorMeta, device: int) -> OpInfo:
     return _leaf_info(_empty_infos, "aten::empty", "empty", meta, device, _zeros_fn)
 
 
-_placed_infos = session.placed_infos
+_placed_infos = cache({}, "leaf infos of data mark_sharding laid out")
 
 
 def placed_info(meta: TensorMeta, device: int) -> OpInfo:
@@ -68,7 +73,7 @@ def from_host(cpu: torch.Tensor, device: int) -> XlaTensor:
     node = Node(data_info(meta, device), data=data, src=user_frame(), scope=current_scope())
     if cpu.dtype in _INDEX_DTYPES and cpu.numel() <= _HOST_VALUES_MAX:
         # an index list's values: bounds checks read them here, with no transfer
-        session.host_values[node] = cpu.clone()
+        host_values[node] = cpu.clone()
     return new_tensor(node, meta, device)
 
 

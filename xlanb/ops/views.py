@@ -12,7 +12,7 @@ from typing import Callable, NamedTuple
 import jax
 import numpy as np
 
-from ..base.session import session
+from ..base.caches import cache
 from ..ir import OpInfo, TensorMeta
 
 
@@ -21,7 +21,7 @@ class ViewRecord(NamedTuple):
     raw: Callable | None  # the view on any array, without the dtype cast (None: not writable)
 
 
-_scatter_infos = session.scatter_infos
+_scatter_infos = scatter_infos = cache({}, "writes through a view chain -> OpInfo", compiled=True)
 
 
 def view_scatter_info(base_meta: TensorMeta, view_meta: TensorMeta, chain, device) -> OpInfo:
