@@ -90,6 +90,39 @@ def test_bert_forward_backward():
     assert "encoder/layer/0/attention/self/query/aten::addmm" in hlo
 
 
+def test_optimizer_updates_are_one_loop():
+    """AdamW's per-parameter updates of the layers (from the user's ``step()`` line) are
+    a third loop, with no carry: parameters, gradients and both moments stacked."""
+    transformers = pytest.importorskip("transformers")
+
+    def make():
+        cfg = transformers.BertConfig(num_hidden_layers=3, hidden_size=32, num_attention_heads=2,
+                                      intermediate_size=64, vocab_size=50,
+                                      max_position_embeddings=16, attn_implementation="eager")
+        model = transformers.BertForSequenceClassification(cfg).to("xla")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        ids = torch.randint(0, 50, (2, 8)).to("xla")
+        labels = torch.randint(0, 2, (2,)).to("xla")
+        return model, opt, ids, labels
+
+    def step(model, opt, ids, labels):
+        losses = []
+        for _ in range(2):  # the second step reads the moments the first one wrote
+            loss = model(input_ids=ids, labels=labels).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss)
+            xlanb.sync()
+        moments = [v for st in opt.state.values() for k, v in st.items() if k != "step"]
+        return losses + list(model.parameters()) + moments
+
+    lines, _ = _both(make, step)
+    assert any(line.startswith("3 × bert.encoder.layer update compiled once (scan, layers 0–2)")
+               for line in lines), lines
+    assert "3×bert.encoder.layer fwd+bwd+upd" in _both.table
+
+
 def test_transformer_encoder():
     def make():
         layer = nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32, dropout=0.0,

@@ -239,14 +239,14 @@ TARGET_COLUMNS = (
 
 
 def _loops_cell(g: CompiledGraph) -> str:
-    """``24×bert.encoder.layer fwd+bwd``: its repeated layers, each compiled once."""
+    """``24×bert.encoder.layer fwd+bwd+upd``: its repeated layers, each compiled once."""
     r = g.lowering.repeats if g.lowering is not None else None
     if r is None:
         return ""
     kinds: dict = {}
     for run in r.runs:
         kinds.setdefault((len(run.layers), run.name), []).append(
-            "fwd" if run.kind == "forward" else "bwd")
+            {"forward": "fwd", "backward": "bwd"}.get(run.kind, "upd"))
     return ", ".join(f"{n}×{name} {'+'.join(k)}" for (n, name), k in kinds.items())
 
 

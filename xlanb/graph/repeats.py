@@ -18,6 +18,10 @@ gradients) come out stacked (*ys*). ``execute/stages.py`` lowers such a run as o
 ops would have to move across an op outside it, a segment that reads a value from two
 layers back. ``find_repeats`` says why for each layer left out of a run.
 
+An optimizer's step updates each layer's weights with the same ops: those updates form
+a third kind of run, with no carry (each layer's update is independent of the others),
+lowered as a scan over the stacked weights, gradients and optimizer states.
+
 Plain data over a graph's steps ``(OpInfo, input positions)``: values 0..L-1 are the
 leaves, L+j is op j. The decision depends on the structure only, so it is made once per
 graph structure (with its lowering) and the steady step pays nothing.
@@ -45,8 +49,11 @@ class Run(NamedTuple):
     exported: tuple    # local ops whose values are used outside the run (stacked ys)
 
     def describe(self) -> str:
-        return (f"{len(self.layers)} × {self.name}{' backward' if self.kind == 'backward' else ''}"
+        return (f"{len(self.layers)} × {self.name}{_KIND_WORDS[self.kind]}"
                 f" compiled once (scan, layers {min(self.layers)}–{max(self.layers)})")
+
+
+_KIND_WORDS = {"forward": "", "backward": " backward", "update": " update"}
 
 
 class Repeats(NamedTuple):
@@ -136,7 +143,8 @@ class _Layer(NamedTuple):
 
 
 def _chains(name, kind, layers, steps, n_leaves, users, roots, unrolled) -> list[Run]:
-    """Split ``layers`` (in execution order) into runs of identical, carry-linked layers."""
+    """Split ``layers`` (in execution order) into runs of identical, carry-linked layers
+    (for an optimizer's updates, ``kind="update"``: identical, independent layers)."""
     runs = []
     i = 0
     while i < len(layers):
@@ -145,7 +153,7 @@ def _chains(name, kind, layers, steps, n_leaves, users, roots, unrolled) -> list
         while j < len(layers):
             a, b = layers[j - 1], layers[j]
             if b.canon != layers[i].canon:
-                unrolled.append(f"{name}.{b.idx}{' backward' if kind == 'backward' else ''}: "
+                unrolled.append(f"{name}.{b.idx}{_KIND_WORDS[kind]}: "
                                 f"differs from {name}.{a.idx}: "
                                 + _difference(layers[i].canon, b.canon, layers[i].ops, b.ops, steps))
                 break
@@ -157,8 +165,8 @@ def _chains(name, kind, layers, steps, n_leaves, users, roots, unrolled) -> list
                 unrolled.append(f"{name}.{b.idx}: takes other values from {name}.{a.idx} "
                                 "than the layers before")
                 break
-            if not c:
-                break  # independent layers: no chain to scan over
+            if (not c) != (kind == "update"):
+                break  # a chain of independent layers, or updates that read each other
             j += 1
         seg = layers[i:j]
         run = _make_run(name, kind, seg, carry, n_leaves, users, roots, unrolled) \
@@ -295,6 +303,48 @@ def _backward_runs(forward, steps, n_leaves, places, users, roots) -> tuple[list
     return best[1], best[2]
 
 
+def _update_runs(runs, steps, n_leaves, places, users, roots) -> tuple[list, list]:
+    """The optimizer's per-layer updates of the forward runs' layers, as runs with no
+    carry, and why layers stayed unrolled. An update op is one the runs did not take,
+    with no scope, recorded at a line that no op of the model's forward has (autograd's
+    ops carry a forward line; an optimizer's ``step()`` runs at the user's). It belongs to a layer
+    when every value it reads that a layer owns is that one layer's: the layer's weights
+    (its per-layer inputs), a value one of its runs made (a weight's gradient), or a
+    value made by an update op of that layer (Adam's moments, then the step)."""
+    taken = {op for run in runs for ops in run.segments for op in ops}
+    lines = {src for src, scope in places if scope}  # the model's forward lines
+    label: dict[int, tuple] = {}  # value position -> (module list, layer index)
+    for run in runs:
+        for layer, ops, ext in zip(run.layers, run.segments, run.ext):
+            for op in ops:
+                label[n_leaves + op] = (run.name, layer)
+            if run.kind == "forward":
+                for e in run.xs:
+                    if ext[e] < n_leaves:
+                        label[ext[e]] = (run.name, layer)
+    groups: dict[tuple, list] = {}
+    for j, (_info, ins) in enumerate(steps):
+        if j in taken or places[j][1] or places[j][0] in lines:
+            continue
+        keys = {label[i] for i in ins if i in label}
+        if len(keys) == 1:
+            key = keys.pop()
+            label[n_leaves + j] = key
+            groups.setdefault(key, []).append(j)
+    by_name: dict[str, list] = {}
+    for (name, layer), ops in groups.items():
+        by_name.setdefault(name, []).append((min(ops), layer, ops))
+    out: list[Run] = []
+    unrolled: list[str] = []
+    for name, members in by_name.items():
+        layers = []
+        for _first, idx, ops in sorted(members):  # execution order
+            canon, ext = _segment(ops, steps, n_leaves)
+            layers.append(_Layer(idx, ops, canon, ext))
+        out += _chains(name, "update", layers, steps, n_leaves, users, roots, unrolled)
+    return out, unrolled
+
+
 def _schedule(runs, n_ops, steps, n_leaves):
     """An evaluation order with each run as one item, or None if the runs cannot be
     contracted without a cycle."""
@@ -361,11 +411,14 @@ def find_repeats(steps, n_leaves: int, root_pos, places) -> Repeats | None:
     backward, why = _backward_runs(runs, steps, n_leaves, places, users, roots)
     runs += backward
     unrolled += why
+    updates, why = _update_runs(runs, steps, n_leaves, places, users, roots)
+    runs += updates
+    unrolled += why
     while runs:
         order = _schedule(runs, len(steps), steps, n_leaves)
         if order is not None:
             return Repeats(tuple(runs), order, tuple(unrolled))
-        dropped = runs.pop()  # the last found (a backward run first)
+        dropped = runs.pop()  # the last found (an update run, then a backward one, first)
         unrolled.append(f"{dropped.describe().split(' compiled')[0]}: its ops cannot be "
                         "gathered into one loop without moving an op across it")
     return None
