@@ -43,7 +43,7 @@ def _text(cell) -> str:
 
 
 # Each notebook's own settings: 07's BERT-base runs with 1 layer here (each TPU compile of
-# its 12-layer step takes minutes on 2 cores).
+# its 12-layer step takes minutes on 2 cores; of the 1-layer one, a minute or two).
 NOTEBOOK_ENV = {"07_tpu_from_a_laptop": {"BERT_LAYERS": "1"}}
 
 
@@ -243,7 +243,7 @@ def test_notebook_runs(path):
         assert pngs, "no timeline plot"
     if path.stem == "07_tpu_from_a_laptop":
         assert "BERT: 1 layers, hidden 768, 12 heads; 4 CPU devices" in all_text
-        for batch in (8, 32, 128):
+        for batch in (8, 128):
             assert re.search(rf"batch +{batch}: v5e:1x1 \(1 x TPU v5 lite\): peak .* of 16.0 GiB "
                              r"HBM per chip, (fits|DOES NOT FIT)", all_text), batch
         assert "pending ops left: 0" in all_text
