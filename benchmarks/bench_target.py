@@ -4,6 +4,10 @@ and 24 layers, and what ``with xlanb.target(...)`` adds to the CPU's own steps (
 compiles run on the compile threads; the goal is under 5% on the steady step).
 
     python benchmarks/bench_target.py [--layers 2,8,24] [--steps 12] [--target v5e:1x1]
+    python benchmarks/bench_target.py --scan [--layers 2,8,24]   # compiles only
+
+``--scan`` compiles each depth twice, unrolled (``XLANB_SCAN_LAYERS=0``) and with the
+repeated layers as loops (``=1``), one after the other, and skips the CPU steps.
 
 Each measurement runs in a fresh process (a first step includes its compiles), with the
 executable store off. Prints a JSON object and a table with the CPU model.
@@ -37,11 +41,12 @@ def compile_seconds(layers: int, target: str) -> dict:
     loss.backward()
     opt.step()
     ops = x.pending_count()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     r = x.compile_for(target)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    # CPU seconds too: on a shared machine they move less with the load than wall time
     return {"layers": layers, "ops": ops, "tpu_compile_s": r.compile_seconds,
-            "compile_for_s": wall, "peak_bytes": r.memory.peak_bytes if r.memory else None,
+            "compile_for_s": wall, "compile_for_cpu_s": cpu, "peak_bytes": r.memory.peak_bytes if r.memory else None,
             "fits": r.fits, "estimate": r.summary_line()}
 
 
@@ -66,8 +71,8 @@ def cpu_steps(layers: int, steps: int, target: str | None) -> dict:
             "tpu_reports": [r.summary_line() for r in reports if r is not None]}
 
 
-def _child(kind: str, **kw) -> dict:
-    env = dict(os.environ, XLANB_CACHE_DIR="")
+def _child(kind: str, env_extra: dict | None = None, **kw) -> dict:
+    env = dict(os.environ, XLANB_CACHE_DIR="", **(env_extra or {}))
     code = (f"import json, sys; sys.path.insert(0, {HERE!r}); import bench_target as b; "
             f"print('RESULT' + json.dumps(b.{kind}(**{kw!r})))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -83,7 +88,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--target", default="v5e:1x1")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the CPU steps")
+    ap.add_argument("--scan", action="store_true",
+                    help="TPU compiles unrolled and with loops, side by side; no CPU steps")
     args = ap.parse_args()
+    if args.scan:
+        return scan_table(args)
     out = {"cpu": _cpu_model(), "cores": os.cpu_count(), "target": args.target,
            "compile": [], "steps": {}}
     for n in (int(v) for v in args.layers.split(",")):
@@ -114,6 +123,29 @@ def main() -> None:
     print("|---|---|---|---|")
     for k in ("first_step_s", "steady_step_s"):
         print(f"| {k} | {a[k]:.3f} | {b[k]:.3f} | {100 * (b[k] / a[k] - 1):+.1f}% |")
+
+
+def scan_table(args) -> None:
+    rows = []
+    for n in (int(v) for v in args.layers.split(",")):
+        row = {"layers": n}
+        for key, flag in (("unrolled", "0"), ("loops", "1")):
+            row[key] = _child("compile_seconds", {"XLANB_SCAN_LAYERS": flag}, layers=n,
+                              target=args.target)
+            print(json.dumps({key: row[key]}), file=sys.stderr)
+        rows.append(row)
+    print(json.dumps({"cpu": _cpu_model(), "cores": os.cpu_count(), "target": args.target,
+                      "rows": rows}, indent=1))
+    print(f"\nCPU: {_cpu_model()}, {os.cpu_count()} cores; target {args.target}")
+    print("| layers | ops | TPU compile, unrolled: wall / CPU (s) | with loops: wall / CPU (s) "
+          "| peak per chip, unrolled / loops |")
+    print("|---|---|---|---|---|")
+    mib = lambda c: f"{c['peak_bytes'] / 2**20:.0f}" if c["peak_bytes"] else "?"  # noqa: E731
+    for r in rows:
+        u, lp = r["unrolled"], r["loops"]
+        print(f"| {r['layers']} | {u['ops']} | {u['tpu_compile_s']:.1f} / {u['compile_for_cpu_s']:.1f} "
+              f"| {lp['tpu_compile_s']:.1f} / {lp['compile_for_cpu_s']:.1f} "
+              f"| {mib(u)} / {mib(lp)} MiB |")
 
 
 if __name__ == "__main__":

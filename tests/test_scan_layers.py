@@ -274,13 +274,43 @@ def test_compile_replays_keep_working():
 
 
 def test_the_setting():
-    assert xlanb.config.scan_layers in (True, False)
+    assert xlanb.config.scan_layers in (True, False, "auto")
     mp = pytest.MonkeyPatch()
     try:
         mp.setenv("XLANB_SCAN_LAYERS", "0")
         assert Config().scan_layers is False
+        mp.setenv("XLANB_SCAN_LAYERS", "auto")
+        assert Config().scan_layers == "auto"
+        mp.delenv("XLANB_SCAN_LAYERS")
+        assert Config().scan_layers == "auto"
         mp.setenv("XLANB_SCAN_LAYERS", "sometimes")
         with pytest.raises(SettingError, match="XLANB_SCAN_LAYERS"):
             Config()
     finally:
         mp.undo()
+
+
+def test_auto_loops_a_tpu_compile_of_many_layers_only():
+    """``"auto"`` (the default): the CPU's own graph stays unrolled; a TPU target's
+    compile loops a run of AUTO_MIN_LAYERS or more, and its report says so."""
+    pytest.importorskip("libtpu")
+    from xlanb.execute.stages import AUTO_MIN_LAYERS
+    xlanb.config.scan_layers = "auto"
+    clear_graph_cache()
+    torch.manual_seed(0)
+    model, x = _MLP([16] * AUTO_MIN_LAYERS).to("xla").eval(), torch.randn(4, 8).to("xla")
+    xlanb.sync()
+    y = model(x).sum()
+    report = xlanb.compile_for("v5e:1x1", y)
+    assert report.fits, report
+    note = next(n for n in report.notes if n.startswith("repeated layers compiled once each"))
+    assert f"{AUTO_MIN_LAYERS} × layers" in note
+    assert "while" in report.hlo()
+    ref = float(model.cpu()(x.cpu()).sum())
+    assert abs(float(y) - ref) < 1e-4 * max(1.0, abs(ref))
+    assert xlanb.graphs()[-1].repeats == []  # the CPU ran it unrolled
+    # fewer layers than that: unrolled for the TPU too
+    short = _MLP([16] * (AUTO_MIN_LAYERS - 1)).to("xla").eval()
+    report = xlanb.compile_for("v5e:1x1", short(x).sum())
+    assert not any(n.startswith("repeated layers") for n in report.notes)
+    assert "while" not in report.hlo()

@@ -313,3 +313,15 @@ def test_a_fresh_process_keeps_the_tpu_plugin_out_of_jax():
                           env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "PLATFORM cpu cpu True" in proc.stdout
+
+
+def test_an_instruction_with_xlanb_s_frame_has_no_user_line():
+    """The TPU partitioner's collectives may carry the frame that lowered the whole
+    graph (xlanb's own): the source column is then blank, never an xlanb file."""
+    from xlanb.execute import stages
+    from xlanb.graph.hlo_text import origin
+    meta = ('%ar = f32[] all-reduce(f32[] %x), metadata={op_type="aten::mm" '
+            'op_name="jit(run)/Net/aten::mm" source_file="FILE" source_line=426}')
+    assert origin(meta.replace("FILE", stages.__file__), {})[2] == ""
+    assert origin(meta.replace("FILE", "/home/me/train.py"), {}) == (
+        "aten::mm", "jit(run)/Net/aten::mm", "/home/me/train.py:426")

@@ -153,6 +153,16 @@ def env_size(name: str, default, minimum: int = 1):
     return default if raw in (None, "") else check_size(name, raw, minimum)
 
 
+def _scan_setting(raw):
+    """XLANB_SCAN_LAYERS: "auto" (also unset or empty), or on/off as ``env_flag`` reads."""
+    if raw is None or raw.strip().lower() in ("", "auto"):
+        return "auto"
+    v = raw.strip().lower()
+    if v in _TRUE or v in _FALSE:
+        return v in _TRUE
+    _refuse("XLANB_SCAN_LAYERS", raw, "auto, 1 or 0 (also true/false, yes/no, on/off)")
+
+
 def env_choice(name: str, choices, default):
     raw = os.environ.get(name)
     if raw in (None, ""):
@@ -261,9 +271,11 @@ class Config:
         self.mat_mul_precision: str | None = None
         # Repeated layers of a graph lowered as one lax.scan each, so XLA compiles one
         # layer's body (graph/repeats.py, execute/stages.py); read when a graph is lowered.
-        # Off by default: on XLA:CPU the loop compiled no faster than the unrolled graph
-        # (docs/benchmarks.md, "Repeated layers compiled once").
-        self.scan_layers = env_flag("XLANB_SCAN_LAYERS", False)
+        # True | False | "auto" (the default): loops where they pay, in TPU compiles
+        # (a TPU target's, a TPU's own) of 8 or more repeated layers; on XLA:CPU the
+        # loop compiled no faster than the unrolled graph (docs/benchmarks.md,
+        # "Repeated layers compiled once").
+        self.scan_layers = _scan_setting(os.environ.get("XLANB_SCAN_LAYERS"))
         # Several processes (xlanb.distributed): before each run over more than one of
         # them, every process checks that the others run the same thing (one exchange
         # through jax.distributed's key-value store per run).

@@ -126,12 +126,17 @@ _next_seq = torch._C._autograd._get_sequence_nr
 _grad_enabled = torch.is_grad_enabled
 
 
+def is_internal_file(name: str) -> bool:
+    """Is the file ``name`` never the user's (torch, xlanb, the REPL machinery)?"""
+    return name.startswith(_SKIP_PREFIXES) or name.endswith(_SKIP_SUFFIXES)
+
+
 def _is_internal(f) -> bool:
     """Is ``f``'s code never the user's line (torch, xlanb, the REPL machinery)?"""
     name = f.f_code.co_filename
     module = f.f_globals.get("__name__")
     # by module name too: xlanb's front ends may be installed anywhere
-    return (name.startswith(_SKIP_PREFIXES) or name.endswith(_SKIP_SUFFIXES)
+    return (is_internal_file(name)
             or (isinstance(module, str) and (module == "xlanb" or module.startswith("xlanb."))))
 
 

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from ..base.caches import cache
 from ..base.frames import format_loc
 from ..ir import OpInfo, TensorMeta
 from ..templates import _In
@@ -235,7 +236,7 @@ def device_range(array, ignore=None):
 # (id of the index's node, lo, hi, ignore) -> IndexCheck (each holds its node).
 pending_index_checks: dict = {}
 
-_bounds_infos: dict = {}
+_bounds_infos = cache({}, "index-bounds checks' OpInfos, by (metas, ignores, device)", compiled=True)
 BOUNDS_OP = "xlanb::index_bounds"
 
 

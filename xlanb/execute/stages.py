@@ -17,10 +17,12 @@ import jax
 from jax.sharding import SingleDeviceSharding
 
 from ..base import metrics
+from ..base.caches import cache
 from ..base.config import config
 from ..base.frames import SourceLoc
 from ..graph.repeats import find_repeats
 from ..ir import GraphPlan, leaf_meta, stable_hash
+from ..runtime.devices import jax_device
 from ..runtime.jit import jax_context, lower_jitted
 from ..runtime.mesh import common_mesh, on_mesh, sharding_text
 from ..runtime.targets import Target, retarget, retargeting
@@ -45,7 +47,7 @@ except (ImportError, AttributeError):  # another JAX: no metadata, nothing else 
 def _traceback_template(get, box, lock): box.append(get()); lock.release()  # noqa: E702
 
 
-_tracebacks: dict = {}
+_tracebacks = cache({}, "SourceLoc -> its one-frame JAX traceback")
 
 
 def _user_traceback(src: SourceLoc):
@@ -175,7 +177,9 @@ def _lower_op(info, args, scalars, place):
 def _run_in_order(vals, n_leaves, steps, places, scalars, offsets, repeats) -> None:
     """The graph's ops in ``repeats.order``: each run of repeated layers as one
     ``lax.scan`` (``graph/repeats.py``); a run whose scan fails to trace is unrolled."""
-    stacked: dict = {}  # value position -> (stacked array, layer): a run's results
+    # value position -> (stacked array, layer): a run's results; positions -> the
+    # stacked values at them
+    stacked: dict = {}
     for item in repeats.order:
         if isinstance(item, tuple):
             run = repeats.runs[item[1]]
@@ -209,14 +213,20 @@ def _stack_at(vals, positions, stacked):
     """The values at ``positions`` stacked; where they are one earlier run's stacked
     result, layer by layer (the activations a backward run reads from its forward
     run), that result itself: slicing it and stacking the slices again would make XLA
-    compile a slice and a concatenation per layer."""
+    compile a slice and a concatenation per layer. The same values stacked for an
+    earlier run (the weights, read by the forward, backward and update loops) are
+    stacked once."""
     first = stacked.get(positions[0])
     if first is not None and first[1] == 0:
         arr = first[0]
         if all(stacked.get(p, (None,))[0] is arr and stacked[p][1] == s
                for s, p in enumerate(positions)) and _leading(arr) == len(positions):
             return arr
-    return _stack([vals[p] for p in positions])
+    key = tuple(positions)
+    arr = stacked.get(key)
+    if arr is None:
+        arr = stacked[key] = _stack([vals[p] for p in positions])
+    return arr
 
 
 def _leading(tree) -> int:
@@ -329,6 +339,13 @@ def kept_shardings(placed, mesh):
     return tuple(out) if any(s is not None for s in out) else None
 
 
+_NOT_LOOKED = object()
+# "auto" loops a TPU compile's repeated layers from this many on. The TPU compile of the
+# BERT training step (hidden 256, AdamW; v5e:1x1, 2 cores): 2 layers 25 s unrolled, 36 s
+# looped; 8 layers 41 s and 33 s; 24 layers 97 s and 57 s (docs/benchmarks.md)
+AUTO_MIN_LAYERS = 8
+
+
 class GraphLowering:
     """A graph's first stage: what it computes, made once per structure from its plan.
 
@@ -343,7 +360,7 @@ class GraphLowering:
     __slots__ = ("device", "recipe", "op_names", "leaf_metas", "leaf_origins", "scalar_kinds",
                  "shardings",
                  "mesh", "keep", "hash", "module", "n_ops", "n_inputs", "n_outputs",
-                 "repeats")
+                 "repeats", "_found")
 
     def __init__(self, plan: GraphPlan, device: int, shardings=None, mesh=None, keep=None,
                  graph_hash: str | None = None):
@@ -359,16 +376,38 @@ class GraphLowering:
         self.mesh = mesh
         self.keep = keep            # per root, where an in-place update stays (SPMD)
         self.n_ops, self.n_inputs, self.n_outputs = len(plan.steps), len(plan.leaves), len(plan.roots)
-        # repeated layers lowered as one loop each (graph/repeats.py; XLANB_SCAN_LAYERS);
-        # not yet on a mesh, where the loop would have to carry the shardings
-        self.repeats = (find_repeats(plan.steps, len(plan.leaves), plan.root_pos,
-                                     self.recipe[2])
-                        if config.scan_layers and shardings is None else None)
+        # repeated layers lowered as one loop each (graph/repeats.py; XLANB_SCAN_LAYERS),
+        # for this graph's own device; a TPU target's compile decides for itself
+        self._found = _NOT_LOOKED
+        try:
+            platform = jax_device(device).platform
+        except RuntimeError:  # not one of this process's devices: no loops to decide
+            platform = ""
+        self.repeats = self.repeats_for(platform)
         if graph_hash and self.repeats is not None:  # not the unrolled graph's executable
             graph_hash = hashlib.blake2b((graph_hash + repr(self.repeats.runs)).encode(),
                                          digest_size=16).hexdigest()
         self.hash = graph_hash
         self.module = module_name(graph_hash) if graph_hash else "jit_run"
+
+    def repeats_for(self, platform: str):
+        """The runs to lower as loops in a compile for ``platform`` ("cpu", "gpu",
+        "tpu"), or None: every run with ``scan_layers`` on; with "auto", a TPU's compile
+        of a graph with a run of ``AUTO_MIN_LAYERS`` or more. Never on a mesh yet (the
+        loop would have to carry the shardings). Looked for once per lowering."""
+        setting = config.scan_layers
+        if not setting or self.shardings is not None:
+            return None
+        if setting == "auto" and platform != "tpu":
+            return None
+        if self._found is _NOT_LOOKED:
+            steps, root_pos, places = self.recipe
+            self._found = find_repeats(steps, self.n_inputs, root_pos, places)
+        found = self._found
+        if found is not None and setting == "auto" and \
+                max(len(run.layers) for run in found.runs) < AUTO_MIN_LAYERS:
+            return None
+        return found
 
     @classmethod
     def of(cls, plan: GraphPlan, device: int, shardings=None, mesh=None, keep=None):
@@ -394,10 +433,11 @@ class GraphLowering:
                 [jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type, sharding=self.mesh)
                  for s in scalars])
 
-    def function(self):
-        """A new graph function (see the class docstring for why it is not kept)."""
+    def function(self, repeats=_NOT_LOOKED):
+        """A new graph function (see the class docstring for why it is not kept), with
+        this device's loops unless ``repeats`` says which."""
         return _graph_fn_of(self.recipe, self.keep, self.module.removeprefix("jit_"),
-                            self.repeats)
+                            self.repeats if repeats is _NOT_LOOKED else repeats)
 
     def lower(self, lower_metric: str | None = None):
         """Lowered for xlanb's devices (a ``jax.stages.Lowered``), timed into
@@ -423,7 +463,8 @@ class GraphLowering:
             # made inside it) is placed by its outputs', or it would lower for the CPU
             out = None if specs[0] or specs[1] else SingleDeviceSharding(target.devices[0])
             with jax_context():
-                lowered = jax.jit(self.function(), out_shardings=out).lower(*specs)
+                lowered = jax.jit(self.function(self.repeats_for("tpu")),
+                                  out_shardings=out).lower(*specs)
         annotate_op_types(lowered, self.op_names)
         return lowered
 

@@ -323,6 +323,12 @@ def _notes(lowering: GraphLowering) -> list[str]:
     if torch.int64 in dtypes:
         notes.append("int64 values: TPUs compute 64-bit integers as pairs of 32-bit ones "
                      "(slower; torch_xla users often keep indices int32)")
+    loops = lowering.repeats_for("tpu")
+    if loops is not None:
+        notes.append("repeated layers compiled once each, as loops: "
+                     + ", ".join(run.describe().split(" compiled")[0] for run in loops.runs)
+                     + " (each layer's weights stacked inside the graph: a little more memory, "
+                     "a compile that grows less with depth; XLANB_SCAN_LAYERS=0 unrolls them)")
     return notes
 
 

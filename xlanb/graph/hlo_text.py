@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from ..base.frames import is_internal_file
+
 BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
          "f8e4m3fn": 1, "f8e5m2": 1, "s4": 1, "u4": 1}
@@ -95,6 +97,10 @@ def origin(line: str, tables: dict) -> tuple[str, str, str]:
     elif src_file and src_line:
         source = f"{src_file.group(1)}:{src_line.group(1)}"
     else:
+        source = ""
+    if source and is_internal_file(source.rpartition(":")[0]):
+        # an instruction a compiler pass made (the TPU partitioner's collectives) may
+        # carry the frame that lowered the whole graph: never the user's line
         source = ""
     return (op_type.group(1) if op_type else ""), (op_name.group(1) if op_name else ""), source
 
