@@ -246,6 +246,9 @@ class XlaMagics(Magics):
     @argument("--collapse", type=int, default=None, metavar="N",
               help="picture/DOT only: fold the ops of module scopes nested deeper than N "
                    "levels into one box per level-N scope")
+    @argument("--fold", action="store_true",
+              help="text: each run of identical layers once (the first layer's ops, one "
+                   "line for the rest)")
     @line_magic
     def xla_pending(self, line: str = ""):
         """Show the pending IR graph: what the next sync would compile.
@@ -264,7 +267,7 @@ class XlaMagics(Magics):
         if fmt is None:
             fmt = "svg" if "image/svg+xml" in self._rich() else "text"
         try:
-            summary = xlanb.pending_summary(*tensors)
+            summary = xlanb.pending_summary(*tensors, fold=args.fold)
         except (TypeError, ValueError) as e:
             raise UsageError(str(e)) from None
         label = self.resolver.label

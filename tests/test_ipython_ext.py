@@ -193,6 +193,8 @@ def test_pending_all_live_text_dot_depth(ip):
     _, _, (b,) = magic(ip, "xla_pending", "z --text --depth 2")
     assert "aten::sum" in b["text/plain"] and "aten::mm" not in b["text/plain"]
     assert "not shown (depth=2)" in b["text/plain"]
+    _, _, (b,) = magic(ip, "xla_pending", "--text --fold")  # no repeated layers here
+    assert "more layers" not in b["text/plain"] and "aten::relu" in b["text/plain"]
     _, _, (b,) = magic(ip, "xla_pending", "z --dot --depth 2")
     assert b["text/plain"].splitlines()[1].startswith("digraph")
     assert "aten::sum" in b["text/plain"] and "aten::mm" not in b["text/plain"]

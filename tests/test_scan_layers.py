@@ -314,3 +314,22 @@ def test_auto_loops_a_tpu_compile_of_many_layers_only():
     report = xlanb.compile_for("v5e:1x1", short(x).sum())
     assert not any(n.startswith("repeated layers") for n in report.notes)
     assert "while" not in report.hlo()
+
+
+def test_pending_ir_folds_repeated_layers():
+    """The pending-IR text shows each run of identical layers once: the first layer's
+    ops, then one line for the rest; the values keep their numbers. Nothing runs."""
+    torch.manual_seed(0)
+    model, x = _MLP([16] * 4).to("xla").eval(), torch.randn(4, 8).to("xla")
+    xlanb.sync()
+    y = model(x).sum()
+    full = xlanb.pending_ir()
+    folded = xlanb.pending_ir(fold=True)
+    per_layer = sum(1 for line in full.splitlines() if "[_MLP.layers.1" in line)
+    assert per_layer > 0 and "more layers" not in full
+    assert f"# 3 more layers of layers (1–3): the same {per_layer} ops as layer 0, folded " \
+           f"({3 * per_layer} ops)" in folded
+    assert "[_MLP.layers.0" in folded and "[_MLP.layers.2" not in folded
+    assert folded.splitlines()[-1] == full.splitlines()[-1]  # the outputs' numbers
+    assert xlanb.pending_ir() == full and xlanb.pending_count() > 0
+    torch.testing.assert_close(y.cpu(), model.cpu()(x.cpu()).sum(), **TOL)

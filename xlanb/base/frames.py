@@ -140,6 +140,25 @@ def _is_internal(f) -> bool:
             or (isinstance(module, str) and (module == "xlanb" or module.startswith("xlanb."))))
 
 
+_seen_seq = -1  # autograd's sequence number when user_frame last looked
+
+
+def _note_forward(loc: SourceLoc) -> None:
+    """The node autograd made for this op, just before dispatching it: its forward line.
+    (An op recorded while backward runs has a current node, and is not a forward op.)"""
+    global _seen_seq
+    nxt = _next_seq()
+    _seen_seq = nxt
+    if not _grad_enabled() or _current_node() is not None:
+        return
+    seq = nxt - 1
+    if seq >= 0 and seq not in _forward_locs:
+        _forward_locs[seq] = loc
+        if len(_forward_locs) > _FORWARD_MAX:
+            for k in list(_forward_locs)[:_FORWARD_MAX // 2]:
+                del _forward_locs[k]
+
+
 def user_frame(depth: int = 2) -> SourceLoc | None:
     """The innermost frame outside torch and xlanb, as a SourceLoc, or None. The walk
     starts ``depth`` frames up (the caller of user_frame's caller by default). An op
@@ -160,15 +179,8 @@ def user_frame(depth: int = 2) -> SourceLoc | None:
             loc = _locations.get(key)
             if loc is None:  # interned: one object per line, made once
                 loc = _locations[key] = SourceLoc(name, key[1], code.co_name)
-            if _grad_enabled() and _current_node() is None:
-                # the node autograd made for this op, just before dispatching it (an op
-                # without one finds an older node, already noted)
-                seq = _next_seq() - 1
-                if seq >= 0 and seq not in _forward_locs:
-                    _forward_locs[seq] = loc
-                    if len(_forward_locs) > _FORWARD_MAX:
-                        for k in list(_forward_locs)[:_FORWARD_MAX // 2]:
-                            del _forward_locs[k]
+            if _next_seq() != _seen_seq:  # autograd made a node since the last op
+                _note_forward(loc)
             return loc
         f = f.f_back
     node = _current_node()

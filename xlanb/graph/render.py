@@ -33,7 +33,8 @@ def _near_outputs(g: GraphSummary, depth: int | None) -> set[int] | None:
 
 def render_text(g: GraphSummary, depth: int | None = None, *, label: Label = format_loc) -> str:
     """One line per node: ``%12 = f32[8,16] aten::addmm(%3, %10, %11)  # f.py:42 fwd  [M.l1]``;
-    ``label`` names each source line."""
+    ``label`` names each source line. Layers folded in ``g.folds`` are one comment line
+    each (their values keep their numbers, which later ops name)."""
     n_in = len(g.inputs)
     shown = _near_outputs(g, depth)
     lines = []
@@ -46,8 +47,12 @@ def render_text(g: GraphSummary, depth: int | None = None, *, label: Label = for
         if shown is None or i in shown:
             lines.append(f"%{i} = {aval} device_data"
                          + (f"  sharding={sharded[i]}" if i in sharded else ""))
+    fold_at = {at: text for at, text, _ in g.folds}
+    folded = frozenset().union(*(ops for _, _, ops in g.folds))
     for j, op in enumerate(g.ops):
-        if shown is not None and n_in + j not in shown:
+        if j in fold_at:
+            lines.append(fold_at[j])
+        if j in folded or (shown is not None and n_in + j not in shown):
             continue
         line = f"%{n_in + j} = {op.aval} {op.name}({op.call})"
         if op.src or op.scope:

@@ -43,6 +43,9 @@ class GraphSummary(NamedTuple):
     # SPMD: (position, sharding text) of each sharded input, annotated op
     # (``xlanb::mark_sharding``) and, once compiled, output (the partitioner's choice)
     shardings: tuple = ()
+    # repeated layers folded in the text view: (op index where the fold line goes, the
+    # line, frozenset of op indices it stands for), per run (graph/repeats.py)
+    folds: tuple = ()
 
 
 class _Lifted(float):

@@ -13,6 +13,7 @@ from ..runtime.targets import target as resolve_target
 from ..execute.memory import forecast
 from ..realize import placed
 from ..graph.render import render_dot, render_text
+from ..graph.repeats import find_repeats
 from ..graph.summary import GraphSummary, summarize
 from ..ir import GraphPlan, Node, plan_graph
 from ..live import pending_roots
@@ -41,10 +42,13 @@ def _plan(tensors) -> GraphPlan:
 # The public functions
 
 def pending_ir(*tensors, fmt: str = "text", depth: int | None = None,
-               scope_depth: int | None = None, highlight: str | None = None) -> str:
+               scope_depth: int | None = None, highlight: str | None = None,
+               fold: bool = False) -> str:
     """The pending IR of ``tensors`` (all live pending tensors when none are given).
 
-    ``depth`` keeps only the ops at most that many hops before the outputs. For DOT,
+    ``depth`` keeps only the ops at most that many hops before the outputs. ``fold``
+    (text) shows each run of identical layers once: the first layer's ops, then one
+    line for the rest (graph/repeats.py finds them as a loop would). For DOT,
     ``scope_depth`` collapses module scopes deeper than that many levels and
     ``highlight`` marks the ops whose name or ``file:line`` match a regex."""
     __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
@@ -53,15 +57,37 @@ def pending_ir(*tensors, fmt: str = "text", depth: int | None = None,
     for name, v in (("depth", depth), ("scope_depth", scope_depth)):
         if v is not None and (not isinstance(v, int) or v < 1):
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    g = summarize(_plan(tensors))
+    g = pending_summary(*tensors, fold=fold and fmt == "text")
     if fmt == "text":
         return render_text(g, depth)
     return render_dot(g, scope_depth=scope_depth, highlight=highlight, depth=depth)
 
 
-def pending_summary(*tensors) -> GraphSummary:
-    """The pending graph of ``tensors`` as plain data (for front ends that draw it)."""
-    return summarize(_plan(tensors))
+def pending_summary(*tensors, fold: bool = False) -> GraphSummary:
+    """The pending graph of ``tensors`` as plain data (for front ends that draw it);
+    with ``fold``, its runs of identical layers folded for the text view."""
+    plan = _plan(tensors)
+    g = summarize(plan)
+    return g._replace(folds=_folds(plan)) if fold else g
+
+
+def _folds(plan: GraphPlan) -> tuple:
+    """Per run of repeated layers: everything but the layer that runs first, folded."""
+    r = find_repeats(plan.steps, len(plan.leaves), plan.root_pos,
+                     [(n.src, n.scope) for n in plan.op_nodes])
+    if r is None:
+        return ()
+    out = []
+    for run in r.runs:
+        k = -1 if run.reverse else 0  # the layer the run starts with
+        rest = [ops for i, ops in enumerate(run.segments) if i != k % len(run.segments)]
+        skipped = frozenset(op for ops in rest for op in ops)
+        others = [layer for i, layer in enumerate(run.layers) if i != k % len(run.layers)]
+        words = run.describe().split(" compiled")[0].split(" ", 2)[2]  # "bert.encoder.layer backward"
+        out.append((min(skipped), f"# {len(others)} more layers of {words} ({min(others)}–"
+                    f"{max(others)}): the same {len(run.segments[k])} ops as layer "
+                    f"{run.layers[k]}, folded ({len(skipped)} ops)", skipped))
+    return tuple(out)
 
 
 def pending_count(*tensors) -> int:
