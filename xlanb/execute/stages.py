@@ -240,8 +240,7 @@ def _scan_run(vals, n_leaves, steps, places, scalars, offsets, run, stacked) -> 
     layer's ops (their scope and line name the HLO's instructions), and each value used
     outside the run taken back out of the stacked results."""
     body_ops = run.segments[0]
-    first = -1 if run.reverse else 0  # the layer the chain starts from
-    carry_in = [vals[run.ext[first][e]] for e, _ in run.carry]
+    carry_in = [vals[run.ext[run.first][e]] for e, _ in run.carry]
     invariant = {e: vals[run.ext[0][e]] for e in run.invariant}
     xs = [_stack_at(vals, [ext[e] for ext in run.ext], stacked) for e in run.xs]
     scal = []

@@ -326,7 +326,7 @@ def _notes(lowering: GraphLowering) -> list[str]:
     loops = lowering.repeats_for("tpu")
     if loops is not None:
         notes.append("repeated layers compiled once each, as loops: "
-                     + ", ".join(run.describe().split(" compiled")[0] for run in loops.runs)
+                     + ", ".join(f"{len(run.layers)} × {run.what}" for run in loops.runs)
                      + " (each layer's weights stacked inside the graph: a little more memory, "
                      "a compile that grows less with depth; XLANB_SCAN_LAYERS=0 unrolls them)")
     return notes

@@ -48,8 +48,18 @@ class Run(NamedTuple):
     xs: tuple          # slots with a value per layer, stacked
     exported: tuple    # local ops whose values are used outside the run (stacked ys)
 
+    @property
+    def what(self) -> str:
+        """``bert.encoder.layer backward``: the module list and the pass."""
+        return self.name + _KIND_WORDS[self.kind]
+
+    @property
+    def first(self) -> int:
+        """The segment the run starts with (its chain may run from the last layer)."""
+        return len(self.segments) - 1 if self.reverse else 0
+
     def describe(self) -> str:
-        return (f"{len(self.layers)} × {self.name}{_KIND_WORDS[self.kind]}"
+        return (f"{len(self.layers)} × {self.what}"
                 f" compiled once (scan, layers {min(self.layers)}–{max(self.layers)})")
 
 
@@ -307,8 +317,8 @@ def _update_runs(runs, steps, n_leaves, places, users, roots) -> tuple[list, lis
     """The optimizer's per-layer updates of the forward runs' layers, as runs with no
     carry, and why layers stayed unrolled. An update op is one the runs did not take,
     with no scope, recorded at a line that no op of the model's forward has (autograd's
-    ops carry a forward line; an optimizer's ``step()`` runs at the user's). It belongs to a layer
-    when every value it reads that a layer owns is that one layer's: the layer's weights
+    ops carry a forward line; an optimizer's ``step()`` runs at the user's). It belongs
+    to a layer when every value it reads that a layer owns is that one layer's: its weights
     (its per-layer inputs), a value one of its runs made (a weight's gradient), or a
     value made by an update op of that layer (Adam's moments, then the step)."""
     taken = {op for run in runs for ops in run.segments for op in ops}
@@ -419,6 +429,6 @@ def find_repeats(steps, n_leaves: int, root_pos, places) -> Repeats | None:
         if order is not None:
             return Repeats(tuple(runs), order, tuple(unrolled))
         dropped = runs.pop()  # the last found (an update run, then a backward one, first)
-        unrolled.append(f"{dropped.describe().split(' compiled')[0]}: its ops cannot be "
+        unrolled.append(f"{len(dropped.layers)} × {dropped.what}: its ops cannot be "
                         "gathered into one loop without moving an op across it")
     return None

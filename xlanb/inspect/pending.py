@@ -79,12 +79,10 @@ def _folds(plan: GraphPlan) -> tuple:
         return ()
     out = []
     for run in r.runs:
-        k = -1 if run.reverse else 0  # the layer the run starts with
-        rest = [ops for i, ops in enumerate(run.segments) if i != k % len(run.segments)]
-        skipped = frozenset(op for ops in rest for op in ops)
-        others = [layer for i, layer in enumerate(run.layers) if i != k % len(run.layers)]
-        words = run.describe().split(" compiled")[0].split(" ", 2)[2]  # "bert.encoder.layer backward"
-        out.append((min(skipped), f"# {len(others)} more layers of {words} ({min(others)}–"
+        k = run.first
+        skipped = frozenset(op for i, ops in enumerate(run.segments) if i != k for op in ops)
+        others = [layer for i, layer in enumerate(run.layers) if i != k]
+        out.append((min(skipped), f"# {len(others)} more layers of {run.what} ({min(others)}–"
                     f"{max(others)}): the same {len(run.segments[k])} ops as layer "
                     f"{run.layers[k]}, folded ({len(skipped)} ops)", skipped))
     return tuple(out)
