@@ -563,7 +563,7 @@ def test_a_failed_prefix_compile_falls_back_to_op_by_op(monkeypatch):
 def xlanb_plan(t):
     """The plan a look at ``t`` runs (what peek_node builds)."""
     from xlanb.ir import plan_graph
-    from xlanb.live import peek_values
+    from xlanb.execute.peeks import peek_values
     from xlanb.record import value_node
     return plan_graph([value_node(t)], known=peek_values)
 

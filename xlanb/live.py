@@ -6,7 +6,7 @@ import weakref
 
 from .base.session import mode_state, session
 from .base.caches import cache
-from .execute.peeks import peek_values  # noqa: F401 (realize.py reads it here)
+from .execute.peeks import peek_values
 from .ir import Node
 
 # Storages whose node may be pending, appended on every write. Read in last-write order,

@@ -22,7 +22,8 @@ from .execute.opbyop import run_op_by_op
 from .execute.prefix import prefix_value
 from .ir import Node, plan_graph
 from .runtime.jit import later_held
-from .live import (clear_peeks, compact, end_waiting, live_storages, peek_values,
+from .execute.peeks import peek_values
+from .live import (clear_peeks, compact, end_waiting, live_storages,
                    pending_roots)
 
 
