@@ -8,6 +8,7 @@ stores fresh ones). With Graphviz's ``dot`` installed, ``%xla_pending`` cells mu
 from __future__ import annotations
 
 import copy
+import json
 import os
 import pathlib
 import re
@@ -184,6 +185,60 @@ def test_notebooks_need_only_what_the_readme_installs():
             assert "transformers" in packages, path.name
 
 
+def _all_text(o) -> str:
+    """Everything an output shows: stream text, an error's value and traceback, every
+    representation of a display."""
+    return "\n".join([str(o.get("text", "")), str(o.get("evalue", "")),
+                      *(str(t) for t in o.get("traceback", [])),
+                      *(str(v) for v in o.get("data", {}).values())])
+
+
+# What no output may show: a kernel's temp file for a cell (a cell is In[N] everywhere),
+# an op without the user's line (every op has one: a backward op its forward line,
+# autograd's own steps the line that called .backward())
+_UNFIT = {"a kernel temp file": re.compile(r"ipykernel_\d+|\b\d{8,10}\.py\b"),
+          "an op with no user line": re.compile(r"\(no user line\)|line not recorded")}
+
+
+def unfit_outputs(nb) -> list[str]:
+    """The outputs of ``nb`` that show what none may (``_UNFIT``), one line each."""
+    problems = []
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    for i, cell in enumerate(code):
+        for o in _outputs(cell):
+            text = _ANSI.sub("", _all_text(o))
+            for what, pattern in _UNFIT.items():
+                m = pattern.search(text)
+                if m:
+                    problems.append(f"code cell {i + 1} (In[{cell.get('execution_count')}]): "
+                                    f"{what}: {text[max(m.start() - 60, 0):m.end() + 40]!r}")
+    return problems
+
+
+def test_unfit_outputs_are_found():
+    """The check itself, in every field an output has (a traceback's too)."""
+    def nb(output):
+        return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+            "x", execution_count=1, outputs=[output])])
+    err = nbformat.v4.new_output("error", ename="E", evalue="boom", traceback=[
+        "\x1b[0;31mFile \x1b[0;32m/tmp/ipykernel_42/2661902393.py:3\x1b[0m"])
+    assert "kernel temp file" in unfit_outputs(nb(err))[0]
+    html = nbformat.v4.new_output("display_data", data={
+        "text/plain": "", "text/html": "<td>(no user line)</td><td>126</td>"})
+    assert "no user line" in unfit_outputs(nb(html))[0]
+    out = nbformat.v4.new_output("stream", name="stdout", text="(aten::mm: line not recorded)")
+    assert unfit_outputs(nb(out))
+    fine = nbformat.v4.new_output("stream", name="stdout", text="In[3]:4 step 20260901.5 ms")
+    assert unfit_outputs(nb(fine)) == []
+
+
+def test_stored_outputs_show_no_temp_file_or_missing_line():
+    """What GitHub shows, without running anything: every stored notebook."""
+    bad = [f"{path.name}: {p}" for path in NOTEBOOKS
+           for p in unfit_outputs(nbformat.from_dict(json.loads(path.read_text())))]
+    assert not bad, "\n".join(bad)
+
+
 def test_there_are_example_notebooks():
     names = {p.stem for p in NOTEBOOKS}
     assert len(names) >= 5, names
@@ -262,12 +317,8 @@ def test_notebook_runs(path):
             o.get("evalue", "") + o.get("text", "") for c in code for o in _outputs(c))
         assert "Shard(xla:0, [0:64], (64,))" in all_text
         assert "sharding={'data'} on mesh (data=2, model=4) (marked at" in all_text
-    # a cell is In[N] in every output, never the kernel's temp file for it
-    shown_text = "\n".join(str(o.get("text", "")) + str(o.get("evalue", ""))
-                           + "".join(str(v) for v in o.get("data", {}).values())
-                           for c in code for o in _outputs(c))
-    temp = re.search(r".{0,60}(ipykernel_\d+|\b\d{8,10}\.py\b).{0,40}", shown_text)
-    assert temp is None, f"{path.name}: a kernel temp file in an output: {temp.group(0)!r}"
+    bad = unfit_outputs(nb)
+    assert not bad, f"{path.name} (a fresh run):\n" + "\n".join(bad)
     stale = stale_outputs(stored, nb)
     assert not stale, (f"{path.name}: stored outputs differ from a fresh run's (store fresh "
                        f"ones: python tools/store_notebooks.py {path.stem}):\n"

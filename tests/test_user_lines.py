@@ -48,6 +48,48 @@ def test_backward_ops_carry_the_forward_line():
         assert b.loc is not None and b.loc.line == line, b
 
 
+def _training_step(model, opt, x):
+    """Two micro-batches accumulated into the gradients, then the optimizer's step; the
+    lines of the two ``backward()`` calls."""
+    opt.zero_grad()  # set_to_none: the first backward's AccumulateGrad detaches
+    first = sys._getframe().f_lineno + 1
+    model(x[:2]).square().mean().backward()
+    second = sys._getframe().f_lineno + 1
+    model(x[2:]).square().mean().backward()  # AccumulateGrad adds into .grad
+    opt.step()
+    return first, second
+
+
+def test_every_op_of_a_training_step_has_a_user_line():
+    """Autograd's own steps (AccumulateGrad's ``detach`` of a new gradient and ``add_``
+    into an existing one) have no forward op: they carry the line that called
+    ``.backward()``, in the pending IR and in the profile (not ``(no user line)``)."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(),
+                                torch.nn.Linear(16, 4)).to("xla")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(4, 8, device="xla")
+    with xlanb.mode("lazy"):
+        with xlanb.profile() as p:
+            first, second = _training_step(model, opt, x)
+            ops = xlanb.pending_summary().ops
+            xlanb.sync()
+    made_here = [op for op in ops if op.name not in ("aten::empty", "xla::data")]
+    assert made_here and all(op.src is not None for op in made_here), \
+        [op.name for op in made_here if op.src is None]
+    at = lambda line: f"{HERE}:{line} "  # noqa: E731
+    accumulated = [op for op in ops if op.name == "aten::add_"
+                   and op.src.short.startswith(at(second))]
+    assert len(accumulated) == 4, [(op.name, op.src.short) for op in ops]  # 4 parameters
+    assert all(e.src is not None for e in p.ops), [e.name for e in p.ops if e.src is None]
+    detached = [e for e in p.ops if e.name == "aten::detach" and e.src.short.startswith(at(first))]
+    assert len(detached) == 4, [(e.name, e.src.short) for e in p.ops]
+    assert "(no user line)" not in str(p.by_line(limit=None))
+    # a NaN made there is told as autograd's step in that backward, not a forward op's
+    from xlanb.execute.nans import origin_text
+    text = origin_text(("AccumulateGrad", None, detached[0].src, ""))
+    assert text.startswith("AccumulateGrad, autograd's own step") and f"{HERE}:{first}" in text
+
+
 def test_warning_header_names_a_cell_as_messages_do():
     loc = xlanb.SourceLoc("/tmp/ipykernel_1/2661902393.py", 12, "<module>")
     xlanb.set_location_labeler(files=lambda f: "In[2]" if f == loc.file else None)

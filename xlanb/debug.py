@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mod
 from torch.utils._pytree import tree_leaves
 
 from .base.config import config
-from .base.frames import user_frame
+from .base.frames import backward_caller, user_frame
 from .base.scopes import current_scope
 from .base.session import mode_state, session
 from .execute.nans import NonFiniteError, all_finite, deferred, make_error, origins, raise_deferred
@@ -45,10 +45,12 @@ def note_forward(func) -> None:
 
 def backward_origin(anode) -> tuple:
     """(autograd node name, forward aten op, forward SourceLoc, forward scope) of the
-    backward node ``anode`` running now; the last three None/"" if not noted."""
+    backward node ``anode`` running now. A node with no forward op noted (autograd's own
+    AccumulateGrad: the ``detach`` and ``+=`` of a gradient) has forward op None and the
+    line that called ``.backward()``."""
     fwd = _forward.get(anode._sequence_nr())
     if fwd is None:
-        return (anode.name(), None, None, "")
+        return (anode.name(), None, backward_caller(), "")
     return (anode.name(), fwd[0], fwd[1], fwd[2])
 
 

@@ -11,6 +11,7 @@ import bdb
 import contextlib
 import os
 import sys
+import threading
 import warnings
 from typing import NamedTuple
 
@@ -184,7 +185,57 @@ def user_frame(depth: int = 2) -> SourceLoc | None:
             return loc
         f = f.f_back
     node = _current_node()
-    return _forward_locs.get(node._sequence_nr()) if node is not None else None
+    if node is None:
+        return None
+    # autograd's own steps (AccumulateGrad's detach and ``+=`` of a gradient) have no
+    # forward op: they belong to the line that called .backward()
+    return _forward_locs.get(node._sequence_nr()) or backward_caller()
+
+
+# torch.autograd's Python entries into the engine: the thread that called .backward() (or
+# autograd.grad) waits in one of these while autograd's device thread runs the backward
+_ENGINE_ENTRIES = {("graph.py", "_engine_run_backward"), ("__init__.py", "backward"),
+                   ("__init__.py", "grad")}
+_autograd_dir = os.path.join(_torch_dir, "autograd") + os.sep
+
+
+def _engine_entry(f) -> bool:
+    name = f.f_code.co_filename
+    return (name.startswith(_autograd_dir)
+            and (name[len(_autograd_dir):], f.f_code.co_name) in _ENGINE_ENTRIES)
+
+
+def backward_caller() -> SourceLoc | None:
+    """The user's line that started the backward running now (``loss.backward()``), for
+    an op autograd runs with no forward op to credit it to; None when no thread waits in
+    autograd's engine, or several threads at different lines do."""
+    me = threading.get_ident()
+    found = None
+    for ident, f in sys._current_frames().items():
+        if ident == me:
+            continue
+        depth = 0
+        while f is not None and depth < 64 and not _engine_entry(f):
+            f, depth = f.f_back, depth + 1
+        if f is None or depth >= 64:
+            continue
+        while f is not None:
+            skip = _skip_file.get(f.f_code.co_filename)
+            if skip is None:
+                skip = _skip_file[f.f_code.co_filename] = _is_internal(f)
+            if not skip:
+                break
+            f = f.f_back
+        if f is None:
+            continue
+        key = (f.f_code.co_filename, f.f_lineno)
+        loc = _locations.get(key)
+        if loc is None:
+            loc = _locations[key] = SourceLoc(key[0], key[1], f.f_code.co_name)
+        if found is not None and found != loc:
+            return None
+        found = loc
+    return found
 
 
 def debugger_active() -> bool:

@@ -131,6 +131,8 @@ def origin_text(origin) -> str:
         return ""
     anode, fop, fsrc, fscope = origin
     where = f" at {format_loc(fsrc)}" if fsrc is not None else ""
+    if fop is None:  # autograd's own step (a gradient's accumulation): no forward op
+        return f"{anode}, autograd's own step (no forward op), in the backward started{where}"
     return (f"backward of {fop or '?'} ({anode}), whose forward ran{where}"
             + (f" [{fscope}]" if fscope else ""))
 
