@@ -6,7 +6,10 @@
 - an error xlanb raises on purpose shows at most one xlanb frame;
 - ``breakpoint()`` has the ``x*`` commands once the extension is loaded.
 
-One kernel serves the whole module (starting one costs seconds).
+Each check runs on xlanb's kernel (the extension loaded at startup, ``%load_ext`` a no-op)
+and on the standard ``python3`` kernel the notebooks use, where ``%load_ext xlanb`` in the
+first cell loads it. One kernel of each kind serves the whole module (starting one costs
+seconds).
 """
 from __future__ import annotations
 
@@ -27,18 +30,23 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 TEMP = re.compile(r"ipykernel_\d+|\b\d{6,}\.py")  # ipykernel's name for a cell's code
 
 
-@pytest.fixture(scope="module")
-def kc(tmp_path_factory):
-    prefix = str(tmp_path_factory.mktemp("kernels"))
-    spec.install("xlanb-cells-test", prefix=prefix)
-    ksm = KernelSpecManager(kernel_dirs=[os.path.join(prefix, "share", "jupyter", "kernels")])
-    km = KernelManager(kernel_name="xlanb-cells-test", kernel_spec_manager=ksm)
+@pytest.fixture(scope="module", params=["xlanb", "python3"])
+def kc(request, tmp_path_factory):
+    if request.param == "xlanb":
+        prefix = str(tmp_path_factory.mktemp("kernels"))
+        spec.install("xlanb-cells-test", prefix=prefix)
+        ksm = KernelSpecManager(kernel_dirs=[os.path.join(prefix, "share", "jupyter",
+                                                          "kernels")])
+        km = KernelManager(kernel_name="xlanb-cells-test", kernel_spec_manager=ksm)
+    else:  # what the README's notebooks run on: ipykernel's own, this interpreter
+        km = KernelManager(kernel_name="python3")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("XLANB_") and k != "PYTHONBREAKPOINT"}
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
     env["XLANB_CACHE_DIR"] = os.environ.get("XLANB_CACHE_DIR", "")
     km.start_kernel(env=env)
     client = km.client()
+    client.kind = request.param
     client.start_channels()
     client.wait_for_ready(timeout=120)
     yield client
@@ -71,11 +79,16 @@ def run(kc, code: str, stdin: tuple = ()):
     return reply["content"]["execution_count"], reply["content"]["status"], out
 
 
-def test_load_ext_is_silent_on_the_xlanb_kernel(kc):
-    # notebooks say %load_ext xlanb, to run on a plain python3 kernel too
+def test_load_ext_is_silent(kc):
+    # notebooks say %load_ext xlanb, to run on a plain python3 kernel too (where it
+    # loads xlanb); on xlanb's kernel it is already loaded, and says nothing about it
+    loaded = "print('xla_pending' in get_ipython().magics_manager.magics['line'])"
+    assert run(kc, loaded)[2].strip() == str(kc.kind == "xlanb")
     n, status, out = run(kc, "%load_ext xlanb\nimport torch, xlanb\n"
                              "x = torch.randn(16, 16, device='xla')")
     assert status == "ok" and "already loaded" not in out, out
+    _, status, out = run(kc, loaded)
+    assert status == "ok" and out.strip() == "True", out
 
 
 def test_cell_magics_name_their_own_cell(kc):
