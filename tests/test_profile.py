@@ -93,7 +93,14 @@ def test_device_trace_merges_jax_events(tmp_path):
     with xlanb.profile(device=True) as p:
         step()
     events = json.load(open(p.export(str(tmp_path / "t.json"))))["traceEvents"]
-    jax_events = [e for e in events if str(e.get("pid", "")).startswith("jax")]
+    # Chrome/Perfetto's format: every event has a phase and integer pid and tid; JAX's
+    # processes are apart from xlanb's, named "JAX ..." by their process_name events
+    assert all(e.get("ph") and type(e["pid"]) is int and type(e["tid"]) is int
+               for e in events), [e for e in events if not e.get("ph")][:3]
+    jax_pids = {e["pid"] for e in events if e["ph"] == "M" and e["name"] == "process_name"
+                and e["args"]["name"].startswith("JAX")}
+    assert jax_pids and os.getpid() not in jax_pids
+    jax_events = [e for e in events if e["pid"] in jax_pids]
     assert jax_events and any("Execute" in e.get("name", "") for e in jax_events)
     ours = [e for e in events if e.get("cat") == "step"]
     assert len(ours) == 1

@@ -454,7 +454,8 @@ class Profile:
         """Chrome trace events (``ph: X``, microseconds from the profile's start)."""
         pid = os.getpid()
         us = lambda t: round((t - self.t0) * 1e6, 3)  # noqa: E731
-        ev = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": "xlanb"}}]
+        ev = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+               "args": {"name": "xlanb"}}]
         for e in self.ops:
             ev.append({"name": e.name, "cat": "op", "ph": "X", "ts": us(e.start),
                        "dur": round(e.dur * 1e6, 3), "pid": pid, "tid": self._tid,
@@ -520,17 +521,43 @@ class Profile:
         return data["traceEvents"] if isinstance(data, dict) else data
 
     def _jax_events(self) -> list[dict]:
+        """JAX's events, as the Chrome/Perfetto format wants them: on the profile's clock,
+        every one with ``ph`` and integer ``pid``/``tid`` (JAX's closing ``{}`` dropped),
+        JAX's processes apart from xlanb's (another pid where JAX's equals this process's)
+        and each named ``JAX <its name>`` by a ``process_name`` event."""
         shift = (self._jax_t0 - self.t0) * 1e6  # JAX's clock starts at its start_trace
         names: dict = {}  # (module, instruction) -> what the user calls it
         modules = {rec.module for rec in graph_log if rec.module}
         for module, instr, op, scope, src, _ in self.device_instrs:
             names[(module, instr)] = (op, scope, src)
+        raw = [e for e in self._raw_jax_events() if isinstance(e, dict) and e.get("ph")]
+        ours = os.getpid()
+        taken = {e["pid"] for e in raw if isinstance(e.get("pid"), int)} | {ours}
+        pids: dict = {}  # JAX's pid -> the trace's
+
+        def pid_of(p) -> int:
+            if p not in pids:
+                if isinstance(p, int) and not isinstance(p, bool) and p != ours:
+                    pids[p] = p
+                else:
+                    fresh = max(taken) + 1
+                    taken.add(fresh)
+                    pids[p] = fresh
+            return pids[p]
+
         out = []
-        for e in self._raw_jax_events():
+        named: set = set()
+        for e in raw:
             e = dict(e)
             if "ts" in e:
                 e["ts"] = round(e["ts"] + shift, 3)
-            e["pid"] = f"jax {e.get('pid', '')}"
+            e["pid"] = pid_of(e.get("pid"))
+            if not isinstance(e.get("tid"), int):
+                e["tid"] = 0
+            if e["ph"] == "M" and e.get("name") == "process_name":
+                e["args"] = {**(e.get("args") or {}),
+                             "name": f"JAX {(e.get('args') or {}).get('name', '')}".strip()}
+                named.add(e["pid"])
             a = e.get("args")
             if a and "hlo_op" in a:
                 user = names.get((a.get("hlo_module", ""), a["hlo_op"]))
@@ -541,6 +568,9 @@ class Profile:
                 elif a.get("hlo_module") in modules:
                     e["args"] = dict(a, graph=a["hlo_module"])
             out.append(e)
+        for pid in sorted(set(pids.values()) - named):
+            out.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+                        "args": {"name": "JAX"}})
         return out
 
     def export(self, path: str) -> str:
