@@ -13,10 +13,12 @@
 """
 from __future__ import annotations
 
+import copy
 import os
 import re
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -491,6 +493,114 @@ def test_xlac_debug_calls_do_not_sync(tx):
     assert xlanb.pending_count() == n
 
 
+def test_xlac_hlo_is_named_as_the_sync_compiles_it(tx):
+    xlanb.sync()
+    y = (torch.ones(3, device="xla") * 2).sin()
+    name = re.match(r"HloModule (\S+),", tx._XLAC._get_xla_tensors_hlo([y])).group(1)
+    xlanb.sync()
+    assert name == xlanb.graphs()[-1].lowering.module and name.startswith("jit_xlanb_graph_")
+
+
+def test_names_common_scripts_use(tx, tmp_path, monkeypatch, capsys):
+    """issue 34's second audit: runtime, _XLAC and spmd names scripts call."""
+    import torch_xla.core.xla_model as xm
+    import torch_xla.distributed.spmd as xs
+    import torch_xla.runtime as xr
+    from xlanb.runtime import store
+    # the executable store moves to initialize_cache's folder; readonly writes nothing
+    monkeypatch.setattr(xlanb.config, "cache_dir", xlanb.config.cache_dir)
+    monkeypatch.setattr(xlanb.config, "cache_readonly", False)
+    monkeypatch.setattr(xlanb.config, "store_key_file", str(tmp_path / "key"))
+    xr.initialize_cache(str(tmp_path / "xc"), readonly=True)
+    assert xlanb.config.cache_dir == str(tmp_path / "xc") and xlanb.config.cache_readonly
+    assert store.directory().startswith(str(tmp_path / "xc"))
+    written = []
+    monkeypatch.setattr(store, "_write", lambda path, key, body: written.append(path))
+    monkeypatch.setattr(store, "serialize_executable",
+                        type("S", (), {"serialize": staticmethod(lambda c: b"exe")}))
+    store.store("k" * 64, object())  # a read-only process writes nothing
+    assert written == []
+    xr.initialize_cache(tmp_path / "xc")
+    assert not xlanb.config.cache_readonly
+    store.store("k" * 64, object())
+    assert len(written) == 1 and written[0].startswith(str(tmp_path / "xc"))
+    xr.pause_store()  # as XLA_FLAGS=--xla_dump_to does: the folder counts after the dump
+    xr.initialize_cache(str(tmp_path / "later"))
+    assert xlanb.config.cache_dir is None
+    xr.resume_store()
+    assert xlanb.config.cache_dir == str(tmp_path / "later")
+    # the device type: this platform's, silently; TPU with a note; another, an error
+    xr.set_device_type("CPU")
+    assert capsys.readouterr().err == ""
+    xr.set_device_type("TPU")
+    assert "runs on JAX's platform, CPU here" in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match="XLANB_PLATFORM"):
+        xr.set_device_type("CUDA")
+    # no device of another kind, as torch_xla answers
+    assert xm.get_xla_supported_devices("TPU") is None
+    assert xm.get_xla_supported_devices(["TPU", "CPU"]) == xm.get_xla_supported_devices()
+    assert tx._XLAC._xla_get_default_device() == "xla:0"
+    xlanb.sync()
+    y = torch.ones(2, 2, device="xla").cos()
+    xlanb.sync()
+    assert tx._XLAC._get_num_cached_compilation_graph() >= 1
+    mesh = xs.get_1d_mesh()
+    assert xs.get_global_mesh() is None
+    try:
+        xs.set_global_mesh(mesh)
+        assert xs.get_global_mesh() is mesh
+        with pytest.raises(TypeError):
+            xs.set_global_mesh("data")
+    finally:
+        xs.set_global_mesh(None)
+    del y
+
+
+def test_graph_saver_writes_the_pending_graph(tx, tmp_path, monkeypatch):
+    import torch_xla.debug.graph_saver as gs
+    y = (torch.ones(3, device="xla") + 1).tanh()
+    n = xlanb.pending_count()
+    seen: list = []
+    for fmt, mark in (("text", "aten::tanh"), ("dot", "digraph"), ("hlo", "HloModule")):
+        monkeypatch.setenv("SAVE_GRAPH_FMT", fmt)
+        path = gs.save_tensors_graph(str(tmp_path), "g", [y])  # torch_xla's file name
+        assert os.path.basename(path) == f"g-{threading.get_ident()}-{'012'[len(seen)]}.{fmt}"
+        seen.append(path)
+        assert mark in open(path).read()
+    assert gs.save_tensors_graph(str(tmp_path), "g", [y]).endswith("-3.hlo")
+    assert xlanb.pending_count() == n  # nothing ran
+    monkeypatch.setenv("SAVE_GRAPH_FMT", "png")
+    with pytest.raises(RuntimeError, match="text, dot, hlo"):
+        gs.save_tensors_graph(str(tmp_path), "g", [y])
+
+
+def test_torch_compile_openxla_backends_run_on_xlanb(tx):
+    import torch._dynamo
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    dev = copy.deepcopy(cpu).to("xla")
+    x = torch.randn(5, 4)
+    try:
+        for backend in ("openxla", "openxla_eval"):
+            model = torch.compile(dev, backend=backend)
+            with torch.no_grad():
+                for _ in range(2):
+                    out = model(x.to("xla"))
+            assert torch.allclose(out.cpu(), cpu(x), atol=1e-5), backend
+        model = torch.compile(dev, backend="openxla")  # training: the gradients too
+        model(x.to("xla")).sum().backward()
+        cpu(x).sum().backward()
+        assert torch.allclose(dev[0].weight.grad.cpu(), cpu[0].weight.grad, atol=1e-5)
+    finally:
+        torch._dynamo.reset()
+    from torch._dynamo.backends.registry import lookup_backend
+    from xlanb.capture.dynamo import xlanb_backend
+    assert lookup_backend("openxla") is xlanb_backend
+    compat.uninstall()  # torch's own again
+    assert lookup_backend("openxla") is not xlanb_backend
+
+
 def test_multiprocessing_runs_one_replica_here(tx):
     import torch_xla.distributed.xla_multiprocessing as xmp
     assert xmp.spawn(lambda i, a: (i, a), args=(5,)) == (0, 5)
@@ -506,7 +616,8 @@ def test_multiprocessing_runs_one_replica_here(tx):
     ("torch_xla.core.xla_model", "all_gather", "per-replica collectives"),
     ("torch_xla.core.xla_model", "get_rng_state", "manual_seed"),
     ("torch_xla.debug.metrics", "save_metrics", "metrics_report"),
-    ("torch_xla.runtime", "initialize_cache", "xlanb.cache"),
+    ("torch_xla.runtime", "get_master_ip", "XLANB_COORDINATOR_ADDRESS"),
+    ("torch_xla._XLAC", "_clear_pending_irs", "del t"),
     ("torch_xla.experimental", "custom_kernel", "Pallas"),
     ("torch_xla.distributed.parallel_loader", "Nope", "README"),
     ("torch_xla._XLAC", "_xla_step_marker", "sync"),

@@ -97,6 +97,10 @@ xs.mark_sharding(r, mesh, (None, None))
 print("spec", torch_xla._XLAC._get_xla_sharding_spec(t))
 print("spec replicated", torch_xla._XLAC._get_xla_sharding_spec(r))
 print("spec none", repr(torch_xla._XLAC._get_xla_sharding_spec(torch.zeros(2, device=device))))
+xs.set_global_mesh(mesh)
+print("more", xs.get_global_mesh() is mesh, xr.global_device_count(), xr.local_process_count(),
+      xr.local_ordinal(), xm.get_local_ordinal(), torch_xla._XLAC._xla_get_default_device(),
+      xm.get_xla_supported_devices("TPU"), torch_xla._XLAC._get_num_cached_compilation_graph() > 0)
 print(met.short_metrics_report())
 '''
 
@@ -210,9 +214,12 @@ def _trace(directory) -> list[dict]:
     with gzip.open(found[0], "rt") as f:
         data = json.load(f)
     assert isinstance(data["traceEvents"], list)
-    for e in data["traceEvents"]:  # Chrome trace events: complete events are timed
-        if e.get("ph") == "X":
-            assert isinstance(e["ts"], (int, float)) and e["dur"] >= 0 and "name" in e
+    for e in data["traceEvents"]:  # Chrome/Perfetto trace events: each has a phase, an
+        # integer process and thread (JAX's included), and complete events are timed
+        assert e.get("ph") and "name" in e, e
+        assert type(e["pid"]) is int and type(e["tid"]) is int, e
+        if e["ph"] == "X":
+            assert isinstance(e["ts"], (int, float)) and e["dur"] >= 0
     return data["traceEvents"]
 
 
@@ -229,6 +236,15 @@ def test_trace_has_the_annotations_as_events(run):
     for f in (e for e in events if e.get("name") == "forward"):
         assert any(s["ts"] <= f["ts"] and f["ts"] + f["dur"] <= s["ts"] + s["dur"] + 1
                    for s in steps)
+    # the processes are named: xlanb's, and JAX's (apart) when its profiler ran
+    procs = {e["pid"]: e["args"]["name"] for e in events
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    assert "xlanb" in procs.values()
+    jax_pids = {p for p, n in procs.items() if n.startswith("JAX")}
+    assert all(e["pid"] in procs for e in events)
+    if any(n.endswith(".xplane.pb") for n in os.listdir(os.path.dirname(glob.glob(
+            str(tmp / "prof" / "plugins" / "profile" / "*" / "*"))[0]))):
+        assert jax_pids and any(e["ph"] == "X" for e in events if e["pid"] in jax_pids)
     detached = [e.get("name") for e in _trace(tmp / "prof_detached")]
     assert "train_step" in detached and "ExecuteTime" in detached
 
@@ -242,6 +258,7 @@ def test_memory_sharding_and_device_calls(run):
     assert "spec {devices=[4,1]0,1,2,3}" in out
     assert "spec replicated {replicated}" in out
     assert "spec none ''" in out
+    assert "more True 4 1 0 0 xla:0 None True" in out
 
 
 # --------------------------------------------------------------------------- this process
@@ -256,7 +273,10 @@ def test_mat_mul_precision_changes_what_is_compiled(tx):
     try:
         graphs = {}
         for p in ("default", "highest"):
-            backends.set_mat_mul_precision(p)
+            if p == "highest":  # torch_xla's C++ entry point sets the same
+                tx._XLAC._xla_set_mat_mul_precision(p)
+            else:
+                backends.set_mat_mul_precision(p)
             assert backends.get_mat_mul_precision() == p == tx._XLAC._xla_get_mat_mul_precision()
             y = (a @ b).sum() + torch.nn.functional.conv2d(img, k).sum()
             hlo = xlanb.hlo(y, dialect="hlo")
@@ -276,6 +296,8 @@ def test_mat_mul_precision_changes_what_is_compiled(tx):
         assert "operand_precision" not in graphs["default"].hlo(optimized=True)
         with pytest.raises(ValueError, match="default, high, highest"):
             backends.set_mat_mul_precision("medium")
+        with pytest.raises(ValueError, match="default, high, highest"):
+            tx._XLAC._xla_set_mat_mul_precision("medium")
     finally:
         backends.set_mat_mul_precision("highest")
         xlanb.config.mat_mul_precision = None  # torch's knob decides again
@@ -299,6 +321,18 @@ def test_saved_graphs_as_hlo_and_debug_file(tx, tmp_path, monkeypatch):
     assert "Execution Analysis: Execution Cause" in debug
     assert f"({os.path.abspath(__file__)}:" in debug
     del y
+    # the other formats: Graphviz DOT and StableHLO, one block per synced graph
+    for fmt, mark in (("dot", "digraph"), ("stablehlo", "stablehlo.tanh")):
+        compat.uninstall()
+        monkeypatch.setenv("XLA_SAVE_TENSORS_FILE", str(tmp_path / f"g.{fmt}"))
+        monkeypatch.setenv("XLA_SAVE_TENSORS_FMT", fmt)
+        assert compat.install()
+        y = (x * 3).tanh()
+        xlanb.sync()
+        saved = (tmp_path / f"g.{fmt}.0").read_text()
+        assert saved.count("## BEGIN_GRAPH\n") == saved.count("## END_GRAPH\n") == 1
+        assert mark in saved.split("## BEGIN_GRAPH\n")[1], saved[:2000]
+        del y
     compat.uninstall()
     monkeypatch.setenv("XLA_SAVE_TENSORS_FMT", "png")
     with pytest.raises(ValueError, match="XLA_SAVE_TENSORS_FMT='png'.*text, hlo"):
@@ -388,5 +422,12 @@ def test_readme_table_lists_each_debugging_name():
                  "set_mat_mul_precision", "get_mat_mul_precision", "get_memory_info",
                  "_xla_memory_info", "_get_xla_sharding_spec", "use_spmd",
                  "global_runtime_device_count", "addressable_runtime_device_count",
-                 "xla_real_devices", "XLA_USE_EAGER_DEBUG_MODE", "_get_xla_tensors_dot"):
+                 "xla_real_devices", "XLA_USE_EAGER_DEBUG_MODE", "_get_xla_tensors_dot",
+                 # issue 34's second audit
+                 "initialize_cache", "set_device_type", "graph_saver", "_xla_get_default_device",
+                 "_clear_pending_irs", "_get_num_cached_compilation_graph", "get_global_mesh",
+                 "set_global_mesh", 'backend="openxla"', "openxla_eval", "XLA_DYNAMO_DEBUG",
+                 "TF_CPP_VMODULE", "TF_CPP_MIN_LOG_LEVEL", "local_process_count",
+                 "get_local_ordinal", "global_device_count", "get_xla_supported_devices",
+                 "dynamo_bridge"):
         assert name in section, name

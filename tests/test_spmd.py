@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -204,6 +205,12 @@ def test_two_processes_match_one_process(one_process, mode):
     assert one["local_shards"] == ["xla:0", "xla:1", "xla:2", "xla:3"]
     assert two["local_shards"] == ["xla:0", "xla:1"]
     assert "rank 1 shards ['xla:2', 'xla:3']" in out
+    # torch_xla's counts in every process (issue 34): 4 devices in all, 2 here; both
+    # processes on this host, each its own local ordinal; process 1 is not the master
+    counts = {int(r): json.loads(v) for r, v in re.findall(r"^XR-COUNTS (\d) (.+)$", out, re.M)}
+    assert counts == {0: [4, 4, 2, 2, 0, 0, 0, True, True],
+                      1: [4, 4, 2, 2, 1, 1, 1, False, False]}, out[-3000:]
+    assert one["xr_counts"] == [4, 4, 4, 1, 0, 0, 0, True, True]
     # a print shows what this process holds, without a collective
     assert two["repr"].startswith("tensor(<sharded over 2 processes; shape=(16, 8)")
     assert "xla:0 [0:8, 0:]" in two["repr"] and "xla:2" not in two["repr"]

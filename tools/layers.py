@@ -83,7 +83,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
       "xlanb.compat.xlac", "xlanb.compat.runtime", "xlanb.compat.experimental",
       "xlanb.compat.xla_model", "xlanb.compat.profiler", "xlanb.compat.debug_env",
       "xlanb.compat.parallel_loader", "xlanb.compat.xla_multiprocessing",
-      "xlanb.compat.spmd", "xlanb.compat.toplevel", "xlanb.compat")),
+      "xlanb.compat.spmd", "xlanb.compat.graph_saver", "xlanb.compat.dynamo_bridge",
+      "xlanb.compat.toplevel", "xlanb.compat")),
     ("commands", "python -m xlanb.cache: the executable store; python -m xlanb.run: a "
      "torch_xla script on xlanb; python -m xlanb.launch: N local processes",
      ("xlanb.cache", "xlanb.run", "xlanb.launch")),

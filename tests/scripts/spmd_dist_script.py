@@ -50,6 +50,12 @@ out = {"losses": losses, "weights": weights, "peek_ok": torch.equal(peek, torch.
        "xr": [xr.world_size(), xr.global_ordinal(), xm.xrt_world_size(), xm.is_master_ordinal()]}
 if rank != 0:
     print(f"rank {rank} shards {out['local_shards']}", flush=True)
+# every process: torch_xla's counts (global devices, processes on this host, its place)
+out["xr_counts"] = [xr.global_device_count(), xr.global_runtime_device_count(),
+                    xr.local_device_count(), xr.local_process_count(), xr.local_ordinal(),
+                    xm.get_local_ordinal(), xm.get_ordinal(), xm.is_master_ordinal(),
+                    xm.is_master_ordinal(local=False)]
+print(f"XR-COUNTS {rank} " + json.dumps(out["xr_counts"]), flush=True)
 if nproc > 1:  # the others have printed: process 0's long line is not cut into by theirs
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices("printed")

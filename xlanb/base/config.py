@@ -226,6 +226,9 @@ class Config:
         self.cache_dir: str | None = _default_cache_dir()
         # The executable store's cap; least recently used entries go first.
         self.cache_max_bytes: int = env_size("XLANB_CACHE_MAX_BYTES", 2 << 30)
+        # Load from the store but write nothing to it (torch_xla's
+        # xr.initialize_cache(path, readonly=True), for processes beside one that writes).
+        self.cache_readonly: bool = False
         # Signs the store's entries; outside the cache directory, readable only by the user.
         self.store_key_file: str = os.environ.get("XLANB_STORE_KEY") or _default_store_key()
         self._inspect = env_choice("XLANB_INSPECT", INSPECT_CHOICES, "peek")

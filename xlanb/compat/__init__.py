@@ -34,7 +34,7 @@ import sys
 import types
 import warnings
 
-from . import debug_env
+from . import debug_env, dynamo_bridge
 from .missing import SHARDING, CompatImportError, CompatNotImplementedError, \
     module_not_provided, not_provided
 
@@ -47,6 +47,8 @@ MODULES = {
     "torch_xla.core.xla_model": "xlanb.compat.xla_model",
     "torch_xla.debug.metrics": "xlanb.compat.metrics",
     "torch_xla.debug.profiler": "xlanb.compat.profiler",
+    "torch_xla.debug.graph_saver": "xlanb.compat.graph_saver",
+    "torch_xla.core.dynamo_bridge": "xlanb.compat.dynamo_bridge",
     "torch_xla.backends": "xlanb.compat.backends",
     "torch_xla.runtime": "xlanb.compat.runtime",
     "torch_xla.experimental": "xlanb.compat.experimental",
@@ -162,6 +164,7 @@ def install(shadow: bool = False) -> bool:
                                "process and has taken the xla device; restart, then "
                                "install(shadow=True) before importing torch_xla")
     sys.meta_path.insert(0, _finder)
+    dynamo_bridge.install()  # torch.compile(backend="openxla") runs on xlanb
     try:  # torch_xla's debugging variables (PT_XLA_DEBUG_LEVEL, XLA_SAVE_TENSORS_FILE, ...)
         debug_env.install()
     except ValueError:  # a bad value: nothing is left half-installed
@@ -176,6 +179,7 @@ def uninstall() -> None:
     while _finder in sys.meta_path:
         sys.meta_path.remove(_finder)
     debug_env.uninstall()
+    dynamo_bridge.uninstall()
     for name in [n for n in sys.modules if n == "torch_xla" or n.startswith("torch_xla.")]:
         if _ours(sys.modules[name]):
             del sys.modules[name]

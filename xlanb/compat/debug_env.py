@@ -65,7 +65,6 @@ class _State:
     hlo_file: str | None = None
     dump_hlo = False
     excepthook = None     # the hook ours replaced
-    cache_dir: object = False  # the store's directory before --xla_dump_to turned it off
     installed = False
     seen = 0              # graphs in xlanb.graphs() already reported
     said: dict = {}       # pt-xla-profiler message kind -> last text printed
@@ -114,7 +113,7 @@ def install() -> None:
         xlanb.set_mode("eager")
     if "--xla_dump_to" in env.get("XLA_FLAGS", ""):
         # an executable loaded from the store is not compiled, so XLA would dump nothing
-        _s.cache_dir, xlanb.config.cache_dir = xlanb.config.cache_dir, None
+        _xr.pause_store()
     if _s.level or _s.save_file:
         realize.observers.append(_on_sync)
     if _s.metrics_file:
@@ -132,8 +131,7 @@ def uninstall() -> None:
     atexit.unregister(_write_metrics)
     if sys.excepthook is _on_uncaught:
         sys.excepthook = _s.excepthook or sys.__excepthook__
-    if _s.cache_dir is not False:
-        xlanb.config.cache_dir, _s.cache_dir = _s.cache_dir, False
+    _xr.resume_store()
     _s.installed = False
 
 

@@ -2,6 +2,9 @@
 xlanb.launch``) and the JAX devices of its platform."""
 from __future__ import annotations
 
+import os
+import sys
+
 import xlanb
 from xlanb import distributed
 from xlanb.runtime.devices import global_devices, jax_device, platform_name
@@ -18,15 +21,64 @@ __all__ = ["device_type", "world_size", "global_ordinal", "local_ordinal", "proc
            "local_device_count", "addressable_device_count", "global_runtime_device_count",
            "addressable_runtime_device_count", "host_index", "is_spmd", "use_spmd",
            "is_bf16_supported", "using_pjrt", "global_runtime_device_attributes",
-           "runtime_device_attributes"]
+           "runtime_device_attributes", "initialize_cache", "set_device_type"]
 
 __getattr__ = module_getattr(NAME, {
-    "initialize_cache": "xlanb keeps compiled executables in its own store: see "
-                        "`python -m xlanb.cache` and XLANB_CACHE_DIR",
     "get_master_ip": "xlanb.distributed.initialize() reads the coordinator's address "
                      "(XLANB_COORDINATOR_ADDRESS, set by python -m xlanb.launch)",
-    "set_device_type": "choose the JAX platform with XLANB_PLATFORM=cpu|gpu|tpu",
 })
+
+_LOOPBACK = ("127.", "localhost", "[::1]", "::1")
+
+
+def initialize_cache(path: str, readonly: bool = False) -> None:
+    """Keep compiled executables in ``path``: xlanb's executable store
+    (``xlanb.config.cache_dir``, what ``XLANB_CACHE_DIR`` sets; ``python -m xlanb.cache``
+    manages it) moves there. ``readonly=True``: this process loads what is there and
+    writes nothing (``xlanb.config.cache_readonly``), as torch_xla's non-writing
+    processes do. Unlike torch_xla, it may be called after graphs have compiled."""
+    path = os.fspath(path)
+    if _paused:  # --xla_dump_to keeps the store off: the folder counts once that ends
+        _paused[0] = path
+    else:
+        xlanb.config.cache_dir = path
+    xlanb.config.cache_readonly = bool(readonly)
+
+
+_paused: list = []  # [the store's folder to restore] while the store is paused
+
+
+def pause_store() -> None:
+    """Turn the executable store off until ``resume_store`` (``XLA_FLAGS=--xla_dump_to``:
+    an executable loaded from the store is not compiled, so XLA would dump nothing)."""
+    if not _paused:
+        _paused.append(xlanb.config.cache_dir)
+        xlanb.config.cache_dir = None
+
+
+def resume_store() -> None:
+    if _paused:
+        xlanb.config.cache_dir = _paused.pop()
+
+
+def set_device_type(pjrt_device: str) -> None:
+    """torch_xla's ``PJRT_DEVICE``: xlanb runs on JAX's platform, chosen when the process
+    starts (``XLANB_PLATFORM``). Naming that platform is accepted; ``"TPU"`` elsewhere too,
+    with a one-line note (a TPU program runs here unchanged; ``XLANB_TARGET`` also compiles
+    each graph for a TPU); any other platform is an error."""
+    want = str(pjrt_device).strip().upper()
+    have = device_type()
+    if want == have or (want == "GPU" and have == "CUDA"):
+        return
+    if want == "TPU":
+        print(f"xlanb: xr.set_device_type('TPU'): xlanb runs on JAX's platform, {have} here "
+              "(XLANB_TARGET=v5e:2x2 also compiles each graph for a TPU)", file=sys.stderr)
+        return
+    known = sorted(set(_HW.values()))
+    raise RuntimeError(f"{NAME}.set_device_type({pjrt_device!r}): xlanb runs on JAX's "
+                       f"platform, {have} here, chosen when the process starts: set "
+                       f"XLANB_PLATFORM (cpu, gpu, tpu) before it; torch_xla's device types "
+                       f"are {', '.join(known)}")
 
 
 def device_type() -> str:
@@ -46,8 +98,18 @@ def global_ordinal() -> int:
     return distributed.process_index()
 
 
+def _launched_here() -> bool:
+    """Whether this process's fellows all run on this host: ``python -m xlanb.launch``
+    starts them, on one machine, around a coordinator on the loopback address."""
+    return (distributed.process_count() > 1
+            and os.environ.get("XLANB_COORDINATOR_ADDRESS", "").startswith(_LOOPBACK)
+            and os.environ.get("XLANB_NUM_PROCESSES", "") == str(distributed.process_count()))
+
+
 def local_ordinal() -> int:
-    return 0
+    """This process's place among the processes of its host: under ``python -m
+    xlanb.launch``, all of them (one host), so its global ordinal; 0 otherwise."""
+    return distributed.process_index() if _launched_here() else 0
 
 
 def process_index() -> int:
@@ -59,7 +121,8 @@ def process_count() -> int:
 
 
 def local_process_count() -> int:
-    return 1
+    """The processes on this host: every one under ``python -m xlanb.launch``; else 1."""
+    return distributed.process_count() if _launched_here() else 1
 
 
 def host_index() -> int:
@@ -67,14 +130,17 @@ def host_index() -> int:
 
 
 def global_device_count() -> int:
-    return xlanb.device_count()
+    """The devices of every process (``xlanb.distributed.global_device_count``)."""
+    return distributed.global_device_count()
 
 
 def local_device_count() -> int:
+    """This process's devices."""
     return xlanb.device_count()
 
 
 def addressable_device_count() -> int:
+    """This process's devices."""
     return xlanb.device_count()
 
 

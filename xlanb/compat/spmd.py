@@ -16,7 +16,22 @@ from .missing import module_getattr
 NAME = "torch_xla.distributed.spmd"
 
 __all__ = ["Mesh", "mark_sharding", "clear_sharding", "get_1d_mesh", "get_sharding",
-           "visualize_tensor_sharding", "ShardingError"]
+           "visualize_tensor_sharding", "ShardingError", "set_global_mesh", "get_global_mesh"]
+
+_global_mesh: list = [None]
+
+
+def set_global_mesh(mesh: Mesh) -> None:
+    """Remember ``mesh`` for the program (and the libraries it calls) to find with
+    ``get_global_mesh``; as in torch_xla, ``mark_sharding`` still takes its mesh."""
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise TypeError(f"{NAME}.set_global_mesh takes an xs.Mesh, not {type(mesh).__name__}")
+    _global_mesh[0] = mesh
+
+
+def get_global_mesh() -> Mesh | None:
+    """The mesh ``set_global_mesh`` set (None before)."""
+    return _global_mesh[0]
 
 
 def visualize_tensor_sharding(t, use_color: bool = True, **_kw):

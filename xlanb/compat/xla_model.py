@@ -61,9 +61,17 @@ def xla_device_hw(device) -> str:
     return _xr.device_type()
 
 
-def get_xla_supported_devices(devkind: str | None = None,
-                              max_devices: int | None = None) -> list[str]:
-    """``["xla:0", ...]``; ``devkind`` (``"TPU"``, ...) is accepted, as torch_xla does."""
+def get_xla_supported_devices(devkind=None, max_devices: int | None = None
+                              ) -> list[str] | None:
+    """``["xla:0", ...]``; with a ``devkind`` (``"TPU"``, ``"CPU"``, or a list of kinds)
+    none of which is this platform's hardware (``xr.device_type()``), None, as torch_xla
+    answers for a kind it has no device of."""
+    if devkind is not None:
+        kinds = [devkind] if isinstance(devkind, str) else list(devkind)
+        have = _xr.device_type()
+        if not any(str(k).upper() in (have, "GPU" if have == "CUDA" else have)
+                   for k in kinds):
+            return None
     n = xlanb.device_count()
     return [f"xla:{i}" for i in range(n if max_devices is None else min(n, max_devices))]
 
@@ -76,12 +84,14 @@ def get_ordinal(defval: int = 0) -> int:
     return _xr.process_index()
 
 
-def get_local_ordinal() -> int:
-    return 0
+def get_local_ordinal(defval: int = 0) -> int:
+    """This process's place among those of its host (``xr.local_ordinal``)."""
+    return _xr.local_ordinal()
 
 
 def is_master_ordinal(local: bool = True) -> bool:
-    return _xr.process_index() == 0
+    """Whether this is the first process of its host (``local``) or of all."""
+    return (_xr.local_ordinal() if local else _xr.process_index()) == 0
 
 
 def xrt_world_size(defval: int = 1) -> int:

@@ -16,13 +16,18 @@ NAME = "torch_xla._XLAC"
 __all__ = ["_get_xla_tensors_text", "_get_xla_tensors_hlo", "_get_xla_tensors_dot",
            "_get_xla_sharding_spec", "_xla_memory_info", "_xla_set_mat_mul_precision",
            "_xla_get_mat_mul_precision", "_xla_metrics_report", "_xla_counter_value",
-           "_xla_metric_data", "_get_xla_tensor_debug_info"]
+           "_xla_metric_data", "_get_xla_tensor_debug_info", "_xla_get_default_device",
+           "_get_num_cached_compilation_graph"]
 
 __getattr__ = module_getattr(NAME, {
     "_xla_sync_multi": "torch_xla.sync() / xlanb.sync()",
     "_xla_step_marker": "torch_xla.sync() / xlanb.sync()",
     "_get_xla_tensors_hlo_proto": "xlanb.hlo(*tensors, dialect='hlo')",
     "profiler": "torch_xla.debug.profiler (start_trace/stop_trace, Trace, StepTrace)",
+    "_clear_pending_irs": "xlanb never runs pending work no live tensor needs: drop the "
+                          "tensors (del t) to drop their work, or torch_xla.sync() / "
+                          "xlanb.sync() to run it; xlanb.pending_summary() shows what is "
+                          "pending",
 })
 
 
@@ -32,8 +37,21 @@ def _get_xla_tensors_text(tensors) -> str:
 
 
 def _get_xla_tensors_hlo(tensors) -> str:
-    """The HLO module the next sync of ``tensors`` would compile (nothing runs)."""
+    """The HLO module the next sync of ``tensors`` would compile (nothing runs), under
+    the name the sync's compile gives it (``jit_xlanb_graph_<hash>``, as in dumps)."""
     return xlanb.hlo(*tensors, dialect="hlo")
+
+
+def _xla_get_default_device() -> str:
+    """``'xla:0'``: the device ``torch_xla.device()`` gives."""
+    return str(xlanb.device(0))
+
+
+def _get_num_cached_compilation_graph() -> int:
+    """How many compiled graphs xlanb holds in memory now (its graph cache: what a sync
+    of a known structure reuses); ``xlanb.graphs()`` lists every sync's."""
+    from xlanb.execute.resident import graph_cache
+    return len(graph_cache)
 
 
 def _get_xla_tensors_dot(tensors) -> str:

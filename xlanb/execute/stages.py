@@ -468,8 +468,10 @@ class GraphLowering:
         return lowered
 
 
-def lower_graph(plan: GraphPlan, device: int, arrays=None, mesh=None):
+def lower_graph(plan: GraphPlan, device: int, arrays=None, mesh=None, keep=None):
     """``plan`` lowered by JAX (a ``jax.stages.Lowered``), without compiling it (on
-    ``mesh`` with the shardings of ``arrays``, as ``mesh_leaves`` gives them)."""
+    ``mesh`` with the shardings of ``arrays``, as ``mesh_leaves`` gives them, and
+    ``keep``, where in-place updates stay): the module a sync compiles, under its name
+    (``jit_xlanb_graph_<hash>``)."""
     shardings = tuple(sharding_of(a) for a in arrays) if mesh is not None else None
-    return GraphLowering(plan, device, shardings, mesh).lower()
+    return GraphLowering.of(plan, device, shardings, mesh, keep).lower()

@@ -112,8 +112,9 @@ def hlo(*tensors, dialect: str = "stablehlo", optimized: bool = False) -> str:
                                placed(plan.roots))
         return rec.executable.as_text()
     arrays, mesh = mesh_leaves(plan)  # sharded leaves: the module the partitioner sees
-    return lower_graph(plan, device, arrays, mesh).as_text(dialect=dialect,
-                                                           debug_info=dialect == "hlo")
+    keep = kept_shardings(placed(plan.roots), mesh) if mesh is not None else None
+    return lower_graph(plan, device, arrays, mesh, keep).as_text(
+        dialect=dialect, debug_info=dialect == "hlo")
 
 
 def collectives(*tensors):

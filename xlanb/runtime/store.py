@@ -466,7 +466,10 @@ _lapack_ready: list = []
 
 def store(key: str, compiled) -> None:
     """Write ``compiled`` under ``key``; an executable that cannot be serialized is not
-    stored (the next process compiles it again)."""
+    stored (the next process compiles it again); nor is any with
+    ``config.cache_readonly``."""
+    if config.cache_readonly:
+        return
     path = _path(key)
     if path is None:
         return
