@@ -160,12 +160,19 @@ def _cpu_losses(steps: int) -> list[float]:
     return out
 
 
-def test_the_script_prints_the_losses_of_cpu_torch(run):
+# What torch_xla 2.9 itself prints for the script's three steps: run under PJRT_DEVICE=CPU
+# (torch 2.9.0, torch_xla 2.9.0, in a virtual environment of their own, 2026-11-26, with
+# the script's own arguments; its later get_memory_info call fails there, with
+# "UNIMPLEMENTED: GetAllocatorStats is not supported").
+TORCH_XLA_2_9_LOSSES = (8.903650, 7.335521, 5.979743)
+
+
+def test_the_script_prints_the_losses_of_torch_xla_and_cpu_torch(run):
     _, out, _ = run
     got = [float(m) for m in re.findall(r"^step \d+ loss ([\d.]+)$", out, re.M)]
-    want = _cpu_losses(3)
     assert len(got) == 3, out
-    assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+    assert got == pytest.approx(TORCH_XLA_2_9_LOSSES, abs=2e-6)  # printed to 6 places
+    assert got == pytest.approx(_cpu_losses(3), rel=1e-5, abs=1e-6)
     assert "precision highest highest" in out
 
 
