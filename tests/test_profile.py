@@ -125,11 +125,13 @@ def test_device_trace_merges_jax_events(tmp_path):
     named = [e for e in jax_events if "aten_op" in e.get("args", {})]
     assert any(e["args"]["aten_op"] == "aten::addmm" and "encoder" in e["args"]["scope"]
                and e["name"].startswith("aten::addmm") for e in named), named[:5]
-    # the graph's wall execute time and the instructions' measured time are the same
-    # order of magnitude (instructions may overlap on XLA:CPU's thread pool)
+    # the instructions' measured time is not counted over and over: it stays within a few
+    # times the graphs' wall execute time (instructions may overlap on XLA:CPU's thread
+    # pool). No lower bound: on a loaded machine a preempted execute's wall time grows
+    # without its instructions' (this check once failed there at 0.2x).
     total = sum(p.device_ops.values())
     execute = sum(g.execute_s for g in p.graphs)
-    assert 0.2 * execute < total < 5 * execute, (total, execute)
+    assert 0 < total < 5 * execute, (total, execute)
     p.close()
 
 
