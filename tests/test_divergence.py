@@ -20,7 +20,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "divergence_cases.py")
 MODES = ("lazy", "eager", "opbyop")
 CASES = [f"{m}:{c}" for m in MODES for c in ("correct", "extra_op", "extra_collective")] + \
-    ["lazy:replicas", "lazy:recorder", "lazy:slow_compile", "eager:stop"]
+    ["lazy:replicas", "lazy:recorder", "lazy:unchecked", "lazy:slow_compile", "eager:sweep",
+     "eager:stop"]
+# the cases that end a program, one launch each (started together, short)
+ENDS = {"lazy:stop": "lazy:fence,lazy:stop", "opbyop:stop": "opbyop:fence,opbyop:stop",
+        "lazy:end": "lazy:end"}
 
 
 def _env(**extra) -> dict:
@@ -41,20 +45,43 @@ def _line(tag: str) -> str:
     raise AssertionError(tag)
 
 
-@pytest.fixture(scope="module")
-def run() -> dict:
-    # a short timeout: the "stop" case waits it out (the default suits a slow compile).
+def _launch(cases: str, out, **env) -> subprocess.Popen:
     # --grace: on a loaded machine process 1's watcher may need more than the default 3 s
     # to hear that process 0 gave up on it, and the test reads what it says then
-    proc = subprocess.run([sys.executable, "-m", "xlanb.launch", "--nproc", "2",
-                           "--devices-per-proc", "2", "--grace", "20", SCRIPT, ",".join(CASES)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=240,
-                          env=_env(XLANB_DIST_TIMEOUT="3"))
+    return subprocess.Popen([sys.executable, "-m", "xlanb.launch", "--nproc", "2",
+                             "--devices-per-proc", "2", "--grace", "20", SCRIPT, cases],
+                            stdout=open(out / "out", "w"), stderr=open(out / "err", "w"),
+                            text=True, cwd=ROOT, env=_env(**env))
+
+
+def _results(proc: subprocess.Popen, out, timeout: float) -> dict:
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stdout, stderr = (out / "out").read_text(), (out / "err").read_text()
     cases: dict = {}
-    for m in re.finditer(r"^CASE (\d) (\S+) (.*)$", proc.stdout, re.M):
+    for m in re.finditer(r"^CASE (\d) (\S+) (.*)$", stdout, re.M):
         # raw_decode: a native library's own print may end up on the same line
         cases.setdefault(m.group(2), {})[int(m.group(1))] = json.JSONDecoder().raw_decode(m.group(3))[0]
-    return {"cases": cases, "rc": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+    return {"cases": cases, "rc": proc.returncode, "stdout": stdout, "stderr": stderr}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> dict:
+    # a short timeout: the "stop" case waits it out (the default suits a slow compile)
+    out = tmp_path_factory.mktemp("divergence")
+    return _results(_launch(",".join(CASES), out, XLANB_DIST_TIMEOUT="3"), out, 240)
+
+
+@pytest.fixture(scope="module")
+def ends(tmp_path_factory) -> dict:
+    """The launches that end in "stop" (lazy, opbyop) or "end": side by side (most of
+    their time is waiting), each case's launch under its name."""
+    outs = {name: tmp_path_factory.mktemp(name.replace(":", "_")) for name in ENDS}
+    procs = {name: _launch(cases, outs[name], XLANB_DIST_TIMEOUT="3") for name, cases in ENDS.items()}
+    return {name: _results(procs[name], outs[name], 240) for name in ENDS}
 
 
 def _case(run, name) -> dict:
@@ -104,13 +131,17 @@ def test_extra_collective_shows_the_collectives(run):
     assert re.search(r"process 1: graph of \d+ ops \w+ \(1 all-reduce, 8 B\)", msg), msg
 
 
-def test_a_process_that_stops_arriving_is_named_and_everyone_exits(run):
+@pytest.mark.parametrize("mode", MODES)
+def test_a_process_that_stops_arriving_is_named_and_everyone_exits(run, ends, mode):
     """Process 1 sleeps where process 0 waits for it: process 0 reports it (its last
     run, where its Python is now) after XLANB_DIST_TIMEOUT; both exit with the report;
     the launcher exits non-zero with each process's last lines."""
-    got = run["cases"]["eager:stop"]
+    if mode != "eager":
+        run = ends[f"{mode}:stop"]
+    got = run["cases"].get(f"{mode}:stop", {})
+    assert 0 in got, f"{got}\n{run['stdout'][-3000:]}\n{run['stderr'][-3000:]}"
     r = got[0]
-    assert r["type"] == "MissingProcessError" and r["processes"] == [1]
+    assert r["type"] == "MissingProcessError" and r["processes"] == [1], r
     msg = r["error"]
     assert "process 1 did not reach multi-process run #" in msg
     assert "process 1's last multi-process run: #" in msg
@@ -121,6 +152,22 @@ def test_a_process_that_stops_arriving_is_named_and_everyone_exits(run):
     assert "xlanb: process 1 stops: another process waited for it in vain." in err
     assert re.search(r"^\[1\] .*process 1 is now at divergence_cases\.py", err, re.M)
     assert re.search(r"^\[0\] .*MissingProcessError", err, re.M)
+
+
+def test_a_process_that_ends_its_program_early_is_named(ends):
+    """Process 1 leaves its program where process 0 runs on: process 0 is told at its
+    next multi-process run, at once (no timeout), by process 1's exit entry."""
+    run = ends["lazy:end"]
+    got = run["cases"].get("lazy:end", {})
+    assert 0 in got and 1 not in got, f"{got}\n{run['stdout'][-3000:]}\n{run['stderr'][-3000:]}"
+    r = got[0]
+    assert r["type"] == "DivergenceError" and r["processes"] == [1], r
+    msg = r["error"]
+    assert "process 1 ended its program where process 0 goes on" in msg
+    assert "process 1: ended its program (after 0 multi-process runs)" in msg
+    assert f"process 0: graph of " in msg and _line("end") in msg
+    assert run["rc"] == 1  # process 0's error
+    assert "did not reach" not in run["stderr"]
 
 
 def test_a_slow_compile_is_waited_for(run):
@@ -140,9 +187,61 @@ def test_flight_recorder(run):
     assert any("[diverged]" in r for r in runs)
     assert any(_line("extra_op") in r for r in got[1]["value"])  # process 1's own line
     err = run["stderr"]
-    assert "xlanb: process 0's last multi-process runs (xlanb.distributed.recent()):" in err
-    # SIGUSR1: every thread's stack (faulthandler), then the recorder
+    # SIGUSR1 to the launcher, which passes it on: in each process every thread's stack
+    # (faulthandler), then the recorder
+    for p in (0, 1):
+        assert f"xlanb: process {p}'s last multi-process runs (xlanb.distributed.recent()):" in err
     assert re.search(r"Current thread .*\n.*divergence_cases\.py.* in recorder", err)
+
+
+def test_with_the_check_off_nothing_is_checked(run):
+    """XLANB_DIST_CHECK=0 (xlanb.config.dist_check): process 1's extra op runs unseen,
+    and the processes have two answers: what the check is there to prevent."""
+    got = _case(run, "lazy:unchecked")
+    assert "error" not in got[0] and "error" not in got[1], got
+    assert got[1]["value"][0] == pytest.approx(2 * got[0]["value"][0], rel=1e-6)
+    assert got[1]["value"][1] == got[0]["value"][1]  # the fence after it: both again
+
+
+def test_sigusr1_handler_installed_with_the_check_off(monkeypatch, capfd):
+    """initialize() of several processes installs the recorder's SIGUSR1 handler even
+    with XLANB_DIST_CHECK=0, and over an ignored SIGUSR1 (how the launcher starts its
+    children), never over the user's own."""
+    import faulthandler
+
+    import xlanb
+    from xlanb import distributed
+    from xlanb.base.session import session
+    monkeypatch.setattr(xlanb.config, "dist_check", False)
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        def mine(signum, frame):
+            pass
+        signal.signal(signal.SIGUSR1, mine)
+        distributed._install()
+        assert signal.getsignal(signal.SIGUSR1) is mine
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        distributed._install()
+        assert session.agree is None  # the check is off: no exchange, no watcher
+        assert signal.getsignal(signal.SIGUSR1) is distributed._on_sigusr1
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.1)
+        err = capfd.readouterr().err
+        assert "xlanb: process 0's last multi-process runs (xlanb.distributed.recent()): none" in err
+        assert "Current thread" in err and "test_sigusr1_handler_installed_with_the_check_off" in err
+    finally:
+        faulthandler.unregister(signal.SIGUSR1)
+        signal.signal(signal.SIGUSR1, before)
+
+
+def test_old_runs_leave_the_store(run):
+    """The store keeps the keys of the last two blocks of 64 runs, a divergence's
+    summaries included (they live under their run's block)."""
+    got = _case(run, "eager:sweep")
+    s = got[0]["value"]
+    assert s["diverged"] and max(s["diverged"]) < s["from"]
+    top = s["to"] >> 6  # every run before block top-1 is swept, and nothing else is there
+    assert str(top) in s["folders"] and all(f.isdigit() and int(f) >= top - 1 for f in s["folders"]), s
 
 
 def test_replicas_from_different_seeds_name_the_odd_process(run):
@@ -194,6 +293,44 @@ def test_launcher_stops_its_children_on_sigterm(tmp_path):
     assert not _pids_alive(pids)
 
 
+def test_launcher_passes_sigusr1_on_and_stops_everyone_on_sigint(tmp_path):
+    """SIGUSR1 to the launcher goes to every child, which starts with it ignored: a child
+    with no handler of its own (before xlanb.distributed.initialize(), or none at all)
+    lives on. SIGINT then stops every child: exit status 130."""
+    script = tmp_path / "sleeper.py"
+    script.write_text("import os, signal, time\n"
+                      f"open(os.path.join({str(tmp_path)!r}, 'pid' + os.environ['XLANB_PROCESS_ID']), 'w')"
+                      ".write(str(os.getpid()))\n"
+                      "print('SIGUSR1 ignored:', signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN, flush=True)\n"
+                      "time.sleep(300)\n")
+    launcher = subprocess.Popen([sys.executable, "-m", "xlanb.launch", "--nproc", "2", str(script)],
+                                cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"pid{i}").exists() for i in (0, 1)):
+            assert time.monotonic() < deadline and launcher.poll() is None
+            time.sleep(0.1)
+        time.sleep(0.3)
+        pids = [int((tmp_path / f"pid{i}").read_text()) for i in (0, 1)]
+        launcher.send_signal(signal.SIGUSR1)
+        time.sleep(0.5)
+        assert launcher.poll() is None  # no child died of it (the launcher would end)
+        launcher.send_signal(signal.SIGINT)
+        out, err = launcher.communicate(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 128 + signal.SIGINT, err
+    assert "SIGINT: stopping every process" in err
+    assert "killed by SIGUSR1" not in err
+    assert "[0] SIGUSR1 ignored: True" in err and "[1] SIGUSR1 ignored: True" in err
+    deadline = time.monotonic() + 10
+    while _pids_alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _pids_alive(pids)
+
+
 def test_launcher_stops_the_others_when_one_fails(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import os, sys, time\nprint('working', flush=True)\n"
@@ -206,3 +343,4 @@ def test_launcher_stops_the_others_when_one_fails(tmp_path):
     assert proc.returncode == 3
     assert "process 1 failed (exit status 3): stopping the others" in proc.stderr
     assert "[1] it went wrong" in proc.stderr and "[0] working" in proc.stderr
+

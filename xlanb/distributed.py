@@ -20,8 +20,9 @@ where the graphs differ (the recompile differ, graph/explain.py) and each side's
 A process that has not published within ``XLANB_DIST_TIMEOUT`` seconds is asked where
 its Python is (a watcher thread of its own answers; it costs nothing until asked), and
 every process stops with the report (``MissingProcessError``). ``XLANB_DIST_CHECK=0``
-turns the check off. Each process keeps its last runs (``recent()``): printed with
-either error and on SIGUSR1.
+turns the check off (and the recorder: SIGUSR1 then prints the threads' stacks alone).
+Each process keeps its last runs (``recent()``): printed with either error and on
+SIGUSR1.
 """
 from __future__ import annotations
 
@@ -301,6 +302,7 @@ class _Agreement:
         self.seq = 0
         self.recent: deque = deque(maxlen=config.dist_recent)
         self.last: dict = {}  # peer -> its payload of the last run that agreed
+        self.swept = 0  # process 0: the store's keys of blocks of 64 runs before this are gone
         self.lock = threading.RLock()
         self.stopping = False
         self.broken = False
@@ -386,9 +388,13 @@ class _Agreement:
         self.recent[-1] = rec._replace(status="agreed")
         for j in self.peers:
             self.last[j] = got[j]
-        if self.me == 0 and seq & 63 == 0 and seq >= 128:
-            # everyone is past run seq-1, so every key two blocks back was read
-            c.key_value_delete(f"xlanb/agree/{(seq >> 6) - 2}/")
+        if self.me == 0 and (seq >> 6) - 2 >= self.swept:
+            # everyone is past run seq-1, so every key two blocks back was read (the
+            # entries, and the summaries a divergence published). Every block once, even
+            # when the run that would have swept it diverged
+            for block in range(self.swept, (seq >> 6) - 1):
+                c.key_value_delete(f"xlanb/agree/{block}/")
+            self.swept = (seq >> 6) - 1
 
     def _wait(self, key: str, j: int, seq: int, mine) -> str:
         """Peer ``j``'s entry for run ``seq``; on a timeout, the report (and the stop)."""
@@ -485,7 +491,8 @@ class _Agreement:
         ref_group = max(groups.values(), key=lambda g: (len(g), -g[0]))
         ref = ref_group[0]
         odd = sorted(j for j in got if j not in ref_group)
-        sum_key = f"xlanb/agree/sum/{seq}/"
+        # under the run's block: deleted with it (_exchange), at no cost of its own
+        sum_key = f"xlanb/agree/{seq >> 6}/{seq}/sum/"
         try:
             c.key_value_set(sum_key + str(self.me), json.dumps(_summary_json(summary)))
         except Exception:
@@ -604,15 +611,18 @@ def _on_sigusr1(signum, frame) -> None:
 
 
 def _install() -> None:
-    """Several processes: the agreement check, its watcher, and the recorder's signal."""
-    if not config.dist_check or session.agree is not None:
-        return
-    agree = _Agreement()
-    threading.Thread(target=agree.watch, name="xlanb-dist-watcher", daemon=True).start()
-    atexit.register(agree.at_exit)  # before jax's client goes (atexit runs last-in first)
-    session.agree = agree
+    """Several processes: the agreement check and its watcher (unless
+    ``XLANB_DIST_CHECK=0``), and the recorder's signal (always: ``python -m xlanb.launch``
+    passes SIGUSR1 to every process, and a process without the handler would die of it)."""
+    if config.dist_check and session.agree is None:
+        agree = _Agreement()
+        threading.Thread(target=agree.watch, name="xlanb-dist-watcher", daemon=True).start()
+        atexit.register(agree.at_exit)  # before jax's client goes (atexit runs last-in first)
+        session.agree = agree
+    # not over the user's own handler. Ignored is not the user's: the launcher starts its
+    # children so, lest a SIGUSR1 kill one before this runs
     if threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
+            signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, signal.SIG_IGN, None):
         signal.signal(signal.SIGUSR1, _on_sigusr1)
         # every thread's stack at once, even while the main thread is inside native code
         # (then the recorder follows when it returns to Python)

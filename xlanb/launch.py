@@ -8,7 +8,10 @@ The launcher owns its children: they run in one process group of their own, and 
 with the launcher even if it is killed outright. When one fails, the others get
 ``--grace`` seconds to end on their own (they may be printing the same error), then
 the group is stopped (SIGTERM, then SIGKILL). SIGTERM or SIGINT to the launcher stops
-them at once; SIGUSR1 is passed on (each process prints its last multi-process runs).
+them at once; SIGUSR1 is passed on (each process prints its last multi-process runs and
+its threads' stacks). The children start with SIGUSR1 ignored, so that one that arrives
+before a child's handler is installed (before ``xlanb.distributed.initialize()``, or in
+a program that has none) does not kill it.
 On a failure every process's last lines are printed, prefixed ``[i]``, and the exit
 status is non-zero: the first failing process's, or 128 + the signal."""
 from __future__ import annotations
@@ -129,8 +132,12 @@ def main(argv=None) -> int:
             return
         got_signal.append(signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+    for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    # the children inherit SIGUSR1 ignored (an ignored signal stays ignored across exec;
+    # a handler would not): xlanb.distributed installs its own handler over it. Ours
+    # goes in once every child is started, so that no child ever runs it
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     for i in range(a.nproc):
         env = dict(os.environ)
         env.setdefault("PYTHONFAULTHANDLER", "1")  # a native crash leaves its Python stacks
@@ -145,6 +152,7 @@ def main(argv=None) -> int:
                                 process_group=pgid, preexec_fn=_die_with_parent)
         pgid = pgid or proc.pid
         children.append(_Child(i, proc))
+    signal.signal(signal.SIGUSR1, on_signal)
     for c in children:  # threads only once every child is forked (preexec_fn)
         c.start()
     status = 0

@@ -3,8 +3,9 @@
 
 Each case prints ``CASE <process> <name> <json>``: its value, or the DivergenceError it
 raised. The cases run in order in the same two processes (a DivergenceError is raised
-before anything runs, so both go on); "stop" comes last: process 1 stops arriving and
-both processes end. Lines the test looks for are marked ``# LINE:<name>``."""
+before anything runs, so both go on); "stop" or "end" comes last: process 1 stops
+arriving, or ends its program, and both processes end. Lines the test looks for are
+marked ``# LINE:<name>``."""
 from __future__ import annotations
 
 import json
@@ -66,10 +67,20 @@ def replicas():
 
 
 def recorder():
-    if rank == 0:  # the flight recorder on SIGUSR1 (stderr)
-        os.kill(os.getpid(), signal.SIGUSR1)
-        time.sleep(0.2)
+    if rank == 0:  # the flight recorder on SIGUSR1 (stderr): the launcher passes it on
+        os.kill(os.getppid(), signal.SIGUSR1)
+    time.sleep(0.3)
     return [str(r) for r in xlanb.distributed.recent()]
+
+
+def unchecked():
+    """The extra op with the check off (XLANB_DIST_CHECK=0, here changed at run time):
+    nothing is checked, and each process has its own answer."""
+    xlanb.config.dist_check = False
+    try:
+        return extra_op()
+    finally:
+        xlanb.config.dist_check = True
 
 
 def slow_compile():
@@ -98,6 +109,31 @@ def stop():
     return [y.item(), fence()]
 
 
+def end():
+    """Process 1 ends its program (its next case would be process 0's next run)."""
+    if rank == 1:
+        sys.exit(0)
+    y = (x @ w).sum() + 1
+    xlanb.sync()  # LINE:end
+    return [y.item()]
+
+
+def sweep():
+    """Process 0 sweeps the store's keys of runs two blocks of 64 back: the keys left
+    under xlanb/agree/ after it swept the runs so far, and which of those diverged."""
+    from xlanb.base.session import session
+    agree = session.agree
+    diverged = [r.seq for r in agree.recent if r.status == "diverged"]
+    start = agree.seq
+    # both processes skip to the run that sweeps start's block (rather than make 128 runs)
+    agree.seq = ((start >> 6) + 2) * 64
+    fence()
+    time.sleep(0.2)  # process 0 sweeps after its run: let it
+    # the store's folders: xlanb/agree/<block of 64 runs>/<run>/<process>
+    folders = sorted({k.split("/")[2] for k, _ in agree.client.key_value_dir_get("xlanb/agree/")})
+    return {"diverged": diverged, "from": start, "to": agree.seq, "folders": folders}
+
+
 def say(case, out):
     sys.stdout.write(f"CASE {rank} {case} {json.dumps(out)}\n")  # one write: one line
     sys.stdout.flush()
@@ -110,7 +146,7 @@ for case in cases:  # MODE:NAME
         out = {"value": globals()[name]()}
     except xlanb.distributed.DivergenceError as e:
         out = {"error": str(e), "type": type(e).__name__, "processes": list(e.processes)}
-        if name == "stop":
+        if name in ("stop", "end"):
             say(case, out)
             raise
     say(case, out)
