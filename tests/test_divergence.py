@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -45,11 +46,12 @@ def _line(tag: str) -> str:
     raise AssertionError(tag)
 
 
-def _launch(cases: str, out, **env) -> subprocess.Popen:
+def _launch(cases: str, out, port=None, **env) -> subprocess.Popen:
     # --grace: on a loaded machine process 1's watcher may need more than the default 3 s
     # to hear that process 0 gave up on it, and the test reads what it says then
     return subprocess.Popen([sys.executable, "-m", "xlanb.launch", "--nproc", "2",
-                             "--devices-per-proc", "2", "--grace", "20", SCRIPT, cases],
+                             "--devices-per-proc", "2", "--grace", "20",
+                             *(["--port", str(port)] if port else []), SCRIPT, cases],
                             stdout=open(out / "out", "w"), stderr=open(out / "err", "w"),
                             text=True, cwd=ROOT, env=_env(**env))
 
@@ -80,7 +82,16 @@ def ends(tmp_path_factory) -> dict:
     """The launches that end in "stop" (lazy, opbyop) or "end": side by side (most of
     their time is waiting), each case's launch under its name."""
     outs = {name: tmp_path_factory.mktemp(name.replace(":", "_")) for name in ENDS}
-    procs = {name: _launch(cases, outs[name], XLANB_DIST_TIMEOUT="3") for name, cases in ENDS.items()}
+    # a coordinator port each, distinct (each launcher's own free port, asked for at the
+    # same moment, could be one)
+    socks = [socket.socket() for _ in ENDS]
+    for sock in socks:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in socks]
+    for sock in socks:
+        sock.close()
+    procs = {name: _launch(cases, outs[name], port, XLANB_DIST_TIMEOUT="3")
+             for (name, cases), port in zip(ENDS.items(), ports)}
     return {name: _results(procs[name], outs[name], 240) for name in ENDS}
 
 
