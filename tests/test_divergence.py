@@ -355,3 +355,36 @@ def test_launcher_stops_the_others_when_one_fails(tmp_path):
     assert "process 1 failed (exit status 3): stopping the others" in proc.stderr
     assert "[1] it went wrong" in proc.stderr and "[0] working" in proc.stderr
 
+
+
+def test_a_peer_busy_in_xlanb_or_jax_is_working_a_sleeping_one_is_not():
+    """What the watcher tells a waiting process: a main thread whose CPU time grows in
+    xlanb's, JAX's or torch's own code (a slow trace or lowering on a loaded machine) is
+    waited for again, as a compiling one is; one asleep there, one in the user's own code
+    and one in this module's own waits are not."""
+    import threading
+    import traceback
+
+    import jax
+
+    from xlanb import distributed
+
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            sum(range(1000))
+
+    busy = threading.Thread(target=spin, daemon=True)
+    idle = threading.Thread(target=stop.wait, daemon=True)
+    busy.start(), idle.start()
+    try:
+        in_jax = traceback.FrameSummary(jax.__file__, 1, "trace")
+        in_user = traceback.FrameSummary(__file__, 1, "step")
+        in_waits = traceback.FrameSummary(distributed.__file__, 1, "_wait")
+        assert distributed._working(in_jax, busy.ident)
+        assert not distributed._working(in_jax, idle.ident)
+        assert not distributed._working(in_user, busy.ident)
+        assert not distributed._working(in_waits, busy.ident)
+    finally:
+        stop.set()

@@ -237,6 +237,9 @@ def _colls_text(colls) -> str:
 
 _XLANB_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _LIBS = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, np))
+# where a thread's innermost frame is xlanb's, JAX's or torch's own work
+_THIS_FILE = os.path.abspath(__file__)
+_WORK_DIRS = (_XLANB_DIR, _LIBS[0], os.path.dirname(torch.__file__) + os.sep)
 
 
 def _short(fs) -> str:
@@ -249,17 +252,35 @@ def _is_user(fs) -> bool:
                 or name.startswith(_LIBS) or name.startswith("<frozen"))
 
 
-def _where_now(frame) -> dict:
+def _where_now(frame, thread_id: int | None = None) -> dict:
     """Where the main thread's Python is: its innermost user line, the innermost frame,
-    whether it is compiling, and the last frames of its stack."""
+    whether it is compiling or otherwise busy in xlanb's or JAX's own work, and the last
+    frames of its stack."""
     if frame is None:
-        return {"at": "?", "inner": "", "compiling": False, "stack": []}
+        return {"at": "?", "inner": "", "compiling": False, "working": False, "stack": []}
     stack = traceback.extract_stack(frame)
     user = next((fs for fs in reversed(stack) if _is_user(fs)), None)
     # inside one of xlanb's compiles (compile_lowered, _compile_graph, compile_op...)
     compiling = any(fs.filename.startswith(_XLANB_DIR) and "compile" in fs.name for fs in stack)
     return {"at": _short(user) if user else "?", "inner": _short(stack[-1]) if stack else "",
-            "compiling": compiling, "stack": [_short(fs) for fs in stack[-8:]]}
+            "compiling": compiling, "working": bool(stack) and _working(stack[-1], thread_id),
+            "stack": [_short(fs) for fs in stack[-8:]]}
+
+
+def _working(inner, thread_id: int | None) -> bool:
+    """The thread is running (its CPU time grows) inside xlanb's or JAX's own code:
+    tracing, lowering or recording a large graph on a loaded machine, which is not a
+    process that stopped arriving. Waits of this module's own are not work."""
+    name = inner.filename
+    if not name.startswith(_WORK_DIRS) or name == _THIS_FILE:
+        return False
+    try:
+        clock = time.pthread_getcpuclockid(thread_id)
+        before = time.clock_gettime(clock)
+        time.sleep(0.2)
+        return time.clock_gettime(clock) - before > 0.02
+    except (AttributeError, OSError, TypeError):  # no per-thread clock here
+        return False
 
 
 def _summary_json(s: GraphSummary | None):
@@ -417,11 +438,16 @@ class _Agreement:
             missing = [k for k in self.peers
                        if k == j or self._get(key.rpartition("/")[0] + f"/{k}") is None]
             wheres = {k: self._ask_where(k) for k in missing}
-            if any(w.get("compiling") for w in wheres.values()):
-                # a slow first compile of the same graph: not a divergence; wait again
-                busy = ", ".join(f"process {k} ({w['at']})" for k, w in wheres.items() if w.get("compiling"))
+            if any(w.get("compiling") or w.get("working") for w in wheres.values()):
+                # a slow first compile of the same graph, or a slow trace or lowering on a
+                # loaded machine: not a divergence; wait again
+                busy = ", ".join(f"process {k} ({w['at']})" for k, w in wheres.items()
+                                 if w.get("compiling") or w.get("working"))
+                doing = ("compiling" if all(w.get("compiling") for w in wheres.values()
+                                            if w.get("compiling") or w.get("working"))
+                         else "busy in xlanb's or JAX's own work")
                 print(f"xlanb: multi-process run #{seq}: still waiting for {busy}, which "
-                      f"{'is' if ', ' not in busy else 'are'} compiling; "
+                      f"{'is' if ', ' not in busy else 'are'} {doing}; "
                       f"waiting another {config.dist_timeout:g} s", file=sys.stderr, flush=True)
                 deadline = time.monotonic() + config.dist_timeout
                 waited_for_compile = True
@@ -568,7 +594,7 @@ class _Agreement:
             if msg == "where":
                 frame = sys._current_frames().get(self.main_ident)
                 try:
-                    c.key_value_set(f"xlanb/where/{self.me}/{n - 1}", json.dumps(_where_now(frame)))
+                    c.key_value_set(f"xlanb/where/{self.me}/{n - 1}", json.dumps(_where_now(frame, self.main_ident)))
                 except Exception:
                     pass
                 del frame
