@@ -274,12 +274,14 @@ def _pids_alive(pids) -> list:
     return alive
 
 
-def test_launcher_stops_its_children_on_sigterm(tmp_path):
+def _launch_sleepers(tmp_path, line: str):
+    """Two children under xlanb.launch that write their pids, print ``line`` (Python
+    code, in the child) and sleep; returns the launcher and the pids, once both run."""
     script = tmp_path / "sleeper.py"
-    script.write_text("import os, time\n"
+    script.write_text("import os, signal, time\n"
                       f"open(os.path.join({str(tmp_path)!r}, 'pid' + os.environ['XLANB_PROCESS_ID']), 'w')"
                       ".write(str(os.getpid()))\n"
-                      "print('ready', flush=True)\ntime.sleep(300)\n")
+                      f"print({line}, flush=True)\ntime.sleep(300)\n")
     launcher = subprocess.Popen([sys.executable, "-m", "xlanb.launch", "--nproc", "2", str(script)],
                                 cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
@@ -289,7 +291,15 @@ def test_launcher_stops_its_children_on_sigterm(tmp_path):
             assert time.monotonic() < deadline and launcher.poll() is None
             time.sleep(0.1)
         time.sleep(0.3)
-        pids = [int((tmp_path / f"pid{i}").read_text()) for i in (0, 1)]
+        return launcher, [int((tmp_path / f"pid{i}").read_text()) for i in (0, 1)]
+    except BaseException:
+        launcher.kill()
+        raise
+
+
+def test_launcher_stops_its_children_on_sigterm(tmp_path):
+    launcher, pids = _launch_sleepers(tmp_path, "'ready'")
+    try:
         launcher.send_signal(signal.SIGTERM)
         out, err = launcher.communicate(timeout=30)
     finally:
@@ -308,22 +318,9 @@ def test_launcher_passes_sigusr1_on_and_stops_everyone_on_sigint(tmp_path):
     """SIGUSR1 to the launcher goes to every child, which starts with it ignored: a child
     with no handler of its own (before xlanb.distributed.initialize(), or none at all)
     lives on. SIGINT then stops every child: exit status 130."""
-    script = tmp_path / "sleeper.py"
-    script.write_text("import os, signal, time\n"
-                      f"open(os.path.join({str(tmp_path)!r}, 'pid' + os.environ['XLANB_PROCESS_ID']), 'w')"
-                      ".write(str(os.getpid()))\n"
-                      "print('SIGUSR1 ignored:', signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN, flush=True)\n"
-                      "time.sleep(300)\n")
-    launcher = subprocess.Popen([sys.executable, "-m", "xlanb.launch", "--nproc", "2", str(script)],
-                                cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+    launcher, pids = _launch_sleepers(
+        tmp_path, "'SIGUSR1 ignored:', signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN")
     try:
-        deadline = time.monotonic() + 60
-        while not all((tmp_path / f"pid{i}").exists() for i in (0, 1)):
-            assert time.monotonic() < deadline and launcher.poll() is None
-            time.sleep(0.1)
-        time.sleep(0.3)
-        pids = [int((tmp_path / f"pid{i}").read_text()) for i in (0, 1)]
         launcher.send_signal(signal.SIGUSR1)
         time.sleep(0.5)
         assert launcher.poll() is None  # no child died of it (the launcher would end)
