@@ -2,7 +2,6 @@
 executables lower and compile, and the executable store's keys and loads."""
 from __future__ import annotations
 
-import functools
 import time
 
 import jax
@@ -36,39 +35,12 @@ def scalar_spec(kind: str, device: int):
     return jax.ShapeDtypeStruct((2,), _U32, sharding=sharding(device))  # PRNG key data
 
 
-# XLA:CPU (jaxlib 0.10) hands reductions to YNNPACK by default, and a YNNPACK reduce fed
-# by a broadcast returns wrong sums that change from run to run: a 256x256 block repeated
-# to 4096x4096 and summed (x.repeat(16, 16).sum()) gave 5 different totals in 12 runs of
-# one executable, up to 7% off. xlanb keeps YNNPACK for dots only, the other default kind
-# (runs agree with each other and with float64 there). Every CPU executable xlanb
-# compiles gets it: graphs, single ops, quick ones and prefixes.
-_YNN_DOTS_ONLY = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
-
-
-@functools.cache
-def _cpu_fixes() -> dict:
-    """``_YNN_DOTS_ONLY`` where this jaxlib's XLA has the option (one tiny compile, once);
-    an XLA without YNNPACK has neither the option nor the fault."""
-    try:
-        jax.jit(lambda: np.float32(0)).lower().compile(_YNN_DOTS_ONLY)
-    except Exception:  # noqa: BLE001 - INVALID_ARGUMENT: no such compile option
-        return {}
-    return dict(_YNN_DOTS_ONLY)
-
-
-def graph_options(device: int):
-    """XLA options for a graph's executable (None: XLA's defaults)."""
-    if jax_device(device).platform == "cpu":
-        return _cpu_fixes() or None
-    return None
-
-
 def single_op_options(device: int):
     # XLA:CPU's fusion emitters cost ~25% of a single-op compile and buy nothing for one
     # op (measured on the BERT eager first step: XLA compile 5.45 -> 4.02 s, same steady
     # step). Whole graphs keep them.
     if jax_device(device).platform == "cpu":
-        return {"xla_cpu_use_fusion_emitters": False, **_cpu_fixes()}
+        return {"xla_cpu_use_fusion_emitters": False}
     return None
 
 
@@ -83,7 +55,7 @@ _QUICK_CPU = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_le
 def quick_op_options(device: int):
     """XLA options for a quickly compiled single-op executable; None where xlanb has no
     quicker tier for the platform (only XLA:CPU's were measured)."""
-    return {**_QUICK_CPU, **_cpu_fixes()} if jax_device(device).platform == "cpu" else None
+    return _QUICK_CPU if jax_device(device).platform == "cpu" else None
 
 
 def lower_op(info: OpInfo):

@@ -25,7 +25,7 @@ from ..runtime import store
 from ..runtime.jit import background, compile_lowered
 from ..runtime.mesh import sharding_text
 from .background import drain_lowerings, lowerings_waiting
-from .compile import graph_options, load_stored, store_key
+from .compile import load_stored, store_key
 from .memory import (GraphMemory, check_graph, device_oom, graph_buffers, graph_memory,
                      is_device_oom)
 from .resident import admit_graph, graph_cache, resident_graphs
@@ -90,8 +90,7 @@ class CompiledGraph:
         """A dropped executable: from the executable store, else compiled again."""
         exe = load_stored(self._store_key(), self.device, "CompileTime")
         if exe is None:
-            exe = compile_lowered(self.lowering.lower(), metric="CompileTime",
-                                  compiler_options=graph_options(self.device))
+            exe = compile_lowered(self.lowering.lower(), metric="CompileTime")
             key = self._store_key()
             if key is not None:
                 store.store(key, exe)
@@ -100,7 +99,7 @@ class CompiledGraph:
     def _store_key(self) -> str | None:
         if self.lowering.shardings is not None:  # sharded executables are not stored
             return None
-        return store_key(self.hash_full.encode(), self.device, graph_options(self.device))
+        return store_key(self.hash_full.encode(), self.device, None)
 
     @property
     def hash_full(self) -> str:
@@ -321,7 +320,7 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
         return rec, False
     lowering = GraphLowering.of(plan, device, shardings, mesh, keep)
     t0 = time.perf_counter()
-    key_in_store = (store_key(lowering.hash.encode(), device, graph_options(device))
+    key_in_store = (store_key(lowering.hash.encode(), device, None)
                     if shardings is None else None)
     lowered = None
     exe = load_stored(key_in_store, device, "CompileTime")
@@ -329,7 +328,7 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
         try:
             t_lower = time.perf_counter()
             lowered = lowering.lower("LowerTime")
-            exe = _compile_graph(lowered, time.perf_counter() - t_lower, graph_options(device))
+            exe = _compile_graph(lowered, time.perf_counter() - t_lower)
         except Exception as e:
             e.add_note(f"xlanb: while compiling a graph of {len(plan.steps)} ops ({cause}) "
                        f"synced at {format_loc(src) or '?'}; every tensor keeps its "
@@ -371,14 +370,12 @@ def _note_partitioning(rec: CompiledGraph, plan: GraphPlan, exe, mesh) -> None:
         parse_collectives(exe.as_text(), dict(mesh.mesh.shape)), rec.hash)
 
 
-def _compile_graph(lowered, lower_s: float, options):
+def _compile_graph(lowered, lower_s: float):
     """Compile a graph; single ops a look left unlowered (execute/prefix.py) are lowered
     meanwhile, on this thread, which would otherwise only wait."""
     if not lowerings_waiting():
-        return compile_lowered(lowered, metric="CompileTime", lower_s=lower_s,
-                               compiler_options=options)
-    future = background(compile_lowered, lowered, metric="CompileTime", lower_s=lower_s,
-                        compiler_options=options)
+        return compile_lowered(lowered, metric="CompileTime", lower_s=lower_s)
+    future = background(compile_lowered, lowered, metric="CompileTime", lower_s=lower_s)
     drain_lowerings(future.done)
     return future.result()
 

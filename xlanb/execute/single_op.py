@@ -14,7 +14,7 @@ from ..ir import OpInfo
 from ..runtime.jit import compile_lowered, lower_jitted
 from ..runtime.mesh import common_mesh, on_mesh, place
 from .checks import checked
-from .compile import compile_op, graph_options, load_stored, lower_op, op_store_key
+from .compile import compile_op, load_stored, lower_op, op_store_key
 from .resident import admit, reserve, touch
 
 
@@ -112,8 +112,7 @@ def sharded_executable(info: OpInfo, arrays: list, mesh):
     reserve()
     t0 = time.perf_counter()
     lowered = lower_jitted(lambda *flat: fn(flat[:n], flat[n:]), specs, lower_metric="OpLowerTime")
-    exe = compile_lowered(lowered, metric="OpCompileTime", lower_s=time.perf_counter() - t0,
-                          compiler_options=graph_options(info.device))
+    exe = compile_lowered(lowered, metric="OpCompileTime", lower_s=time.perf_counter() - t0)
     metrics.counter("OpCompile")
     colls = parse_collectives(exe.as_text(), dict(mesh.mesh.shape))
     exe = _Sharded(checked(exe, info), colls)

@@ -91,10 +91,50 @@ def compile_lowered(lowered, *, metric: str, compiler_options=None, lower_s: flo
     _local.compiling = True
     try:
         with jax_context():  # thread-local: the cache settings must be set on this thread
-            return lowered.compile(compiler_options)
+            exe = lowered.compile(compiler_options)
+            if _ynn_sums_a_broadcast(exe):
+                metrics.counter("YnnReduceRecompile")
+                exe = lowered.compile({**(compiler_options or {}), **YNN_DOTS_ONLY})
+            return exe
     finally:
         _local.compiling = False
         metrics.record(metric, lower_s + time.perf_counter() - t0)
+
+
+# XLA:CPU (jaxlib 0.10) hands reductions and dots to YNNPACK, and a YNNPACK reduce fused
+# with a broadcast returns sums that change from run to run: a 256x256 block repeated to
+# 4096x4096 and summed (x.repeat(16, 16).sum() in a lazy graph) gave 9 totals in 15 runs,
+# up to 6% off, and broadcasting along the leading dimension did the same. YNNPACK's
+# reductions are otherwise correct and 3-14x quicker than XLA's own here, so only an
+# executable with such a fusion is compiled again, with YNNPACK for dots only.
+YNN_DOTS_ONLY = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
+
+
+def _ynn_sums_a_broadcast(exe) -> bool:
+    """Whether a compiled executable has a YNNPACK fusion that reduces and broadcasts."""
+    try:
+        text = exe.as_text()
+    except Exception:  # noqa: BLE001 - an executable that does not say (loaded, another JAX)
+        return False
+    if '"__ynn_fusion"' not in text:
+        return False
+    computations = {}
+    name, body = None, []
+    for line in text.splitlines():  # "%name (params) -> type {" ... "}"
+        if line.startswith(("%", "ENTRY")) and line.endswith("{"):
+            name, body = line.split(" ", 2)[1 if line.startswith("ENTRY") else 0].lstrip("%"), []
+        elif line == "}" and name is not None:
+            computations[name] = body
+            name = None
+        elif name is not None:
+            body.append(line)
+    for lines in computations.values():
+        for line in lines:
+            if '"__ynn_fusion"' in line and "calls=%" in line:
+                called = computations.get(line.split("calls=%", 1)[1].split(",", 1)[0], ())
+                if any(" broadcast(" in op for op in called) and any(" reduce(" in op for op in called):
+                    return True
+    return False
 
 
 def compile_jitted(fn, arg_specs, *, metric: str, lower_metric: str):

@@ -68,7 +68,8 @@ _LOWERING_SETTINGS = ("default_matmul_precision", "default_prng_impl", "threefry
 # list when those move; other modules (metrics, the renderers, the front ends, ...)
 # may change freely without losing the store.
 KEY_SOURCES = ("lowering", "ops", "templates.py", "ir.py", "base/dtypes.py", "dispatch.py",
-               "record.py", "execute/compile.py", "execute/graphs.py")
+               "record.py", "execute/compile.py", "execute/graphs.py",
+               "runtime/jit.py")  # its compile_lowered may compile again (YNNPACK)
 # Bump when the entry format changes, or when code outside KEY_SOURCES starts to decide
 # what an executable computes.
 FORMAT_VERSION = 2
