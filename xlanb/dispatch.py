@@ -15,7 +15,7 @@ import torch
 from .base import rng
 from .base.config import config
 from .base.caches import cache
-from .base.frames import user_frame
+from .base.frames import user_frame, warn_at
 from .base.scopes import scope_stack
 from .base.session import mode_state, session
 from .execute.checks import (INDEX_RULES, IndexCheck, add_pending_check, device_range, host_range,
@@ -413,12 +413,18 @@ def _byte_masks(args):
             isinstance(i, torch.Tensor) and i.dtype == torch.uint8 for i in indices):
         return args
     # torch warns once per uint8 index tensor, every time (PyTorch's test_indexing counts
-    # them): the stack level reaches past the indexing call, so the warnings module keeps
-    # no once-per-line record of it
+    # them), at the user's line. A fixed stack level could not say where that is: the
+    # first call of a signature takes more frames than a planned one, and a level that
+    # lands on one of xlanb's or torch's lines is shown once per that line, not per use.
+    message = ("indexing with dtype torch.uint8 is now deprecated, please use a dtype "
+               "torch.bool instead.")
     for i in indices:
         if isinstance(i, torch.Tensor) and i.dtype == torch.uint8:
-            warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a "
-                          "dtype torch.bool instead.", UserWarning, stacklevel=6)
+            loc = user_frame()
+            if loc is not None:
+                warn_at(loc, message, UserWarning)
+            else:
+                warnings.warn(message, UserWarning, stacklevel=2)
     fixed = type(indices)(i.to(torch.bool) if isinstance(i, torch.Tensor) and i.dtype == torch.uint8
                           else i for i in indices)
     return (args[0], fixed, *args[2:])
