@@ -438,16 +438,15 @@ class _Agreement:
             missing = [k for k in self.peers
                        if k == j or self._get(key.rpartition("/")[0] + f"/{k}") is None]
             wheres = {k: self._ask_where(k) for k in missing}
-            if any(w.get("compiling") or w.get("working") for w in wheres.values()):
+            busy = {k: w for k, w in wheres.items() if w.get("compiling") or w.get("working")}
+            if busy:
                 # a slow first compile of the same graph, or a slow trace or lowering on a
                 # loaded machine: not a divergence; wait again
-                busy = ", ".join(f"process {k} ({w['at']})" for k, w in wheres.items()
-                                 if w.get("compiling") or w.get("working"))
-                doing = ("compiling" if all(w.get("compiling") for w in wheres.values()
-                                            if w.get("compiling") or w.get("working"))
+                names = ", ".join(f"process {k} ({w['at']})" for k, w in busy.items())
+                doing = ("compiling" if all(w.get("compiling") for w in busy.values())
                          else "busy in xlanb's or JAX's own work")
-                print(f"xlanb: multi-process run #{seq}: still waiting for {busy}, which "
-                      f"{'is' if ', ' not in busy else 'are'} {doing}; "
+                print(f"xlanb: multi-process run #{seq}: still waiting for {names}, which "
+                      f"{'is' if len(busy) == 1 else 'are'} {doing}; "
                       f"waiting another {config.dist_timeout:g} s", file=sys.stderr, flush=True)
                 deadline = time.monotonic() + config.dist_timeout
                 waited_for_compile = True

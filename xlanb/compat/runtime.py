@@ -68,7 +68,7 @@ def set_device_type(pjrt_device: str) -> None:
     each graph for a TPU); any other platform is an error."""
     want = str(pjrt_device).strip().upper()
     have = device_type()
-    if want == have or (want == "GPU" and have == "CUDA"):
+    if names_this_platform(want):
         return
     if want == "TPU":
         print(f"xlanb: xr.set_device_type('TPU'): xlanb runs on JAX's platform, {have} here "
@@ -79,6 +79,13 @@ def set_device_type(pjrt_device: str) -> None:
                        f"platform, {have} here, chosen when the process starts: set "
                        f"XLANB_PLATFORM (cpu, gpu, tpu) before it; torch_xla's device types "
                        f"are {', '.join(known)}")
+
+
+def names_this_platform(kind) -> bool:
+    """Whether torch_xla's device kind ``kind`` (``"TPU"``, ``"GPU"``, ``"CUDA"``,
+    ``"CPU"``) is this platform's hardware (``device_type()``)."""
+    want, have = str(kind).strip().upper(), device_type()
+    return want == have or (want == "GPU" and have == "CUDA")
 
 
 def device_type() -> str:

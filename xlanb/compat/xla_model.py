@@ -68,9 +68,7 @@ def get_xla_supported_devices(devkind=None, max_devices: int | None = None
     answers for a kind it has no device of."""
     if devkind is not None:
         kinds = [devkind] if isinstance(devkind, str) else list(devkind)
-        have = _xr.device_type()
-        if not any(str(k).upper() in (have, "GPU" if have == "CUDA" else have)
-                   for k in kinds):
+        if not any(_xr.names_this_platform(k) for k in kinds):
             return None
     n = xlanb.device_count()
     return [f"xla:{i}" for i in range(n if max_devices is None else min(n, max_devices))]
