@@ -143,8 +143,8 @@ DESCRIPTIONS = {
     "OpQuickCompile": "single-op executables compiled quickly first (LLVM's optimizations "
                       "off), to run at once",
     "OpTierUp": "quick single-op executables replaced by their optimized compile",
-    "YnnReduceRecompile": "executables compiled again with XLA:CPU's YNNPACK kept to dots: "
-                          "its reduce fused with a broadcast gives changing sums",
+    "YnnDotsOnly": "executables compiled with XLA:CPU's YNNPACK kept to dots: a reduce "
+                   "that can fuse with a broadcast (YNNPACK's gives changing sums)",
     "OpTierUpCompileTime": "time compiling the optimized executables that replace quick ones "
                            "(background)",
     "OpBackgroundCompileTime": "of the single-op compile time, what ran on a background "

@@ -90,59 +90,73 @@ def compile_lowered(lowered, *, metric: str, compiler_options=None, lower_s: flo
     t0 = time.perf_counter()
     _local.compiling = True
     try:
+        options = compiler_options
+        if platform_of(lowered) == "cpu" and sums_a_broadcast(lowered):
+            metrics.counter("YnnDotsOnly")
+            options = {**(options or {}), **YNN_DOTS_ONLY}
         with jax_context():  # thread-local: the cache settings must be set on this thread
-            exe = lowered.compile(compiler_options)
-            if _ynn_sums_a_broadcast(exe):
-                metrics.counter("YnnReduceRecompile")
-                exe = lowered.compile({**(compiler_options or {}), **YNN_DOTS_ONLY})
-            return exe
+            return lowered.compile(options)
     finally:
         _local.compiling = False
         metrics.record(metric, lower_s + time.perf_counter() - t0)
+
+
+def platform_of(lowered) -> str | None:
+    """The platform ``lowered`` compiles for ("cpu", "tpu", ...; None if JAX does not say).
+    JAX has no public name for it: ``Lowered._lowering.compile_args["backend"]`` (checked
+    on jax 0.10.2)."""
+    try:
+        return lowered._lowering.compile_args["backend"].platform
+    except (AttributeError, KeyError, TypeError):
+        return None
 
 
 # XLA:CPU (jaxlib 0.10) hands reductions and dots to YNNPACK, and a YNNPACK reduce fused
 # with a broadcast returns sums that change from run to run: a 256x256 block repeated to
 # 4096x4096 and summed (x.repeat(16, 16).sum() in a lazy graph) gave 9 totals in 15 runs,
 # up to 6% off, and broadcasting along the leading dimension did the same. YNNPACK's
-# reductions are otherwise correct and 3-14x quicker than XLA's own here, so only an
-# executable with such a fusion is compiled again, with YNNPACK for dots only.
+# reductions are otherwise correct and 3-14x quicker than XLA's own here, so only a module
+# where a reduce can fuse with a broadcast compiles with YNNPACK for dots only. That is
+# decided from the module before compiling (compiling, reading the executable's fusions
+# and compiling again doubled the BERT step's compile: 2.6 -> 7.2 s).
 YNN_DOTS_ONLY = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
+# Ops XLA:CPU never fuses into a reduce's input: a broadcast before one cannot reach it.
+_FUSION_BARRIERS = frozenset(
+    "stablehlo." + n for n in ("dot_general", "convolution", "reduce", "reduce_window", "sort",
+                               "custom_call", "while", "scatter", "fft", "rng_bit_generator",
+                               "cholesky", "triangular_solve", "all_reduce", "all_gather",
+                               "reduce_scatter", "all_to_all", "collective_permute"))
 
 
-def _ynn_sums_a_broadcast(exe) -> bool:
-    """Whether a compiled executable has a YNNPACK fusion that reduces and broadcasts."""
+def sums_a_broadcast(lowered) -> bool:
+    """Whether a reduce in ``lowered``'s module takes (through ops XLA may fuse with it) a
+    broadcast's result, as YNNPACK's broadcast-reduce fusion would. A call counts as a
+    broadcast (its body is not followed), so this errs towards True."""
     try:
-        text = exe.as_text()
-    except Exception:  # noqa: BLE001 - an executable that does not say (loaded, another JAX)
-        return False
-    if '"__ynn_fusion"' not in text:
-        return False
-    computations = {}
-    name, body = None, []
-    for line in text.splitlines():  # "%name (params) -> type {" ... "}"
-        if line.startswith(("%", "ENTRY")) and line.endswith("{"):
-            name, body = line.split(" ", 2)[1 if line.startswith("ENTRY") else 0].lstrip("%"), []
-        elif line == "}" and name is not None:
-            computations[name] = body
-            name = None
-        elif name is not None:
-            body.append(line)
-    for lines in computations.values():
-        for line in lines:
-            if '"__ynn_fusion"' in line and "calls=%" in line:
-                called = computations.get(line.split("calls=%", 1)[1].split(",", 1)[0], ())
-                if any(" broadcast(" in op for op in called) and any(" reduce(" in op for op in called):
-                    return True
-    return False
+        module = lowered.compiler_ir("stablehlo")
+    except Exception:  # noqa: BLE001 - a lowering that does not say: keep YNNPACK off reduces
+        return True
+    derived = set()  # operations whose results come from a broadcast through fusible ops
 
+    def walk(block) -> bool:
+        for op in block.operations:
+            op = op.operation
+            name = op.name
+            if name == "stablehlo.reduce" and any(
+                    getattr(v.owner, "operation", None) in derived for v in op.operands):
+                return True
+            if name in ("stablehlo.broadcast_in_dim", "stablehlo.broadcast", "func.call") or (
+                    name not in _FUSION_BARRIERS and any(
+                        getattr(v.owner, "operation", None) in derived for v in op.operands)):
+                derived.add(op)
+            for region in op.regions:
+                for inner in region.blocks:
+                    if walk(inner):
+                        return True
+        return False
 
-def compile_jitted(fn, arg_specs, *, metric: str, lower_metric: str):
-    """Trace, lower and compile ``fn`` for ``arg_specs``; time it all into ``metric``,
-    and the tracing and lowering alone into ``lower_metric``. Returns ``(lowered, compiled)``."""
-    t0 = time.perf_counter()
-    lowered = lower_jitted(fn, arg_specs, lower_metric=lower_metric)
-    return lowered, compile_lowered(lowered, metric=metric, lower_s=time.perf_counter() - t0)
+    return any(walk(block) for op in module.body.operations
+               for region in op.operation.regions for block in region.blocks)
 
 
 _pool: list = []
