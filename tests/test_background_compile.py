@@ -1,6 +1,8 @@
-"""Eager mode with background compiles: a new op's executable compiles on a compile
-thread while Python goes on; the ops waiting on it are recorded and run in order,
-through the same single-op executables, when a value is needed or the compiles are done.
+"""Eager mode with background compiles, runs off (``XLANB_EAGER_RUNS=0``): a new op's
+executable compiles on a compile thread while Python goes on; the ops waiting on it are
+recorded and run in order, through the same single-op executables, when a value is
+needed or the compiles are done. (Runs of new ops compiled as one graph, the default:
+tests/test_eager_runs.py.)
 
 Compiles are held at a gate (a threading.Event) so that "still compiling" is a fact of
 the test, not of timing.
@@ -27,6 +29,11 @@ def _wait_for(predicate, timeout: float = 120.0) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+@pytest.fixture(autouse=True)
+def runs_off(monkeypatch):
+    monkeypatch.setattr(config, "eager_runs", 0)
 
 
 @pytest.fixture

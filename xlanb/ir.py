@@ -60,7 +60,7 @@ class OpInfo:
     __slots__ = ("uid", "name", "op", "sig", "fn", "out", "multi", "n_in", "scalar_specs",
                  "device", "plan", "in_metas", "template", "view",
                  "exe", "call", "compiling", "aval_uid", "layout", "sharding", "sharded",
-                 "nbytes", "lines", "__weakref__")
+                 "nbytes", "lines", "seen", "__weakref__")
 
     def __init__(self, name: str, sig, fn: Callable, out, *, op=None, n_in: int = 0,
                  scalar_specs: tuple = (), device: int = 0, plan=None, in_metas: tuple = (),
@@ -84,6 +84,7 @@ class OpInfo:
         self.exe = None
         self.call = None
         self.compiling = None
+        self.seen = 0             # eager: runs it was in without an executable of its own
         self.aval_uid = None      # interned (shape, dtype) when used as a leaf
         self.layout = None        # the result's BaseLayout (single-output ops), made on first use
         self.sharding = None      # xlanb::mark_sharding: the NamedSharding it constrains to

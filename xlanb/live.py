@@ -57,8 +57,8 @@ def track_view(t) -> None:
 def end_waiting() -> None:
     """Eager: nothing waits on a background compile any more (every pending node was
     run, whichever thread recorded it)."""
-    session.default.deferred = False
-    mode_state().deferred = False
+    session.default.deferred = 0
+    mode_state().deferred = 0
     _waiting_views.clear()
 
 

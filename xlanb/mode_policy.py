@@ -16,12 +16,14 @@ from .base.config import config
 from .base.frames import user_frame
 from .base.scopes import current_scope, scope_stack
 from .base.session import ModeState, session, set_policies
-from .execute.background import compile_op_ahead, compiles_in_flight
-from .execute.compile import add_op_note
+from .execute.background import compile_op_ahead, compiles_in_flight, lower_soon
+from .execute.checks import checked
+from .execute.compile import add_op_note, load_stored, op_store_key
 from .execute.fills import settled_if_empty
-from .execute.graphs import run_graph
+from .execute.graphs import cached_graph, run_graph
 from .execute.memory import check_op
 from .execute.opbyop import run_op_by_op
+from .execute.prefix import missing_ops
 from .execute.single_op import direct_call, op_executable, run_op
 from .ir import GraphPlan, Node, OpInfo
 from .realize import node_array, sync
@@ -74,9 +76,12 @@ class OpByOp(Lazy):
 
 
 class Eager(ModePolicy):
-    """Run each op now through its single-op executable, compiling a new one on the
-    compile threads; while it compiles, the op (and what depends on it) is recorded and
-    runs in order once it is ready (``state.deferred``)."""
+    """Run each op now through its single-op executable. An op with none is recorded
+    instead, and so is every op after it (``state.deferred`` counts them), until a value
+    is needed: that run of ops compiles as one graph, quickly (``config.eager_runs``,
+    ``graphs.run_graph(run=True)``), and a signature seen again gets its own optimized
+    executable on the compile threads. With runs off, each new op compiles alone on the
+    compile threads, and the ops recorded meanwhile run in order once it is ready."""
     name = "eager"
     waits_on_compiles = True
 
@@ -118,6 +123,36 @@ class Eager(ModePolicy):
         return node
 
     def _defer(self, state, info, inputs, scalars) -> Node | None:
+        if config.eager_runs:
+            return self._run_later(state, info, inputs, scalars)
+        return self._wait_for_compile(state, info, inputs, scalars)
+
+    def _run_later(self, state, info, inputs, scalars) -> Node | None:
+        """Eager runs: an op with no executable of its own (none in the store either)
+        opens a run, and every op after it joins the run until a value is needed (a
+        read, a sync, a mode switch; realize.materialize) or the run holds
+        ``config.eager_runs`` ops. Returns the recorded node, or None to run the op now."""
+        if state.deferred >= config.eager_runs:
+            sync(cause="eager run limit")
+        if info.exe is None and info.compiling is None and info.seen == 0:
+            info.seen = -1  # looked in the store once; a run that compiles it counts up from 0
+            exe = load_stored(op_store_key(info), info.device, "OpCompileTime")
+            if exe is not None:  # a new process: its optimized executable is stored
+                info.exe = checked(exe, info)
+                metrics.counter("OpCompile")
+        pending = info.compiling
+        if pending is not None and pending.done() and info.exe is None:
+            try:  # its own executable finished compiling (a tier-up): collect it
+                op_executable(info)
+            except Exception:  # noqa: BLE001 - it stays in the run, which reports errors
+                pass
+        if not state.deferred and info.exe is not None:
+            if all(n.data is not None or settled_if_empty(n) for n in inputs):
+                return None
+        state.deferred += 1
+        return Node(info, inputs, scalars, None, user_frame(), current_scope())
+
+    def _wait_for_compile(self, state, info, inputs, scalars) -> Node | None:
         """An op whose executable is still compiling, or whose inputs wait on one, is
         recorded instead of run, and Python goes on to the next op (XLA compiles without
         the GIL, so compiles overlap each other and the Python that follows). The recorded
@@ -135,13 +170,33 @@ class Eager(ModePolicy):
             if n.data is None and not settled_if_empty(n):  # an empty costs nothing to settle
                 waiting = True
         if waiting or (pending and not pending.done()):
-            state.deferred = True
+            state.deferred += 1
             return Node(info, inputs, scalars, None, user_frame(), current_scope())
         return None
 
     def run_plan(self, plan, device, cause, src, placed):
-        # what eager syncs are the ops that waited on compiles: in order, one by one
-        return run_op_by_op(plan)
+        # What eager syncs is a run of ops: one graph where some lack an executable (or
+        # the graph is known), else in order, one by one, as they would have run.
+        if not config.eager_runs or session.spmd:
+            return run_op_by_op(plan)
+        if cached_graph(plan, device) is not None:
+            return run_graph(plan, device, cause, src, placed, run=True)
+        missing = missing_ops(plan)
+        if not missing:
+            return run_op_by_op(plan)
+        if config.tier_up:
+            # An op in its ``tier_up``-th new run comes back in new company: it gets its
+            # own optimized executable, lowered while this run compiles (the main thread
+            # only waits there; ``lower_soon``) and compiled on the compile threads. Ops
+            # of a run that repeats never need one: the run's graph is cached.
+            again = []
+            for info in missing:
+                info.seen = max(info.seen, 0) + 1
+                if info.seen >= config.tier_up:
+                    again.append(info)
+            if again:
+                lower_soon(again)
+        return run_graph(plan, device, cause, src, placed, run=True)
 
 
 LAZY, EAGER, OPBYOP = Lazy(), Eager(), OpByOp()

@@ -11,6 +11,11 @@
 ``XLANB_DEBUG``      1: print each recompile and its explanation as it happens
 ``XLANB_BACKGROUND_COMPILE``  0: eager mode compiles each new op before running it,
                      instead of going on while XLA compiles it on a background thread
+``XLANB_EAGER_RUNS``  the most ops eager mode compiles as one run (default 2048); 0: each
+                     new op compiles alone, as before (``execute/graphs.py``)
+``XLANB_QUICK_COMPILES``  0: eager runs compile with XLA's full optimizations at once
+``XLANB_TIER_UP``    sightings of an op signature after which its own optimized
+                     executable compiles in the background (default 2; 0: never)
 ``XLANB_DEBUG_NANS``  1: find the first op that makes a NaN or Inf (``xlanb.debug_nans``)
 ``XLANB_MEMORY_LIMIT``  device bytes a graph may take, checked before it runs (``16G``;
                      ``xlanb.memory_limit``)
@@ -212,6 +217,8 @@ class Config:
     frequent_compiles = _Checked(check_count, 1)
     dist_timeout = _Checked(check_seconds)
     dist_recent = _Checked(check_count, 1)
+    eager_runs = _Checked(check_count, 0, "0: off")
+    tier_up = _Checked(check_count, 0, "0: never")
 
     def __init__(self) -> None:
         # the execution mode a new session starts in (base/session.py)
@@ -242,6 +249,16 @@ class Config:
         self.debug = env_flag("XLANB_DEBUG", False)
         # Eager mode: compile new ops' executables on background threads (dispatch.py).
         self.background_compile = env_flag("XLANB_BACKGROUND_COMPILE", True)
+        # Eager mode: new ops wait, recorded, until a value is needed, and that run of ops
+        # compiles as one graph (one compile instead of one per op); at most this many
+        # ops per run; 0: each new op compiles its own executable (mode_policy.py).
+        self.eager_runs = env_count("XLANB_EAGER_RUNS", 2048, 0, "0: off")
+        # Those runs compile quickly first (XLA:CPU's LLVM optimizations and fusion
+        # emitters off); a run that comes back compiles fully in the background.
+        self.quick_compiles = env_flag("XLANB_QUICK_COMPILES", True)
+        # An op signature seen this many times in eager runs gets its own optimized
+        # executable, compiled in the background, so that it then runs alone; 0: never.
+        self.tier_up = env_count("XLANB_TIER_UP", 2, 0, "0: never")
         # Peeks (a look in pdb) first compile missing single-op executables quickly, with
         # LLVM's optimizations off, and the optimized ones after, in the background.
         self.quick_peeks = env_flag("XLANB_QUICK_PEEKS", True)

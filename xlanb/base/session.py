@@ -27,7 +27,7 @@ class ModeState:
     def __init__(self, mode: str):
         self.set(mode)
         # eager: some ops were recorded while their executables compile (mode_policy.py)
-        self.deferred = False
+        self.deferred = 0  # eager: ops recorded in the open run (mode_policy.Eager)
 
     def set(self, mode: str) -> None:
         self.mode = mode
@@ -70,7 +70,7 @@ class Session:
         place: base/caches.py) and return to ``mode``."""
         clear_all()
         self.default.set(mode)
-        self.default.deferred = False
+        self.default.deferred = 0
         self.direct = 0
         self.recorder = None
         # spmd stays: tensors sharded before a reset still are

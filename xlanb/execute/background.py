@@ -14,23 +14,24 @@ from ..base.caches import cache
 from ..ir import OpInfo
 from ..runtime.jit import background
 from .checks import checked
-from .compile import compile_op, load_stored, lower_op, op_store_key, quick_op_options
+from .compile import compile_op, load_stored, lower_op, op_store_key, quick_options
 from .resident import admit
 from .single_op import tier_lock
 
 _in_flight = cache([], "Futures of background single-op compiles not yet seen done")
 
 
-def compile_op_ahead(info: OpInfo, quick: bool = False):
+def compile_op_ahead(info: OpInfo, quick: bool = False, later: bool = False):
     """Start compiling ``info``'s single-op executable; returns its Future. Lowering
     happens here, so an op without a working lowering fails at its own line; XLA's
     compile runs on a background thread. An executable in the store is loaded now.
 
     ``quick`` (someone waits for the value): the Future's executable is compiled with
     LLVM's optimizations off, and the optimized one compiles after every compile that
-    someone waits for, then takes its place (``_tier_up``)."""
+    someone waits for, then takes its place (``_tier_up``). ``later``: nobody waits for
+    it (``runtime.jit.background``)."""
     if info.compiling is None:
-        start_prepared(info, prepare_op(info), quick)
+        start_prepared(info, prepare_op(info), quick, later)
     return info.compiling
 
 
@@ -46,23 +47,25 @@ def prepare_op(info: OpInfo) -> tuple:
     return key, None, lowered, time.perf_counter() - t0
 
 
-def start_prepared(info: OpInfo, prepared: tuple, quick: bool = False) -> None:
+def start_prepared(info: OpInfo, prepared: tuple, quick: bool = False,
+                   later: bool = False) -> None:
     """Start the compile of a ``prepare_op`` result (nothing if ``info`` got an
     executable or a compile meanwhile)."""
     if info.compiling is not None or info.exe is not None:
         return
     key, exe, lowered, lower_s = prepared
-    quick_options = quick_op_options(info.device) if quick else None
+    options = quick_options(info.device) if quick else None
     better = None
     if exe is not None:
         future = concurrent.futures.Future()
         future.set_result(exe)
     else:
-        if quick_options is None:
-            future = background(_compile_off_thread, lowered, info.device, key, lower_s)
+        if options is None:
+            future = background(_compile_off_thread, lowered, info.device, key, lower_s,
+                                later=later)
         else:
             future = background(_compile_off_thread, lowered, info.device, None, lower_s,
-                                options=quick_options)
+                                options=options)
             metrics.counter("OpQuickCompile")
             better = background(_compile_off_thread, lowered, info.device, key, 0.0,
                                 later=True, metric="OpTierUpCompileTime")
@@ -95,13 +98,14 @@ def lowerings_waiting() -> bool:
 
 
 def drain_lowerings(stop) -> None:
-    """Lower the queued single ops and start their compiles, until ``stop()`` is true;
-    an op whose lowering fails is left for its own run to report."""
+    """Lower the queued single ops and start their compiles (behind every compile someone
+    waits for), until ``stop()`` is true; an op whose lowering fails is left for its own
+    run to report."""
     while _lower_soon and not stop():
         info = _lower_soon.pop(0)
         if info.compiling is None and info.exe is None:
             try:
-                compile_op_ahead(info)
+                compile_op_ahead(info, later=True)
             except Exception:  # noqa: BLE001 - raised again, at its line, when it runs
                 pass
 

@@ -25,7 +25,7 @@ from ..runtime import store
 from ..runtime.jit import background, compile_lowered
 from ..runtime.mesh import sharding_text
 from .background import drain_lowerings, lowerings_waiting
-from .compile import load_stored, store_key
+from .compile import load_stored, quick_options, store_key
 from .memory import (GraphMemory, check_graph, device_oom, graph_buffers, graph_memory,
                      is_device_oom)
 from .resident import admit_graph, graph_cache, resident_graphs
@@ -61,6 +61,10 @@ class CompiledGraph:
     _memory: object = field(default=False, repr=False)  # False: not asked yet
     # compiled for xlanb.target() too: a Future of its TargetReport (execute/target.py)
     _target: object = field(default=None, repr=False)
+    # an eager run's graph compiled with the quick tier, until its optimized compile
+    # replaces it (``tier_up``)
+    quick: bool = False
+    _tiering: object = field(default=None, repr=False)
 
     @property
     def module(self) -> str:
@@ -91,6 +95,7 @@ class CompiledGraph:
         exe = load_stored(self._store_key(), self.device, "CompileTime")
         if exe is None:
             exe = compile_lowered(self.lowering.lower(), metric="CompileTime")
+            self.quick = False
             key = self._store_key()
             if key is not None:
                 store.store(key, exe)
@@ -306,44 +311,61 @@ _graph_cache = graph_cache  # execute/resident.py
 graph_log = cache([], "every CompiledGraph, in compile order")
 
 
+def cached_graph(plan: GraphPlan, device: int) -> CompiledGraph | None:
+    """The graph of ``plan``'s structure on one device if this process has it (an eager
+    run's quick one, or the optimized one), without compiling anything."""
+    return _graph_cache.get((device, plan.key)) or _graph_cache.get((device, plan.key, "quick"))
+
+
 def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
-                   arrays=None, mesh=None, keep=None) -> tuple[CompiledGraph, bool]:
+                   arrays=None, mesh=None, keep=None, quick: bool = False
+                   ) -> tuple[CompiledGraph, bool]:
     """The cached executable of ``plan``'s structure: from memory, else from the
     executable store, else compiled now. Returns it and whether it is new to this process.
     On a mesh (``mesh``, with the leaves' ``arrays``), the key holds the leaves'
     shardings too, and the executable is not stored. With a target set
-    (``xlanb.target``), a new graph is compiled for it too, on the compile threads."""
+    (``xlanb.target``), a new graph is compiled for it too, on the compile threads.
+    ``quick`` (an eager run): the optimized executable if there is one, in memory or in
+    the store, else one compiled with the quick tier, kept under its own key and not
+    stored (the store keeps optimized executables; ``tier_up`` makes it one)."""
     shardings = tuple(sharding_of(a) for a in arrays) if mesh is not None else None
     key = (device, plan.key) if shardings is None else (device, plan.key, shardings, keep)
-    rec = _graph_cache.get(key)
+    rec = cached_graph(plan, device) if quick else _graph_cache.get(key)
     if rec is not None:
         return rec, False
     lowering = GraphLowering.of(plan, device, shardings, mesh, keep)
     t0 = time.perf_counter()
     key_in_store = (store_key(lowering.hash.encode(), device, None)
                     if shardings is None else None)
+    metric = "EagerRunCompileTime" if quick else "CompileTime"
     lowered = None
-    exe = load_stored(key_in_store, device, "CompileTime")
+    exe = load_stored(key_in_store, device, metric)
+    options = quick_options(device) if quick and config.quick_compiles else None
+    quick = exe is None and options is not None
     if exe is None:
         try:
             t_lower = time.perf_counter()
             lowered = lowering.lower("LowerTime")
-            exe = _compile_graph(lowered, time.perf_counter() - t_lower)
+            exe = _compile_graph(lowered, time.perf_counter() - t_lower, metric, options)
         except Exception as e:
             e.add_note(f"xlanb: while compiling a graph of {len(plan.steps)} ops ({cause}) "
                        f"synced at {format_loc(src) or '?'}; every tensor keeps its "
                        "pending work (xlanb.pending_ir() shows it)")
             raise
-        if key_in_store is not None:
+        if key_in_store is not None and not quick:
             store.store(key_in_store, exe)
-    metrics.counter("UncachedCompile")
+    if quick:
+        key = (device, plan.key, "quick")
+        metrics.counter("QuickCompile")
+    if metric == "CompileTime":
+        metrics.counter("UncachedCompile")
     summary = summarize(plan)
     prev = next((g for g in reversed(graph_log) if g.src == src and g.device == device), None)
     rec = CompiledGraph(lowering.hash[:16], device, len(plan.steps), len(plan.leaves),
                         len(plan.roots), cause, src, time.perf_counter() - t0, exe,
                         lowering=lowering,
                         explanation=explain(prev.summary, summary) if prev else "",
-                        summary=summary, lowered=lowered)
+                        summary=summary, lowered=lowered, quick=quick)
     admit_graph(rec)
     if shardings is not None:
         _note_partitioning(rec, plan, exe, mesh)
@@ -370,14 +392,43 @@ def _note_partitioning(rec: CompiledGraph, plan: GraphPlan, exe, mesh) -> None:
         parse_collectives(exe.as_text(), dict(mesh.mesh.shape)), rec.hash)
 
 
-def _compile_graph(lowered, lower_s: float):
-    """Compile a graph; single ops a look left unlowered (execute/prefix.py) are lowered
-    meanwhile, on this thread, which would otherwise only wait."""
+def _compile_graph(lowered, lower_s: float, metric: str = "CompileTime", options=None):
+    """Compile a graph; single ops a look or an eager run left unlowered
+    (``background.lower_soon``) are lowered meanwhile, on this thread, which would
+    otherwise only wait."""
     if not lowerings_waiting():
-        return compile_lowered(lowered, metric="CompileTime", lower_s=lower_s)
-    future = background(compile_lowered, lowered, metric="CompileTime", lower_s=lower_s)
+        return compile_lowered(lowered, metric=metric, lower_s=lower_s, compiler_options=options)
+    future = background(compile_lowered, lowered, metric=metric, lower_s=lower_s,
+                        compiler_options=options)
     drain_lowerings(future.done)
     return future.result()
+
+
+def tier_up(rec: CompiledGraph) -> None:
+    """An eager run's quick graph that runs again: its optimized executable compiles on
+    the compile threads, after every compile someone waits for, is stored, and takes the
+    quick one's place (``GraphTierUp``)."""
+    if not rec.quick or rec._tiering is not None:
+        return
+    lowering = rec.lowering
+
+    def compile_optimized():
+        exe = compile_lowered(lowering.lower(), metric="GraphTierUpCompileTime")
+        key = store_key(lowering.hash.encode(), rec.device, None)
+        if key is not None:
+            store.store(key, exe)
+        return exe
+
+    def swap(future) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return  # the quick one stays
+        if rec._exe is not None:  # dropped meanwhile: the next run loads it from the store
+            rec._exe = future.result()
+        rec.quick = False
+        metrics.counter("GraphTierUp")
+
+    rec._tiering = background(compile_optimized, later=True)
+    rec._tiering.add_done_callback(swap)
 
 
 class RecompileWarning(UserWarning):
@@ -412,24 +463,39 @@ def _report_compile(rec: CompiledGraph, src) -> None:
             warnings.warn(msg, RecompileWarning, stacklevel=3)
 
 
-def find_graph(plan: GraphPlan, device: int, cause: str, src, placed=None):
+def find_graph(plan: GraphPlan, device: int, cause: str, src, placed=None, quick=False):
     """``(CompiledGraph, fresh, leaf arrays)`` for ``plan``, as a sync would run it:
     on a mesh if it touches sharded tensors (``placed``: see ``stages.kept_shardings``)."""
     arrays, mesh = mesh_leaves(plan)
-    rec, fresh = compiled_graph(plan, device, cause, src, arrays, mesh, kept_shardings(placed, mesh))
+    rec, fresh = compiled_graph(plan, device, cause, src, arrays, mesh,
+                                kept_shardings(placed, mesh), quick)
     return rec, fresh, arrays
 
 
-def run_graph(plan: GraphPlan, device: int, cause: str, src, placed=None) -> list:
+def run_graph(plan: GraphPlan, device: int, cause: str, src, placed=None,
+              run: bool = False) -> list:
     """Compile (or find) the graph of ``plan`` and run it; returns the roots' arrays.
-    ``placed`` (SPMD): per root, the sharding of the value it replaces (see ``stages.kept_shardings``)."""
-    _syncs_at[src] = _syncs_at.get(src, 0) + 1
-    rec, fresh, arrays = find_graph(plan, device, cause, src, placed)
-    if fresh:
-        _report_compile(rec, src)
+    ``placed`` (SPMD): per root, the sharding of the value it replaces (see ``stages.kept_shardings``).
+    ``run``: an eager run of ops (mode_policy.Eager), compiled quickly first and counted
+    as ``EagerRunCompile`` / ``EagerRunCacheHit`` rather than as lazy graphs."""
+    if run:
+        rec, fresh, arrays = find_graph(plan, device, cause, src, placed, quick=True)
+        metrics.counter("EagerRunCompile" if fresh else "EagerRunCacheHit")
+        if not fresh:
+            rec.hits += 1
+            # Its optimized compile (3-5x the quick one's time) pays once the graph has
+            # run for as long as its quick compile took: a graph that runs in
+            # microseconds never tiers up, a training step's does within a few steps.
+            if rec.quick and rec.run_time >= rec.compile_time:
+                tier_up(rec)
     else:
-        metrics.counter("CachedCompile")
-        rec.hits += 1
+        _syncs_at[src] = _syncs_at.get(src, 0) + 1
+        rec, fresh, arrays = find_graph(plan, device, cause, src, placed)
+        if fresh:
+            _report_compile(rec, src)
+        else:
+            metrics.counter("CachedCompile")
+            rec.hits += 1
     # the graph's projected peak (and, with xlanb.memory_limit, the check) before it runs
     what = f"the graph of {len(plan.steps)} ops ({cause}) synced at {format_loc(src) or '?'}"
     check_graph(rec, device, what)

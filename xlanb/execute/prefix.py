@@ -22,7 +22,7 @@ from ..base.session import session
 from ..ir import GETITEM, GraphPlan
 from ..runtime.jit import compile_lowered
 from .background import lower_soon
-from .compile import quick_op_options
+from .compile import quick_options
 from .stages import lower_graph
 
 # Fewer missing executables than this: op by op is as quick (each costs a lowering and a
@@ -63,7 +63,7 @@ def prefix_value(plan: GraphPlan, keep):
     # Lowering single ops while it compiles was measured: the GIL they hold slowed the
     # compile by more than they saved (0.43 s against 0.38 s for seeds/003's first look).
     exe = compile_lowered(lowered, metric="PeekCompileTime",
-                          compiler_options=quick_op_options(device),
+                          compiler_options=quick_options(device),
                           lower_s=time.perf_counter() - t0)
     metrics.counter("PeekCompile")
     lower_soon(missing)

@@ -1,0 +1,212 @@
+"""Eager mode's runs: ops with no executable of their own are recorded until a value is
+needed, and that run compiles as one graph, quickly (issue 47). Eager semantics stay:
+values, errors with their op and line, NaNs found by op, pdb's looks, random numbers,
+in-place updates on views, reads in the middle of a run."""
+from __future__ import annotations
+
+import io
+import pdb
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import xlanb
+from xlanb import config
+from xlanb.runtime import store
+
+
+@pytest.fixture
+def eager():
+    xlanb.set_mode("eager")
+    assert config.eager_runs and config.background_compile
+
+
+def _fresh(*shape):
+    """A CPU tensor and its device copy, with a shape no other test uses (so every op on
+    it is a new signature in this process)."""
+    _fresh.n = getattr(_fresh, "n", 0) + 1
+    cpu = torch.randn(*shape, 40 + _fresh.n)
+    dev = cpu.to("xla")
+    xlanb.sync()
+    return cpu, dev
+
+
+def _seq(x):
+    a = x.exp()
+    b = a * 2.0
+    c = b + x
+    return c.sum(dim=1), torch.softmax(c, dim=-1)[:, 1:]
+
+
+def test_a_run_of_new_ops_compiles_once_and_comes_back_from_the_cache(eager, count, same):
+    cpu, x = _fresh(3)
+    s, q = _seq(x)
+    assert count("OpCompile") == 0 and count("EagerRunCompile") == 0  # recorded, not run
+    want = _seq(cpu)
+    same(s, want[0])
+    same(q, want[1])
+    assert count("EagerRunCompile") == 1 and count("OpCompile") == 0
+    assert count("QuickCompile") == 1 and count("UncachedCompile") == 0
+    g = xlanb.graphs()[-1]
+    assert g.quick and {"aten::exp", "aten::mul", "aten::add", "aten::sum",
+                        "aten::_softmax"} <= set(g.ops)
+    s, q = _seq(x)  # the same run: its graph, from the cache
+    same(s, want[0])
+    assert count("EagerRunCompile") == 1 and count("EagerRunCacheHit") == 1
+
+
+def test_runs_off_compile_each_op_alone(eager, count, same, monkeypatch):
+    monkeypatch.setattr(config, "eager_runs", 0)
+    cpu, x = _fresh(2)
+    s, _ = _seq(x)
+    same(s, _seq(cpu)[0])
+    assert count("EagerRunCompile") == 0 and count("OpCompile") >= 5
+
+
+def test_quick_compiles_off_compile_runs_optimized(eager, count, same, monkeypatch):
+    monkeypatch.setattr(config, "quick_compiles", False)
+    cpu, x = _fresh(2)
+    same(_seq(x)[0], _seq(cpu)[0])
+    assert count("EagerRunCompile") == 1 and count("QuickCompile") == 0
+    assert not xlanb.graphs()[-1].quick
+
+
+def test_a_read_in_the_middle_ends_the_run(eager, count, same):
+    cpu, x = _fresh(2)
+    a = x.exp()
+    b = a * 2.0
+    mid = b[0, 0].item()  # a value is needed: the run so far compiles and runs
+    assert count("EagerRunCompile") == 1
+    assert mid == pytest.approx((cpu.exp() * 2.0)[0, 0].item(), rel=1e-6)
+    c = b + x
+    same(c.sum(), (cpu.exp() * 2.0 + cpu).sum())
+    assert count("EagerRunCompile") == 2
+
+
+def test_a_run_ends_at_the_size_limit(eager, count, same, monkeypatch):
+    monkeypatch.setattr(config, "eager_runs", 3)
+    cpu, x = _fresh(2)
+    y, want = x, cpu
+    for _ in range(7):
+        y, want = (y * 1.5).tanh(), (want * 1.5).tanh()
+    runs = count("EagerRunCompile") + count("EagerRunCacheHit")
+    assert runs >= 4, runs  # 14 ops, at most 3 a run (alike runs come from the cache)
+    same(y, want)
+
+
+def test_a_mode_switch_ends_the_run(eager, count, same):
+    cpu, x = _fresh(2)
+    y = x.exp() + 1
+    xlanb.set_mode("lazy")
+    assert count("EagerRunCompile") == 1 and xlanb.pending_count() == 0
+    same(y, cpu.exp() + 1)
+
+
+def test_an_index_error_inside_a_run_names_its_own_line(eager):
+    x = torch.arange(5.0, device="xla")
+    xlanb.sync()
+    idx = (x[:2] * 0 + 7).long()  # computed in the run
+    with pytest.raises(IndexError) as err:  # eager: the index is read, and checked, at the op
+        line = sys._getframe().f_lineno + 1
+        x[idx]
+    text = str(err.value) + "\n".join(getattr(err.value, "__notes__", ()))
+    assert f"test_eager_runs.py:{line}" in text, text
+    assert idx.cpu().tolist() == [7, 7]  # everything stays readable
+    assert x.cpu().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_debug_nans_names_the_op_inside_a_run_of_new_ops(eager):
+    cpu, x = _fresh(2)
+    with xlanb.debug_nans():
+        a = x.abs() + 1
+        with pytest.raises(xlanb.NonFiniteError) as err:
+            line = sys._getframe().f_lineno + 1
+            b = (-a).log()
+            (b * 2).cpu()
+    text = str(err.value)
+    assert "aten::log" in text and f"test_eager_runs.py:{line}" in text, text
+
+
+def test_pdb_stepping_through_new_ops_shows_each_value(eager):
+    cpu, x = _fresh(2)
+    out = io.StringIO()
+    debugger = pdb.Pdb(stdin=io.StringIO("n\nn\np a.tolist()\nn\np b.tolist()\nc\n"), stdout=out)
+    debugger.use_rawinput = False
+
+    def stepped():
+        debugger.set_trace()
+        a = x.exp()
+        b = a * 3.0
+        return b
+
+    b = stepped()
+    text = out.getvalue()
+    for want in ((cpu.exp()).tolist(), (cpu.exp() * 3.0).tolist()):
+        got = [eval(line.removeprefix("(Pdb) ")) for line in text.splitlines()
+               if line.removeprefix("(Pdb) ").startswith("[[")]
+        assert any(torch.allclose(torch.tensor(g), torch.tensor(want), rtol=1e-5) for g in got), text
+    torch.testing.assert_close(b.cpu(), cpu.exp() * 3.0)
+
+
+def test_dropout_under_a_seed_is_the_same_as_op_by_op(eager, monkeypatch):
+    cpu, x = _fresh(4)
+
+    def step():
+        torch.manual_seed(7)
+        h = F.dropout(x * 2.0, p=0.5, training=True)
+        return (h + torch.rand_like(h)).cpu()
+
+    in_runs = step()
+    monkeypatch.setattr(config, "eager_runs", 0)
+    one_by_one = step()
+    torch.testing.assert_close(in_runs, one_by_one, rtol=0, atol=0)
+
+
+def test_in_place_updates_on_views_inside_a_run(eager, same):
+    cpu = torch.zeros(4, 47)
+    x = cpu.to("xla")
+    xlanb.sync()
+    for t in (cpu, x):
+        v = t[1:3]
+        v.add_(1.5)
+        v.mul_(2.0)
+        t[:, 0].fill_(5.0)
+        col = t[:, 2]
+        col.sub_(v.sum())
+    same(x, cpu)
+    same(v, cpu[1:3])
+
+
+def test_an_op_in_a_second_new_run_gets_its_own_executable(eager, count):
+    """The tier-up of ops: an op that comes back in new company is lowered while the run
+    compiles and compiled in the background; then it runs alone, at once."""
+    cpu, x = _fresh(3)
+    (x.exp() * 2.0).cpu()          # exp, first new run
+    (x.exp() + 3.0).cpu()          # exp again, in a second new run: its own executable
+    from xlanb.execute.background import _in_flight
+    for f in list(_in_flight):
+        f.result(timeout=120)
+    hits = count("OpCacheHit")
+    runs = count("EagerRunCompile") + count("EagerRunCacheHit")
+    y = x.exp()                    # alone: runs now, no run opened
+    assert xlanb.pending_count() == 0
+    assert count("OpCacheHit") == hits + 1
+    assert count("EagerRunCompile") + count("EagerRunCacheHit") == runs
+    torch.testing.assert_close(y.cpu(), cpu.exp())
+
+
+def test_a_quick_run_that_runs_again_tiers_up_to_its_optimized_executable(eager, count):
+    cpu, x = _fresh(3)
+    want = _seq(cpu)[0]
+    torch.testing.assert_close(_seq(x)[0].cpu(), want)
+    g = xlanb.graphs()[-1]
+    assert g.quick
+    g.compile_time = 0.0  # it has run as long as its quick compile took
+    torch.testing.assert_close(_seq(x)[0].cpu(), want)
+    assert g._tiering is not None
+    g._tiering.result(timeout=120)
+    assert not g.quick and count("GraphTierUp") == 1
+    torch.testing.assert_close(_seq(x)[0].cpu(), want)  # the optimized one, same values
+    assert store.load(g._store_key(), g.device) is not None  # a new process finds it
