@@ -49,8 +49,12 @@ def plural(n: int, word: str, many: str | None = None) -> str:
 
 
 def pending_words(n_ops: int, mode: str) -> str:
-    """``27 ops (mode lazy)``; in eager mode, what pending ops are there: ops that wait for
-    their executables, still compiling in the background (eager mode records nothing else)."""
+    """``27 ops (mode lazy)``; in eager mode, what pending ops are there: an open run of
+    ops with no executables yet (or, with runs off, ops that wait for their executables,
+    still compiling in the background); eager mode records nothing else."""
+    if mode == "eager" and n_ops and xlanb.config.eager_runs:
+        return (f"{plural(n_ops, 'op')} in an open run (mode eager: they compile as one "
+                "graph, and run, when a value is needed)")
     if mode == "eager" and n_ops:
         return (f"{plural(n_ops, 'op')} waiting for executables still compiling in the "
                 "background (mode eager: they run, in order, once those are ready or a value "
@@ -226,6 +230,15 @@ class Activity:
         return self.count("OpCacheHit")
 
     @property
+    def run_compiles(self) -> int:
+        """Eager runs of ops compiled as one graph."""
+        return self.count("EagerRunCompile")
+
+    @property
+    def run_hits(self) -> int:
+        return self.count("EagerRunCacheHit")
+
+    @property
     def fallbacks(self) -> dict:
         return {k: v for k, v in self.counters.items() if k.startswith("aten::") and v > 0}
 
@@ -236,7 +249,7 @@ class Activity:
     @property
     def idle(self) -> bool:
         return not (self.compiles or self.cache_hits or self.op_compiles or self.op_hits
-                    or self.fallbacks or self.samples("ExecuteTime"))
+                    or self.run_compiles or self.run_hits or self.fallbacks or self.samples("ExecuteTime"))
 
 
 class Probe:
@@ -535,6 +548,9 @@ class MetricsTable(Rich):
                  + (f" ({fmt_time(compile_t.total)})" if compile_t and compile_t.count else ""),
                  f"{plural(c('CachedCompile') or 0, 'cache hit')}",
                  f"{plural(c('OpCompile') or 0, 'op compile')}"]
+        if c("EagerRunCompile") or c("EagerRunCacheHit"):  # eager: runs of ops
+            parts.append(f"{plural(c('EagerRunCompile') or 0, 'run compile')}, "
+                         f"{plural(c('EagerRunCacheHit') or 0, 'cached run')}")
         if exe and exe.count:
             parts.append(f"{plural(exe.count, 'execution')} ({fmt_time(exe.total)})")
         fb = sum(c(n) or 0 for n in m.counter_names() if n.startswith("aten::"))
@@ -651,9 +667,10 @@ class SyncSummary(Rich):
         run = fmt_time(a.total("ExecuteTime"))
         out = []
         if a.new_graphs or a.hit_graphs:
-            for g in a.new_graphs:
-                out.append(f"xla sync ({self.mode}): {plural(g.n_nodes, 'op')} -> graph "
-                           f"{g.hash[:12]} · new compile {fmt_time(g.compile_time)}")
+            for g in a.new_graphs:  # in eager: a run of ops, compiled as one graph
+                out.append(f"xla sync ({self.mode}): {'a run of ' if g.quick else ''}"
+                           f"{plural(g.n_nodes, 'op')} -> graph {g.hash[:12]} · new "
+                           f"{'quick ' if g.quick else ''}compile {fmt_time(g.compile_time)}")
                 out.append(f"  why: {graph_why(g, self.resolver)}")
             for g, n in a.hit_graphs:
                 out.append(f"xla sync ({self.mode}): {plural(g.n_nodes, 'op')} -> graph "
@@ -774,7 +791,10 @@ class ExplainReport(Rich):
         if self.pending and self.mode != "eager":
             tail.append("they compile at the next sync (xlanb.sync(), %xla_sync, or a value "
                         "that is needed on the host)")
-        elif self.pending:  # eager records only the ops that wait on a background compile
+        elif self.pending and xlanb.config.eager_runs:  # eager records its open run
+            tail.append("they are an open run: it compiles as one graph, and runs, when a "
+                        "value is needed (a read, xlanb.sync(), %xla_sync, a mode switch)")
+        elif self.pending:  # runs off: eager records only the ops that wait on a compile
             tail.append("they wait on background compiles and run, in order, when those "
                         "finish or a value is needed")
         secs.append(("after the cell", tail))
@@ -807,6 +827,9 @@ class ExplainReport(Rich):
         else:
             head = (f"{plural(a.compiles, 'compile')}, {plural(a.cache_hits, 'cache hit')}, "
                     f"{plural(a.op_compiles, 'op compile')}")
+            if a.run_compiles or a.run_hits:  # eager: runs of ops, one graph each
+                head += (f", {plural(a.run_compiles, 'run compile')}, "
+                         f"{plural(a.run_hits, 'cached run')}")
         wall = f" in {fmt_time(self.wall)}" if self.wall is not None else ""
         return f"xla explain ({self.mode}){wall}: {head}"
 
@@ -834,8 +857,11 @@ def status_line(activity: Activity | None, resolver: SourceResolver = DEFAULT_RE
     parts = [f"xla: {mode}"]
     try:
         n = pending_count()
-        # eager records only the ops that wait on a background compile
-        parts.append(plural(n, "pending op") + (" (waiting on compiles)" if n and mode == "eager" else ""))
+        # eager records only the ops of its open run (or, with runs off, those that wait
+        # on a background compile)
+        parts.append(plural(n, "pending op") + (
+            ("" if not n or mode != "eager" else " (an open run)" if xlanb.config.eager_runs
+             else " (waiting on compiles)")))
     except Exception:  # a broken graph must not break the prompt
         parts.append("? pending ops")
     a = activity
@@ -847,6 +873,15 @@ def status_line(activity: Activity | None, resolver: SourceResolver = DEFAULT_RE
             parts.append(f"{plural(a.compiles, 'compile')} ({', '.join(detail)})")
         if a.cache_hits:
             parts.append(plural(a.cache_hits, "cached graph run", "cached graph runs"))
+        if a.run_compiles:
+            quick = a.count("QuickCompile")
+            parts.append(f"{plural(a.run_compiles, 'run compile')} "
+                         f"({fmt_time(a.total('EagerRunCompileTime'))}"
+                         + (f", {quick} quick" if quick else "") + ")")
+        if a.run_hits:
+            parts.append(plural(a.run_hits, "cached run"))
+        if a.count("GraphTierUp") or a.count("OpTierUp"):
+            parts.append(plural(a.count("GraphTierUp") + a.count("OpTierUp"), "tier-up"))
         if a.op_compiles:
             parts.append(f"{plural(a.op_compiles, 'op compile')} "
                          f"({fmt_time(a.total('OpCompileTime'))})")

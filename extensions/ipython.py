@@ -224,9 +224,8 @@ class XlaMagics(Magics):
             xlanb.check_mode(args.mode)
         except ValueError as e:  # the core's one message, listing the modes
             raise UsageError(str(e)) from None
-        pending = xd.pending_count() if old != "eager" and args.mode == "eager" else 0
-        xlanb.set_mode(args.mode)
-        note = f" (synced {xd.plural(pending, 'pending op')} first)" if pending else ""
+        synced = xlanb.set_mode(args.mode)
+        note = f" (synced {xd.plural(synced, 'pending op')} first)" if synced else ""
         print(f"xla mode: {old} -> {args.mode}{note}" if old != args.mode
               else f"xla mode: {old} (unchanged)")
 

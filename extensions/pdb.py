@@ -349,9 +349,8 @@ class XlaPdb(pdb.Pdb):
         except ValueError as e:  # the core's one message, listing the modes
             raise _BadInput(str(e)) from None
         old = xlanb.get_mode()
-        pending = xlanb.pending_count() if arg == "eager" and old != "eager" else 0
-        xlanb.set_mode(arg)
-        note = f" (synced {pending} pending ops first)" if pending else ""
+        synced = xlanb.set_mode(arg)
+        note = f" (synced {synced} pending ops first)" if synced else ""
         self.message(f"mode: {old} -> {arg}{note}" if old != arg else f"mode: {arg} (unchanged)")
 
     @_command

@@ -27,7 +27,7 @@ def _fresh(*shape):
     """A CPU tensor and its device copy, with a shape no other test uses (so every op on
     it is a new signature in this process)."""
     _fresh.n = getattr(_fresh, "n", 0) + 1
-    cpu = torch.randn(*shape, 40 + _fresh.n)
+    cpu = torch.randn(*shape, 977 + _fresh.n)  # sizes no other test file uses
     dev = cpu.to("xla")
     xlanb.sync()
     return cpu, dev
@@ -43,11 +43,11 @@ def _seq(x):
 def test_a_run_of_new_ops_compiles_once_and_comes_back_from_the_cache(eager, count, same):
     cpu, x = _fresh(3)
     s, q = _seq(x)
-    assert count("OpCompile") == 0 and count("EagerRunCompile") == 0  # recorded, not run
+    assert count("EagerRunCompile") == 0 and xlanb.pending_count() >= 6  # recorded, not run
     want = _seq(cpu)
     same(s, want[0])
     same(q, want[1])
-    assert count("EagerRunCompile") == 1 and count("OpCompile") == 0
+    assert count("EagerRunCompile") == 1 and xlanb.pending_count() == 0
     assert count("QuickCompile") == 1 and count("UncachedCompile") == 0
     g = xlanb.graphs()[-1]
     assert g.quick and {"aten::exp", "aten::mul", "aten::add", "aten::sum",

@@ -10,7 +10,25 @@ import xlanb
 from xlanb.extensions import display as xd
 
 
-def test_eager_pending_ops_are_said_to_wait_for_background_compiles():
+def test_eager_pending_ops_are_said_to_be_an_open_run():
+    prev = xlanb.get_mode()
+    xlanb.set_mode("eager")
+    try:
+        head = xd.PendingGraph("...", 27).text().splitlines()[0]
+        assert "27 ops in an open run" in head, head
+        x = torch.ones(53, device="xla")
+        y = (x * 3).exp()  # new ops: the run is open
+        n = xlanb.pending_count()
+        assert n >= 2
+        assert xlanb.set_mode("lazy") == n  # what the switch synced, as the front ends say
+        assert xlanb.set_mode("lazy") == 0
+        torch.testing.assert_close(y.cpu(), torch.full((53,), 3.0).exp())
+    finally:
+        xlanb.set_mode(prev)
+
+
+def test_eager_pending_ops_are_said_to_wait_for_background_compiles(monkeypatch):
+    monkeypatch.setattr(xlanb.config, "eager_runs", 0)
     prev = xlanb.get_mode()
     xlanb.set_mode("eager")
     try:

@@ -284,9 +284,9 @@ def test_sync_in_other_modes(ip, mode):
     _, _, (b,) = magic(ip, "xla_sync")
     if mode == "opbyop":
         assert "run one by one" in b["text/plain"]
-    else:  # eager: done already, or ops that waited on a background compile run now
-        assert ("nothing was pending" in b["text/plain"]
-                or "waited for background compiles" in b["text/plain"]), b["text/plain"]
+    else:  # eager: the open run of new ops compiles as one graph, quickly
+        assert "a run of" in b["text/plain"] and "-> graph" in b["text/plain"], b["text/plain"]
+        assert counter("EagerRunCompile") + counter("EagerRunCacheHit") == 1
     assert counter("UncachedCompile") == 0
     assert torch.allclose(ip.user_ns["y"].cpu(), torch.full((3,), 2.0).exp())
 
@@ -452,7 +452,12 @@ def test_explain_cache_hits_and_op_compiles(ip):
     assert "1 cache hit" in report and "0 compiles" in report
     magic(ip, "xla_mode", "eager")
     _, outs = run(ip, "%%xla_explain\nw = x.sin().cos()")
-    assert "single-op executables" in outs[0]["text/plain"]
+    assert "2 ops still pending (mode eager)" in outs[0]["text/plain"]
+    assert "open run" in outs[0]["text/plain"]
+    _, outs = run(ip, "%%xla_explain\nw = x.sin().cos()\nw.cpu()")
+    report = outs[0]["text/plain"]  # the run compiled as one graph, its line named
+    assert "1 run compile" in report and "2 ops, compiled in" in report, report
+    assert "In[" in report and "w.cpu()" in report
 
 
 def test_explain_reports_even_when_the_cell_fails(ip):

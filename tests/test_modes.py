@@ -119,9 +119,18 @@ def test_eager_runs_now_and_lazy_waits():
     xlanb.set_mode("eager")
     a = torch.ones(27, device="xla")
     metrics.clear()
-    (a + 1).exp().cpu()  # with background compiles the ops may wait until a value is read
+    (a + 1).exp().cpu()  # new ops: recorded until the read, then one run, one compile
     r = ran()
-    assert r["OpCompile"] + r["OpCacheHit"] == 2 and r["UncachedCompile"] == 0, r
+    assert r["OpCompile"] + r["OpCacheHit"] == 0 and r["UncachedCompile"] == 0, r
+    assert metrics.counter_value("EagerRunCompile") == 1
+    xlanb.config.eager_runs = 0
+    try:
+        metrics.clear()
+        (a + 1).exp().cpu()  # runs off: each op through its own executable
+        r = ran()
+        assert r["OpCompile"] + r["OpCacheHit"] == 2 and r["UncachedCompile"] == 0, r
+    finally:
+        xlanb.config.eager_runs = 2048
 
     for m in ("lazy", "opbyop"):
         xlanb.set_mode(m)
@@ -148,15 +157,19 @@ start = xlanb.get_mode()
 a = torch.ones(5, device="xla")
 metrics.clear()
 b = (a * 3).sum()
-pending_compiles = (metrics.counter_value("OpCompile") or 0) + (metrics.counter_value("OpCacheHit") or 0)
 val = b.item()
-print(json.dumps({"mode": start, "ran_at_once": pending_compiles > 0, "value": val}))
+names = ("EagerRunCompile", "UncachedCompile", "OpCompile")
+print(json.dumps({"mode": start, "value": val,
+                  "compiled": {n: metrics.counter_value(n) or 0 for n in names}}))
 """
-    out = python_child(code, {"XLANB_MODE": env_mode})
+    # no store: a stored single-op executable would let eager run an op at once
+    out = python_child(code, {"XLANB_MODE": env_mode, "XLANB_CACHE_DIR": ""})
     got = json.loads(out.strip().splitlines()[-1])
     assert got["mode"] == env_mode
     assert got["value"] == 15.0
-    assert got["ran_at_once"] == (env_mode == "eager")
+    c = got["compiled"]  # what the read ran: an eager run, a lazy graph, or op by op
+    ran = {"eager": "EagerRunCompile", "lazy": "UncachedCompile", "opbyop": "OpCompile"}
+    assert all((n == ran[env_mode]) == (v > 0) for n, v in c.items()), c
 
 
 def test_xlanb_mode_env_var_bad_value(python_child):

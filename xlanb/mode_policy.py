@@ -17,7 +17,7 @@ from .base.frames import user_frame
 from .base.scopes import current_scope, scope_stack
 from .base.session import ModeState, session, set_policies
 from .execute.background import compile_op_ahead, compiles_in_flight, lower_soon
-from .execute.checks import checked
+from .execute.checks import checked, integer_division
 from .execute.compile import add_op_note, load_stored, op_store_key
 from .execute.fills import settled_if_empty
 from .execute.graphs import cached_graph, run_graph
@@ -134,6 +134,12 @@ class Eager(ModePolicy):
         ``config.eager_runs`` ops. Returns the recorded node, or None to run the op now."""
         if state.deferred >= config.eager_runs:
             sync(cause="eager run limit")
+        if integer_division(info):
+            # its divisor is checked before it runs, as CPU torch raises (a graph would
+            # give XLA's value): the run ends here and the op runs alone
+            if state.deferred:
+                sync(cause="integer division")
+            return None
         if info.exe is None and info.compiling is None and info.seen == 0:
             info.seen = -1  # looked in the store once; a run that compiles it counts up from 0
             exe = load_stored(op_store_key(info), info.device, "OpCompileTime")

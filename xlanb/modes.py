@@ -12,6 +12,8 @@ import contextlib
 
 from .base.config import MODES, check_mode
 from .base.session import ModeState, enter_block, leave_block, mode_state
+from .ir import plan_graph
+from .live import pending_roots
 from .realize import sync
 
 __all__ = ["MODES", "get_mode", "set_mode", "mode"]
@@ -22,22 +24,28 @@ def get_mode() -> str:
     return mode_state().mode
 
 
-def _switch(state: ModeState, name: str) -> None:
-    # Leaving a recording mode for eager syncs the pending work first, so that eager ops
-    # only ever see device data (cause "mode switch"); so does leaving eager while ops
-    # wait on background compiles, so that no lazy graph depends on how fast those
-    # compiles were.
+def _switch(state: ModeState, name: str) -> int:
+    """Sync what the switch needs synced; how many pending ops that ran. Leaving a
+    recording mode for eager syncs the pending work first, so that eager ops only ever
+    see device data (cause "mode switch"); so does leaving eager with an open run (or ops
+    waiting on background compiles), so that no lazy graph depends on what eager left."""
     if name != state.mode and ((state.recording and name == "eager") or state.deferred):
+        n = len(plan_graph(pending_roots()).steps)
         sync(cause="mode switch")  # in eager, this also ends the waiting state
+        return n
+    return 0
 
 
-def set_mode(name: str) -> None:
-    """Switch modes: the process's, or the enclosing ``xlanb.mode()`` block's."""
+def set_mode(name: str) -> int:
+    """Switch modes: the process's, or the enclosing ``xlanb.mode()`` block's. Returns
+    how many pending ops the switch synced first (0 when it synced nothing), which the
+    front ends report."""
     __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     check_mode(name)
     state = mode_state()
-    _switch(state, name)
+    synced = _switch(state, name)
     state.set(name)
+    return synced
 
 
 @contextlib.contextmanager

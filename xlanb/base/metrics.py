@@ -134,6 +134,17 @@ DESCRIPTIONS = {
     "MarkStep": "xm.mark_step() calls (torch_xla compat)",
     "ScanLayersUnrolled": "repeated layers that could not run as one loop (scan) and were "
                           "unrolled instead",
+    # eager runs (mode_policy.Eager): new ops compiled together
+    "EagerRunCompile": "eager runs of ops compiled as one graph (some ops had no "
+                       "executable of their own), or loaded from the on-disk store",
+    "EagerRunCacheHit": "eager runs found in the compile cache (the same ops again)",
+    "EagerRunCompileTime": "time compiling eager runs (lowering included)",
+    "QuickCompile": "eager runs compiled with the quick tier (XLA:CPU's LLVM "
+                    "optimizations and fusion emitters off) until they tier up",
+    "GraphTierUp": "quick eager-run graphs replaced by their optimized compile "
+                   "(background), after running as long as their quick compile took",
+    "GraphTierUpCompileTime": "time compiling the optimized graphs that replace quick ones "
+                              "(background)",
     # single ops
     "OpCompile": "single-op executables new to this process: compiled, or loaded from "
                  "the on-disk store (PersistentCacheHit)",

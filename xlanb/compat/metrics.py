@@ -5,7 +5,8 @@ names and tuple formats.
   times in nanoseconds (xlanb keeps seconds), ``samples`` as ``(time_s, value_ns)`` pairs;
   None for a metric with no samples.
 - torch_xla's ``EagerOpCompileTime`` is xlanb's ``OpCompileTime`` (compiling one op's
-  executable); ``CompileTime``, ``ExecuteTime``, ``TransferToDeviceTime`` and
+  executable); ``metric_data`` adds ``EagerRunCompileTime`` to it (xlanb's eager mode
+  compiles runs of new ops as one graph); ``CompileTime``, ``ExecuteTime``, ``TransferToDeviceTime`` and
   ``TransferFromDeviceTime`` are the same in both. xlanb does not time each eager op's
   execution, so ``EagerOpExecuteTime`` has no samples (None); ``OpCacheHit`` counts those
   runs. ``MarkStep`` counts torch_xla.sync / xm.mark_step calls.
@@ -51,18 +52,25 @@ def clear_counters() -> None:
 
 
 def metric_names() -> list[str]:
-    """Every metric with samples, under torch_xla's names."""
-    return [_TO_TORCH_XLA.get(n, n) for n in xlanb.metrics.metric_names()]
+    """Every metric with samples, under torch_xla's names (``EagerOpCompileTime`` once
+    eager mode compiled anything: a single op or a run of ops)."""
+    names = [_TO_TORCH_XLA.get(n, n) for n in xlanb.metrics.metric_names()]
+    if "EagerRunCompileTime" in names and "EagerOpCompileTime" not in names:
+        names.append("EagerOpCompileTime")
+    return sorted(names)
 
 
 def metric_data(name: str):
     """torch_xla's ``(total_samples, accumulator, samples)`` for metric ``name``: times in
     nanoseconds, samples as ``(time_s, value_ns)``; None if the metric has no samples."""
-    d = xlanb.metrics.metric_data(RENAMED.get(name, name))
-    if d is None:
+    parts = [xlanb.metrics.metric_data(RENAMED.get(name, name))]
+    if name == "EagerOpCompileTime":  # xlanb's eager mode compiles runs of ops, too
+        parts.append(xlanb.metrics.metric_data("EagerRunCompileTime"))
+    parts = [d for d in parts if d is not None]
+    if not parts:
         return None
-    samples = tuple((t, v * 1e9) for t, v in zip(d.times, d.samples))
-    return (d.count, d.total * 1e9, samples)
+    samples = tuple(sorted((t, v * 1e9) for d in parts for t, v in zip(d.times, d.samples)))
+    return (sum(d.count for d in parts), sum(d.total for d in parts) * 1e9, samples)
 
 
 def clear_metrics() -> None:
@@ -74,12 +82,16 @@ def clear_all() -> None:
 
 
 def _blocks() -> list[tuple[str, str, str]]:
-    """xlanb's report as ``(kind, torch_xla name, text)`` blocks."""
+    """xlanb's report as ``(kind, torch_xla name, text)`` blocks. Where eager mode compiled
+    only runs of ops (no single op), their block is torch_xla's ``EagerOpCompileTime``."""
     out = []
+    renamed = dict(_TO_TORCH_XLA)
+    if xlanb.metrics.metric_data("OpCompileTime") is None:
+        renamed["EagerRunCompileTime"] = "EagerOpCompileTime"
     for line in xlanb.metrics.report().splitlines():
         if line.startswith(("Metric: ", "Counter: ")):
             kind, _, name = line.partition(": ")
-            name = _TO_TORCH_XLA.get(name, name) if kind == "Metric" else name
+            name = renamed.get(name, name) if kind == "Metric" else name
             out.append([kind, name, [f"{kind}: {name}"]])
         elif out:
             out[-1][2].append(line)

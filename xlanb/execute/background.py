@@ -21,17 +21,16 @@ from .single_op import tier_lock
 _in_flight = cache([], "Futures of background single-op compiles not yet seen done")
 
 
-def compile_op_ahead(info: OpInfo, quick: bool = False, later: bool = False):
+def compile_op_ahead(info: OpInfo, quick: bool = False):
     """Start compiling ``info``'s single-op executable; returns its Future. Lowering
     happens here, so an op without a working lowering fails at its own line; XLA's
     compile runs on a background thread. An executable in the store is loaded now.
 
     ``quick`` (someone waits for the value): the Future's executable is compiled with
     LLVM's optimizations off, and the optimized one compiles after every compile that
-    someone waits for, then takes its place (``_tier_up``). ``later``: nobody waits for
-    it (``runtime.jit.background``)."""
+    someone waits for, then takes its place (``_tier_up``)."""
     if info.compiling is None:
-        start_prepared(info, prepare_op(info), quick, later)
+        start_prepared(info, prepare_op(info), quick)
     return info.compiling
 
 
@@ -47,8 +46,7 @@ def prepare_op(info: OpInfo) -> tuple:
     return key, None, lowered, time.perf_counter() - t0
 
 
-def start_prepared(info: OpInfo, prepared: tuple, quick: bool = False,
-                   later: bool = False) -> None:
+def start_prepared(info: OpInfo, prepared: tuple, quick: bool = False) -> None:
     """Start the compile of a ``prepare_op`` result (nothing if ``info`` got an
     executable or a compile meanwhile)."""
     if info.compiling is not None or info.exe is not None:
@@ -61,8 +59,7 @@ def start_prepared(info: OpInfo, prepared: tuple, quick: bool = False,
         future.set_result(exe)
     else:
         if options is None:
-            future = background(_compile_off_thread, lowered, info.device, key, lower_s,
-                                later=later)
+            future = background(_compile_off_thread, lowered, info.device, key, lower_s)
         else:
             future = background(_compile_off_thread, lowered, info.device, None, lower_s,
                                 options=options)
@@ -98,14 +95,14 @@ def lowerings_waiting() -> bool:
 
 
 def drain_lowerings(stop) -> None:
-    """Lower the queued single ops and start their compiles (behind every compile someone
-    waits for), until ``stop()`` is true; an op whose lowering fails is left for its own
-    run to report."""
+    """Lower the queued single ops and start their compiles, until ``stop()`` is true;
+    an op whose lowering fails is left for its own run to report. (Not queued ``later``:
+    a look may wait for one of them while ``later`` tasks are held.)"""
     while _lower_soon and not stop():
         info = _lower_soon.pop(0)
         if info.compiling is None and info.exe is None:
             try:
-                compile_op_ahead(info, later=True)
+                compile_op_ahead(info)
             except Exception:  # noqa: BLE001 - raised again, at its line, when it runs
                 pass
 
