@@ -109,12 +109,14 @@ def test_out_of_range_index_raises_torch_error(mode, case, source):
     notes = "\n".join(getattr(info.value, "__notes__", ()))
     assert "test_index_bounds.py" in notes, notes  # the user's line
     assert "aten::" in notes, notes                # and the op
-    # the session goes on, and a result kept from the failed sync is readable (reported
-    # once: it now holds XLA's values)
+    # the session goes on; a result kept from the failed sync raises on every read, and
+    # so does every tensor computed from it (a sync leaves them pending)
     torch.testing.assert_close((a + 1).cpu(), _base() + 1)
-    if "out" in got:
-        got["out"].cpu()
     xlanb.sync()
+    if "out" in got:
+        for read in (lambda: got["out"].cpu(), lambda: (got["out"] * 1).cpu()):
+            with pytest.raises(type(cpu_err), match=_message(cpu_err)):
+                read()
 
 
 @pytest.mark.parametrize("source", SOURCES)
@@ -145,7 +147,7 @@ def test_device_check_is_one_output_of_the_lazy_graph():
 
 
 @pytest.mark.parametrize("mode_name", ["lazy", "opbyop"])
-def test_device_check_reported_once_and_pending_work_kept(mode_name):
+def test_device_check_keeps_pending_work_and_fails_the_result(mode_name):
     xlanb.set_mode(mode_name)
     a = _base().to("xla")
     idx = torch.tensor([[0, 9]]).to("xla") * 1
@@ -156,9 +158,12 @@ def test_device_check_reported_once_and_pending_work_kept(mode_name):
     notes = "\n".join(info.value.__notes__)
     assert "aten::gather at test_index_bounds.py" in notes and "sync" in notes
     assert kept._storage.node.data is None  # nothing swapped in
-    xlanb.sync()  # reported once: this sync runs, with XLA's values for the bad index
+    xlanb.sync()  # runs the rest; the failed result stays pending
     torch.testing.assert_close(kept.cpu(), _base() * 2)
-    assert out.cpu()[0, 0].item() == 0.0
+    assert out._storage.node.data is None
+    with pytest.raises(RuntimeError, match="index 9 is out of bounds for dimension 1"):
+        out.cpu()
+    torch.testing.assert_close(idx.cpu(), torch.tensor([[0, 9]]))  # the index itself is fine
 
 
 def test_check_device_indices_off_leaves_device_indices_unchecked(monkeypatch):
@@ -202,7 +207,8 @@ def test_dropped_pending_work_is_not_checked():
 @pytest.mark.parametrize("mode_name", ["lazy", "opbyop"])
 def test_a_look_at_a_result_of_a_bad_pending_index_raises(mode_name):
     # a peek (print, pdb's p) computes pending values op by op: it raises torch's error
-    # rather than show XLA's clamped values, changes no pending graph, and reports once
+    # rather than show XLA's clamped values and changes no pending graph; the result then
+    # raises on every look and read, as after a sync's check
     xlanb.set_mode(mode_name)
     a = _base().to("xla")
     out = torch.gather(a, 1, torch.tensor([[0, 9]]).to("xla") * 1)
@@ -210,7 +216,10 @@ def test_a_look_at_a_result_of_a_bad_pending_index_raises(mode_name):
         xlanb.peek(out)
     assert "look" in "\n".join(info.value.__notes__)
     assert out._storage.node.data is None  # still pending
-    xlanb.sync()  # reported once
+    for read in (lambda: xlanb.peek(out), out.cpu, lambda: (out + 1).cpu()):
+        with pytest.raises(RuntimeError, match="index 9 is out of bounds"):
+            read()
+    xlanb.sync()
     good = torch.gather(a, 1, torch.tensor([[0, 2]]).to("xla") * 1)
     torch.testing.assert_close(xlanb.peek(good), torch.tensor([[0.0, 2.0]]))
     torch.testing.assert_close(good.cpu(), torch.tensor([[0.0, 2.0]]))
