@@ -762,6 +762,17 @@ def _is_same_size(func, args, kwargs):
     return tuple(args[0].shape) == tuple(args[1].shape)
 
 
+def _one_hot(func, args, kwargs):
+    # num_classes=-1: the largest class + 1, read back as CPU torch does (the result's
+    # shape depends on it); an empty or non-int64 index goes on to torch's error
+    index = args[0]
+    n = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
+    if n != -1 or not index.numel() or index.dtype != torch.int64:
+        return NotImplemented
+    top = to_host(dispatch(aten.max.default, (index,), {}), cause="one_hot's class count")
+    return dispatch(func, (index, int(top) + 1), {})
+
+
 def _native_batch_norm(func, args, kwargs):
     # The CPU kernel updates running stats in place although the schema does not say so;
     # the _legit op says so, and has a functional variant.
@@ -774,6 +785,7 @@ SPECIAL = {
     aten.detach.default: _identity_view,
     aten.alias.default: _identity_view,
     aten.native_batch_norm.default: _native_batch_norm,
+    aten.one_hot.default: _one_hot,
     aten.copy_.default: _copy_,
     aten._to_copy.default: _to_copy,
     aten._local_scalar_dense.default: _local_scalar_dense,

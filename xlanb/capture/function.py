@@ -35,7 +35,7 @@ from ..base import metrics, rng
 from ..base.config import config
 from ..base.frames import format_loc, user_frame
 from ..base.session import session
-from ..execute.checks import bad_indices, index_error, take_index_checks
+from ..execute.checks import bad_indices, index_error, take_index_checks, without_failed
 from ..execute.graphs import find_graph
 from ..execute.nans import check_run
 from ..graph.explain import explain
@@ -268,7 +268,10 @@ def _finish(rec: _Recorder, flat_in, out, cause: str):
     out_nodes = [value_node(o) if isinstance(o, XlaTensor) else None for o in out_flat]
     roots: list[Node] = []
     root_of: dict[int, int] = {}
-    for n in [s.node for s in storages] + [n for n in out_nodes if n is not None]:
+    # a tensor left failed by an earlier index check stays pending (its reads raise);
+    # the call's own results are run, and raise if computed from one
+    written = without_failed([s.node for s in storages if s.node.data is None])
+    for n in written + [n for n in out_nodes if n is not None]:
         if n.data is None and id(n) not in root_of:
             root_of[id(n)] = len(roots)
             roots.append(n)

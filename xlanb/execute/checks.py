@@ -8,6 +8,7 @@ middle: there the result is XLA's (docs/DESIGN.md, "Semantics").
 """
 from __future__ import annotations
 
+import math
 import weakref
 
 import jax
@@ -191,6 +192,70 @@ def _flat_rule(args, kwargs):
         f"out of range: tried to access index {v} on a tensor of {n} elements."))]
 
 
+def _multilabel_rule(args, kwargs):
+    self, target = args[0], _arg(args, kwargs, 1, "target")
+    n = self.shape[-1] if self.dim() else 1
+    # -1 ends a sample's targets
+    return [IndexCheck(target, -1, n, lambda v: RuntimeError(
+        "argument #2 'target' is out of range"))]
+
+
+def _unpool_rule(args, kwargs):
+    """max_unpool2d/3d: the indices address each output plane, flattened."""
+    index, size = _arg(args, kwargs, 1, "indices"), list(_arg(args, kwargs, 2, "output_size"))
+    dims = "x".join(map(str, size))
+    return [IndexCheck(index, 0, math.prod(size), lambda v: RuntimeError(
+        f"Found an invalid max index: {v} (output volumes are of size {dims})"))]
+
+
+def _sorter_rule(args, kwargs):
+    seq, sorter = args[0], _arg(args, kwargs, 5, "sorter")
+    if sorter is None:
+        return []
+    n = seq.shape[-1] if seq.dim() else 1
+    return [IndexCheck(sorter, 0, n, lambda v: RuntimeError(
+        "torch.searchsorted(): sorter index out of range"))]
+
+
+def _select_scatter_rule(args, kwargs):
+    self, index = args[0], _arg(args, kwargs, 3, "index")  # a Python int
+    d, n = _dim_size(self, _arg(args, kwargs, 2, "dim"))
+    size = list(self.shape)
+    return [IndexCheck(index, -n, n, lambda v: IndexError(
+        f"select(): index {v} out of range for tensor of size {size} at dimension {d}"))]
+
+
+class _LowFirst(IndexCheck):
+    """A check whose op, as CPU torch runs it, tests the smallest value first."""
+    __slots__ = ()
+
+    def bad_value(self, mn: int, mx: int):
+        return mn if mn < self.lo else super().bad_value(mn, mx)
+
+
+def _one_hot_rule(args, kwargs):
+    # num_classes=-1 was replaced by max + 1 already (dispatch._one_hot)
+    index, n = args[0], _arg(args, kwargs, 1, "num_classes")
+    return [_LowFirst(index, 0, n, lambda v: RuntimeError(
+        "Class values must be non-negative." if v < 0
+        else "Class values must be smaller than num_classes."))]
+
+
+def _count_ones(mask):
+    """The number of ones of a mask (numpy, torch or jax)."""
+    return (mask != 0).sum()
+
+
+def _masked_scatter_rule(args, kwargs):
+    self, mask, source = args[0], _arg(args, kwargs, 1, "mask"), _arg(args, kwargs, 2, "source")
+    # each one of the mask, broadcast with self, takes an element of the source
+    per_one = math.prod(torch.broadcast_shapes(self.shape, mask.shape)) // max(mask.numel(), 1)
+    if not per_one:
+        return []
+    return [IndexCheck(mask, 0, source.numel() // per_one + 1, lambda v: RuntimeError(
+        "Number of elements of source < number of ones in mask"), measure=_count_ones)]
+
+
 _gather_error = _bounds_error(RuntimeError, _OUT_OF_BOUNDS)
 _scatter_rule = _along_dim(_gather_error)
 
@@ -213,6 +278,12 @@ INDEX_RULES = {
     "aten::_embedding_bag_forward_only": _embedding_bag_rule,
     "aten::nll_loss_forward": _nll_rule, "aten::nll_loss2d_forward": _nll_rule,
     "aten::multi_margin_loss": _margin_rule,
+    "aten::multilabel_margin_loss_forward": _multilabel_rule,
+    "aten::max_unpool2d": _unpool_rule, "aten::max_unpool3d": _unpool_rule,
+    "aten::searchsorted": _sorter_rule,
+    "aten::select_scatter": _select_scatter_rule,
+    "aten::one_hot": _one_hot_rule,
+    "aten::masked_scatter": _masked_scatter_rule, "aten::masked_scatter_": _masked_scatter_rule,
     "aten::take": _flat_rule, "aten::put": _flat_rule, "aten::put_": _flat_rule,
 }
 
