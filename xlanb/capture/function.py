@@ -94,7 +94,7 @@ class _Trace:
         self.dests = dests          # per root: [weakref(storage)] written with its value
         self.out_spec = out_spec    # pytree spec of the function's result
         self.out_roots = out_roots  # per result leaf: root index, or ("py", value)
-        self.checks = checks        # IndexChecks of the plan's last root (or none)
+        self.checks = checks        # IndexChecks whose ranges the plan's last root holds, if any
         self.blocker = None         # why this trace can never replay, if it cannot
         self.placed = None          # SPMD: per root, where the value it replaces lay
 

@@ -327,7 +327,7 @@ def device_range(array, ignore=None, measure=None):
 # (id of the index's node, lo, hi, ignore, measure) -> IndexCheck (each holds its node).
 pending_index_checks: dict = {}
 
-_bounds_infos = cache({}, "index-bounds checks' OpInfos, by (metas, ignores, device)", compiled=True)
+_bounds_infos = cache({}, "index-bounds checks' OpInfos, by (metas, specs, device)", compiled=True)
 BOUNDS_OP = "xlanb::index_bounds"
 
 
