@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -55,6 +56,21 @@ CASES = {
     "getitem": (lambda a, i: a[:, i], [0, 3], [2, -3]),
     "index_put_": (lambda a, i: a.clone().index_put_((i,), torch.tensor(1.0, device=a.device)),
                    [1, -3], [1, -2]),
+    # issue 46: ops whose indices were not checked in any mode
+    "one_hot": (lambda a, i: F.one_hot(i, 3), [0, 3], [2, 0]),
+    "one_hot_negative": (lambda a, i: F.one_hot(i, 3), [-1, 2, 5], [1]),
+    "one_hot_inferred": (lambda a, i: F.one_hot(i), [0, -1], [0, 2]),
+    "max_unpool1d": (lambda a, i: F.max_unpool1d(a[:1, :2].reshape(1, 1, 2), i.reshape(1, 1, 2), 2),
+                     [0, 9], [1, 3]),
+    "max_unpool2d": (lambda a, i: F.max_unpool2d(a[:1, :2].reshape(1, 1, 1, 2),
+                                                 i.reshape(1, 1, 1, 2), 2), [0, -1], [1, 3]),
+    "multilabel_margin_loss": (lambda a, i: F.multilabel_margin_loss(a[0], i), [1, 3, 0],
+                               [2, -1, 0]),
+    "searchsorted_sorter": (lambda a, i: torch.searchsorted(a[0], a[1] - 3.5, sorter=i),
+                            [2, 0, 3], [0, 1, 2]),
+    # a mask (broadcast over a's 2 rows) with more ones than the source has elements
+    "masked_scatter": (lambda a, i: a.masked_scatter(i.bool(), torch.ones(2, device=a.device)),
+                       [0, 1, 1], [1, 0, 0]),
     # CPU torch 2.13 wraps take_along_dim's indices (a remainder before its gather): no
     # error there, and none here: the same values
     "take_along_dim": (lambda a, i: torch.take_along_dim(a, i, 1), [[0, 9]], [[0, 2]]),
@@ -109,12 +125,14 @@ def test_out_of_range_index_raises_torch_error(mode, case, source):
     notes = "\n".join(getattr(info.value, "__notes__", ()))
     assert "test_index_bounds.py" in notes, notes  # the user's line
     assert "aten::" in notes, notes                # and the op
-    # the session goes on, and a result kept from the failed sync is readable (reported
-    # once: it now holds XLA's values)
+    # the session goes on; a result kept from the failed sync raises on every read, and
+    # so does every tensor computed from it (a sync leaves them pending)
     torch.testing.assert_close((a + 1).cpu(), _base() + 1)
-    if "out" in got:
-        got["out"].cpu()
     xlanb.sync()
+    if "out" in got:
+        for read in (lambda: got["out"].cpu(), lambda: (got["out"] * 1).cpu()):
+            with pytest.raises(type(cpu_err), match=_message(cpu_err)):
+                read()
 
 
 @pytest.mark.parametrize("source", SOURCES)
@@ -145,7 +163,7 @@ def test_device_check_is_one_output_of_the_lazy_graph():
 
 
 @pytest.mark.parametrize("mode_name", ["lazy", "opbyop"])
-def test_device_check_reported_once_and_pending_work_kept(mode_name):
+def test_device_check_keeps_pending_work_and_fails_the_result(mode_name):
     xlanb.set_mode(mode_name)
     a = _base().to("xla")
     idx = torch.tensor([[0, 9]]).to("xla") * 1
@@ -156,9 +174,12 @@ def test_device_check_reported_once_and_pending_work_kept(mode_name):
     notes = "\n".join(info.value.__notes__)
     assert "aten::gather at test_index_bounds.py" in notes and "sync" in notes
     assert kept._storage.node.data is None  # nothing swapped in
-    xlanb.sync()  # reported once: this sync runs, with XLA's values for the bad index
+    xlanb.sync()  # runs the rest; the failed result stays pending
     torch.testing.assert_close(kept.cpu(), _base() * 2)
-    assert out.cpu()[0, 0].item() == 0.0
+    assert out._storage.node.data is None
+    with pytest.raises(RuntimeError, match="index 9 is out of bounds for dimension 1"):
+        out.cpu()
+    torch.testing.assert_close(idx.cpu(), torch.tensor([[0, 9]]))  # the index itself is fine
 
 
 def test_check_device_indices_off_leaves_device_indices_unchecked(monkeypatch):
@@ -202,7 +223,8 @@ def test_dropped_pending_work_is_not_checked():
 @pytest.mark.parametrize("mode_name", ["lazy", "opbyop"])
 def test_a_look_at_a_result_of_a_bad_pending_index_raises(mode_name):
     # a peek (print, pdb's p) computes pending values op by op: it raises torch's error
-    # rather than show XLA's clamped values, changes no pending graph, and reports once
+    # rather than show XLA's clamped values and changes no pending graph; the result then
+    # raises on every look and read, as after a sync's check
     xlanb.set_mode(mode_name)
     a = _base().to("xla")
     out = torch.gather(a, 1, torch.tensor([[0, 9]]).to("xla") * 1)
@@ -210,7 +232,10 @@ def test_a_look_at_a_result_of_a_bad_pending_index_raises(mode_name):
         xlanb.peek(out)
     assert "look" in "\n".join(info.value.__notes__)
     assert out._storage.node.data is None  # still pending
-    xlanb.sync()  # reported once
+    for read in (lambda: xlanb.peek(out), out.cpu, lambda: (out + 1).cpu()):
+        with pytest.raises(RuntimeError, match="index 9 is out of bounds"):
+            read()
+    xlanb.sync()
     good = torch.gather(a, 1, torch.tensor([[0, 2]]).to("xla") * 1)
     torch.testing.assert_close(xlanb.peek(good), torch.tensor([[0.0, 2.0]]))
     torch.testing.assert_close(good.cpu(), torch.tensor([[0.0, 2.0]]))
@@ -242,3 +267,101 @@ def test_eager_index_waiting_on_a_background_compile_raises_at_the_op(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "raised index 10 is out of bounds for dimension 0 with size 5" in out.stdout
     assert "[1.0, 1.0, 1.0, 1.0, 1.0] 0.0" in out.stdout
+
+
+@pytest.mark.parametrize("index", [3, -4])
+def test_select_scatter_host_index_out_of_range(mode, index):
+    # a Python int index: torch's IndexError before anything runs
+    a = torch.zeros(3, 2).to("xla")
+    with pytest.raises(IndexError, match=re.escape(f"select(): index {index} out of range for "
+                                                   "tensor of size [3, 2] at dimension 0")):
+        torch.select_scatter(a, torch.ones(2).to("xla"), 0, index)
+    torch.testing.assert_close(torch.select_scatter(a, torch.ones(2).to("xla"), 0, -1).cpu(),
+                               torch.tensor([[0.0, 0.0], [0.0, 0.0], [1.0, 1.0]]))
+
+
+@pytest.mark.parametrize("mode_name", ["lazy", "opbyop"])
+def test_a_failed_result_raises_on_every_read_and_use(mode_name):
+    # the result of an op whose index check failed holds XLA's values (clamped, dropped):
+    # it raises torch's error on every read, and so does every tensor computed from it,
+    # until it is dropped; its index and other tensors stay readable
+    xlanb.set_mode(mode_name)
+    idx = torch.tensor([2, 5]).to("xla") * 1
+    y = torch.zeros(5).to("xla").index_add(0, idx, torch.ones(2).to("xla"))
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="index 5 is out of bounds for dimension 0"):
+            y.tolist()
+    z = torch.arange(5).to("xla")[idx]
+    with pytest.raises(IndexError, match="index 5 is out of bounds for dimension 0"):
+        print(z)  # found by the look
+    for read in (lambda: print(z), lambda: z.sum().item(), lambda: y[0].item(), z.cpu):
+        with pytest.raises((IndexError, RuntimeError), match="index 5 is out of bounds"):
+            read()
+    used = z + 1  # recorded: raises when read
+    xlanb.sync()  # runs what it can, leaves the failed ones pending
+    with pytest.raises(IndexError, match="index 5 is out of bounds"):
+        used.cpu()
+    assert idx.tolist() == [2, 5]
+    from xlanb.execute.checks import failed_nodes
+    failed = [weakref.ref(t._storage.node) for t in (y, z)]
+    assert all(id(r()) in failed_nodes for r in failed)
+    del y, z, used, read  # dropped: nothing keeps them, nor their failure
+    assert all(r() is None for r in failed)
+    assert all(ref() is not None for ref, _, _ in failed_nodes.values())
+
+
+def _emb_step(shift=0):
+    """An embedding's weight and a compiled loss step that looks up ``ids + shift``."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 4).to("xla")
+    lin = torch.nn.Linear(4, 5).to("xla")
+    return emb, xlanb.compile(lambda ids, tgt: F.cross_entropy(lin(emb(ids + shift)), tgt))
+
+
+def _on(values):
+    return torch.tensor(values).to("xla")
+
+
+@pytest.mark.parametrize("bad", ["ids", "target", "device_ids"])
+def test_compiled_replay_raises_for_out_of_range_index(bad):
+    # a replay runs the executable without Python: the index checks are part of its graph
+    emb, step = _emb_step()
+    good = [step(_on([1, 2, 3]), _on([1, 2, 3])).item() for _ in range(3)]
+    assert step.replays == 1 and len(set(good)) == 1
+    weight = emb.weight.cpu()
+    args = {"ids": (_on([1, 2, 10]), _on([1, 2, 3])),
+            "target": (_on([1, 2, 3]), _on([1, 2, 7])),
+            "device_ids": (_on([1, 2, 3]) * 1 + 7, _on([1, 2, 3]))}[bad]
+    err = IndexError
+    match = "Target 7 is out of bounds" if bad == "target" else "index out of range in self"
+    with pytest.raises(err, match=match) as info:
+        step(*args)
+    notes = "\n".join(info.value.__notes__)
+    assert "xlanb.compile" in notes and "test_index_bounds.py" in notes, notes
+    assert step.replays == 2
+    torch.testing.assert_close(emb.weight.cpu(), weight)
+    assert step(_on([1, 2, 3]), _on([1, 2, 3])).item() == good[0]  # replays on
+
+
+def test_compiled_traced_call_checks_an_index_it_computes():
+    # the first calls are traced in lazy mode: an index computed inside the function is
+    # checked by the graph of the call's end
+    _, step = _emb_step(shift=7)
+    with pytest.raises(IndexError, match="index out of range in self") as info:
+        step(_on([1, 2, 3]), _on([1, 2, 3]))
+    assert "compiled sync" in "\n".join(info.value.__notes__)
+    for _ in range(3):
+        step(_on([0, 1, 2]), _on([1, 2, 3])).item()
+    assert step.replays == 1
+
+
+def test_torch_compile_replay_raises_for_out_of_range_index():
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 4).to("xla")
+    head = torch.nn.Linear(4, 5).to("xla")
+    f = torch.compile(lambda ids: head(emb(ids)).argmax(-1), backend="xlanb")
+    with torch.no_grad():  # no autograd: the graph replays through xlanb.compile
+        good = [f(_on([1, 2, 3])).tolist() for _ in range(3)]
+        with pytest.raises(IndexError, match="index out of range in self"):
+            f(_on([1, 2, 10])).tolist()
+        assert f(_on([1, 2, 3])).tolist() == good[0]

@@ -432,14 +432,16 @@ def test_out_of_range_indices_the_host_knows_raise(mode):
     assert r[[9, -10]].cpu().tolist() == [9.0, 0.0] and m[[2], [3]].cpu().tolist() == [0.0]
     # an index computed on the device: checked where its values exist without a sync
     # (eager mode; after a sync in the others), else inside the graph of the next sync
-    # (test_index_bounds.py), once
+    # (test_index_bounds.py), whose failed result then raises on each read
     ind = torch.ones(4, dtype=torch.int64, device="xla")
     ind[-1] = 10
     if mode != "eager":
-        r[ind]  # pending: its values are not read (that would cut the graph)
+        out = r[ind]  # pending: its values are not read (that would cut the graph)
         with pytest.raises(IndexError, match="index 10 is out of bounds"):
             xlanb.sync()
-        xlanb.sync()  # reported once: this sync runs
+        xlanb.sync()  # runs the rest
+        with pytest.raises(IndexError, match="index 10 is out of bounds"):
+            out.cpu()
     with pytest.raises(IndexError, match="index 10 is out of bounds"):
         r[ind]
     assert y.cpu().tolist() == [2.0 * i for i in range(10)]

@@ -244,7 +244,7 @@ _FACTORIES = ("arange", "arange.start", "arange.start_step", "linspace", "logspa
               "_efficientzerotensor")
 
 
-def _factory_kernel(op):
+def _dispatch_kernel(op):
     def kernel(*args, **kwargs):
         return dispatch(op, args, kwargs)
     return kernel
@@ -268,7 +268,12 @@ def register() -> None:
     for name in _FACTORIES:
         packet, _, overload = name.partition(".")
         op = getattr(getattr(torch.ops.aten, packet), overload or "default")
-        _lib.impl(name, _factory_kernel(op), "PrivateUse1")
+        _lib.impl(name, _dispatch_kernel(op), "PrivateUse1")
+    # one_hot is CompositeImplicitAutograd: for a tensor with the Python key torch
+    # decomposes it as eq(index.unsqueeze(-1), arange(C)), without CPU's class checks (a bad
+    # class gave a zero row). A kernel of its own brings it to dispatch whole, where its
+    # classes are checked (execute/checks.py).
+    _lib.impl("one_hot", _dispatch_kernel(aten.one_hot.default), "PrivateUse1")
     # The MHA / TransformerEncoderLayer fast paths call fused CUDA-style kernels when they
     # see a PrivateUse1 backend; the composite path lowers cleanly.
     torch.backends.mha.set_fastpath_enabled(False)

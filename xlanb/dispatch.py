@@ -167,6 +167,9 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
         res = plan.special(func, args, kwargs)
         if res is not NotImplemented:
             return res
+    # index checks left to a graph (a pending index, or a traced xlanb.compile call):
+    # each guards the op's result (execute/checks.py)
+    graph_checks = _check_host_indices(plan, args)
     args, kwargs = _device_operands(plan, args, kwargs)
     if plan.lowering is None and plan.decomp is None:
         if session.direct or plan.kind == "view":
@@ -204,12 +207,14 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
         recorder.saw(tensors)
         recorder.saw(outs)
     if plan.name in INDEX_RULES and not session.direct:
-        _check_index_operands(plan, args, kwargs)
+        graph_checks += _check_index_operands(plan, args, kwargs)
     if plan.random:
         scalars.append(rng.next_key())
     if kind == "view":
         return _view_result(func, info, tensors[0])
     node = run_node(info, tuple([value_node(t) for t in tensors]), tuple(scalars))
+    for c in graph_checks:
+        c.guard(node)
     return _WRITE_BACK[kind](func, plan, info, node, args, kwargs, outs, device)
 
 
@@ -217,9 +222,6 @@ def _device_operands(plan: OpPlan, args, kwargs):
     """The call's arguments with host tensors moved to the device (as torch does for a
     CPU scalar tensor), host index lists checked against the shape they index, and byte
     masks made bool."""
-    if plan.name in _HOST_INDICES_OK and not session.direct and len(args) > 1 \
-            and isinstance(args[1], (list, tuple)):
-        _check_known_indices(args[0], args[1], plan.name)
     if not session.direct and _has_host_tensor(args, kwargs):
         args, kwargs = _host_operands(plan, args, kwargs)
     if plan.name in _HOST_INDICES_OK and len(args) > 1:
@@ -473,12 +475,22 @@ def _host_operands(plan: OpPlan, args, kwargs):
 _CHECKED_INDEX_MAX = 4096
 
 
-def _check_known_indices(t, indices, op: str) -> None:
-    """XLA clamps an out-of-range index where torch raises. Index values the host has
-    or can read without a sync (``_index_range``) are checked here, with torch's
-    IndexError; a pending index tensor is checked by the graph of the next sync."""
+def _check_host_indices(plan: OpPlan, args) -> list:
+    """Indexing with a list of index tensors (``a[i, j]``, ``index_put_``): checked against
+    the shape they index (``_check_known_indices``) before they move to the device."""
+    if plan.name in _HOST_INDICES_OK and not session.direct and len(args) > 1 \
+            and isinstance(args[1], (list, tuple)):
+        return _check_known_indices(args[0], args[1], plan.name)
+    return []
+
+
+def _check_known_indices(t, indices, op: str) -> list:
+    """XLA clamps an out-of-range index where torch raises: each index tensor of
+    ``indices`` is checked against the dimension of ``t`` it indexes (``_check_index``).
+    Returns the checks left to a graph."""
     if not isinstance(t, torch.Tensor):
-        return
+        return []
+    graph_checks = []
     dim = 0
     k = 0  # torch's message counts the dimensions indexed by tensors only
     for idx in indices:
@@ -492,38 +504,29 @@ def _check_known_indices(t, indices, op: str) -> None:
         if idx.numel() and dim < t.dim() and not idx.dtype.is_floating_point:
             n = t.shape[dim]
             where = f"dimension {k}" if n else "dimension"  # torch's two messages
-            check = IndexCheck(idx, -n, n, lambda v, where=where, n=n: IndexError(
-                f"index {v} is out of bounds for {where} with size {n}"))
-            if type(idx) is XlaTensor:
-                found = _index_range(idx, None)
-                if found is _PENDING:
-                    _pending_check(check, idx, op)
-                    found = None
-            else:
-                found = host_range(idx, None)
-            v = check.bad_value(*found) if found is not None else None
-            if v is not None:
-                check.op = op
-                check.src = user_frame()
-                raise index_error(check, v, "checked before it ran")
+            c = _check_index(IndexCheck(idx, -n, n, lambda v, where=where, n=n: IndexError(
+                f"index {v} is out of bounds for {where} with size {n}")), idx, op)
+            if c is not None:
+                graph_checks.append(c)
         dim += 1
         k += 1
+    return graph_checks
 
 
 _PENDING = object()
 
 
-def _index_range(idx: XlaTensor, ignore):
-    """(min, max) of an index tensor's values (without ``ignore``) where the host has them
-    or can get them without a sync: kept from the host (from_host), or, with
-    ``config.check_device_indices``, read back when computed (eager mode) or already
-    materialized (an index too big to read back whole is reduced on the device).
-    ``_PENDING`` for a pending index (lazy, opbyop), which the sync that computes it
-    checks in its graph; None when empty or unchecked."""
+def _index_range(idx: XlaTensor, ignore, measure=None):
+    """(min, max) of an index tensor's values, or of their ``measure`` (without
+    ``ignore``) where the host has them or can get them without a sync: kept from the
+    host (from_host), or, with ``config.check_device_indices``, read back when computed
+    (eager mode) or already materialized (an index too big to read back whole is reduced
+    on the device). ``_PENDING`` for a pending index (lazy, opbyop), which the sync that
+    computes it checks in its graph; None when empty or unchecked."""
     if not idx._view:
         host = host_values.get(idx._storage.node)
         if host is not None:
-            return host_range(host, ignore)
+            return host_range(host, ignore, measure)
     if not config.check_device_indices:
         return None
     node = idx._storage.node if not idx._view else None
@@ -536,49 +539,65 @@ def _index_range(idx: XlaTensor, ignore):
             # does (the waiting ops stay as they are), rather than run them all now
             arr = peek_node(value_node(idx))
             if idx.numel() <= _CHECKED_INDEX_MAX:
-                return host_range(array_to_host(arr), ignore)
-            return device_range(arr, ignore)
+                return host_range(array_to_host(arr), ignore, measure)
+            return device_range(arr, ignore, measure)
     if idx.numel() <= _CHECKED_INDEX_MAX:
-        return host_range(to_host(idx, cause="index bounds check"), ignore)
-    return device_range(node_array(value_node(idx), cause="index bounds check"), ignore)
+        return host_range(to_host(idx, cause="index bounds check"), ignore, measure)
+    return device_range(node_array(value_node(idx), cause="index bounds check"), ignore,
+                        measure)
 
 
-def _pending_check(c: IndexCheck, idx: XlaTensor, op: str) -> None:
-    """Leave ``c`` (on the pending index ``idx``) to the graph of the next sync."""
-    if session.recorder is not None:
-        return  # inside xlanb.compile: its replays do not run these checks
+def _check_index(c: IndexCheck, idx, op: str) -> IndexCheck | None:
+    """Raise CPU torch's error now where the values of ``c``'s index ``idx`` (an xla or
+    CPU tensor, or a Python int) are known (``_index_range``) and out of range. Returns
+    the check a graph runs instead, to be guarded by the op's result: a pending index's,
+    the next sync's; inside ``xlanb.compile``, every device index's, so that replays on
+    other values are checked too. None when nothing is left to check."""
+    if type(idx) is XlaTensor:
+        found = _index_range(idx, c.ignore, c.measure)
+    elif isinstance(idx, torch.Tensor):
+        found = host_range(idx, c.ignore, c.measure)
+    else:
+        found = (idx, idx)
+    v = c.bad_value(*found) if found is not None and found is not _PENDING else None
+    graph = found is _PENDING or (session.recorder is not None and type(idx) is XlaTensor
+                                  and config.check_device_indices)
+    if v is None and not graph:
+        return None
     c.op = op
     c.src = user_frame()
     c.scope = _scope_stack[-1] if _scope_stack else ""
-    add_pending_check(c, value_node(idx))
+    if v is not None:
+        raise index_error(c, v, "checked before it ran")
+    return add_pending_check(c, value_node(idx))
 
 
-def _check_index_operands(plan: OpPlan, args, kwargs) -> None:
-    """Raise CPU torch's error for an out-of-range index of ``plan``'s op (gather,
-    scatter, index_select, embedding, nll_loss targets, ...; ``checks.INDEX_RULES``)
-    whose values are known (``_index_range``); a pending index is checked by the graph
-    of the next sync (``checks.pending_index_checks``)."""
+def _checkable(idx: torch.Tensor, c: IndexCheck) -> bool:
+    """An xla index tensor with values, of an index dtype unless ``c`` measures it
+    (the op refuses the others itself)."""
+    if type(idx) is not XlaTensor or not idx.numel():
+        return False
+    return c.measure is not None or not (idx.dtype.is_floating_point or idx.dtype.is_complex
+                                         or idx.dtype == torch.bool)
+
+
+def _check_index_operands(plan: OpPlan, args, kwargs) -> list:
+    """Check the indices of ``plan``'s op (gather, scatter, index_select, embedding,
+    nll_loss targets, ...; ``checks.INDEX_RULES``) as ``_check_index`` does. Returns the
+    checks left to a graph."""
     try:
         checks = INDEX_RULES[plan.name](args, kwargs)
     except (IndexError, TypeError, AttributeError):  # a call torch's meta kernel let by
-        return
+        return []
+    graph_checks = []
     for c in checks:
         idx = c.index
-        if type(idx) is not XlaTensor or not idx.numel() or idx.dtype.is_floating_point \
-                or idx.dtype.is_complex or idx.dtype == torch.bool:
+        if isinstance(idx, torch.Tensor) and not _checkable(idx, c):
             continue
-        found = _index_range(idx, c.ignore)
-        if found is None:
-            continue
-        c.op = plan.name
-        if found is _PENDING:
-            _pending_check(c, idx, plan.name)
-            continue
-        v = c.bad_value(*found)
-        if v is not None:
-            c.src = user_frame()
-            c.scope = _scope_stack[-1] if _scope_stack else ""
-            raise index_error(c, v, "checked before it ran")
+        c = _check_index(c, idx, plan.name)
+        if c is not None:
+            graph_checks.append(c)
+    return graph_checks
 
 
 def _settle_written_fills(func, plan: OpPlan, args, kwargs, outs) -> None:
@@ -743,6 +762,17 @@ def _is_same_size(func, args, kwargs):
     return tuple(args[0].shape) == tuple(args[1].shape)
 
 
+def _one_hot(func, args, kwargs):
+    # num_classes=-1: the largest class + 1, read back as CPU torch does (the result's
+    # shape depends on it); an empty or non-int64 index goes on to torch's error
+    index = args[0]
+    n = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
+    if n != -1 or not index.numel() or index.dtype != torch.int64:
+        return NotImplemented
+    top = to_host(dispatch(aten.max.default, (index,), {}), cause="one_hot's class count")
+    return dispatch(func, (index, int(top) + 1), {})
+
+
 def _native_batch_norm(func, args, kwargs):
     # The CPU kernel updates running stats in place although the schema does not say so;
     # the _legit op says so, and has a functional variant.
@@ -755,6 +785,7 @@ SPECIAL = {
     aten.detach.default: _identity_view,
     aten.alias.default: _identity_view,
     aten.native_batch_norm.default: _native_batch_norm,
+    aten.one_hot.default: _one_hot,
     aten.copy_.default: _copy_,
     aten._to_copy.default: _to_copy,
     aten._local_scalar_dense.default: _local_scalar_dense,

@@ -13,8 +13,9 @@ from .base import metrics
 from .base.frames import format_loc, user_frame
 from .base.config import config
 from .base.session import mode_state, session
-from .execute.checks import (bounds_info, check_looked, pending_devices, pending_index_checks,
-                             settle_index_checks, take_index_checks)
+from .execute.checks import (FAILED_NOTE, bounds_info, check_looked, check_not_failed,
+                             failed_nodes, pending_devices, pending_index_checks,
+                             settle_index_checks, take_index_checks, without_failed)
 from .execute.fills import settled_if_empty
 from .execute.memory import sample
 from .execute.nans import check_run, raise_deferred
@@ -33,7 +34,7 @@ def materialize(roots: list[Node], cause: str) -> None:
     state = mode_state()
     if state.deferred and state.policy.waits_on_compiles:
         # eager: a value read runs every op that waited on a background compile
-        roots = list(roots) + pending_roots()
+        roots = list(roots) + without_failed(pending_roots())
     roots = list({id(r): r for r in roots if r.data is None}.values())
     if not roots and not pending_index_checks:
         return
@@ -49,21 +50,9 @@ def materialize(roots: list[Node], cause: str) -> None:
     results = []
     for device, nodes in by_device.items():
         checks = take_index_checks(device) if pending_index_checks else ()
-        if checks:  # one more output: the range of every pending checked index
-            nodes = nodes + [_bounds_node(checks, device)]
-            checks = [c for c, _ in checks]
-        elif not nodes:
+        if not nodes and not checks:
             continue
-        plan = plan_graph(nodes)
-        arrays = state.policy.run_plan(plan, device, cause, src,
-                                       _placed(plan.roots) if session.spmd else None)
-        if checks:  # raises before anything is swapped in
-            *arrays, ranges = arrays
-            plan = plan._replace(roots=plan.roots[:-1], root_pos=plan.root_pos[:-1])
-            settle_index_checks(checks, ranges, f"the {state.mode} sync ({cause})"
-                                + (f" at {format_loc(src)}" if src is not None else ""))
-        if config.debug_nans:  # one fused check; on a NaN, raises before anything is swapped
-            check_run(plan, arrays, state.mode, cause, src)
+        plan, arrays = run_checked(nodes, checks, device, state.mode, cause, src)
         if observers:
             for fn in tuple(observers):
                 fn("graph", plan, (state.mode, cause, src))
@@ -76,11 +65,34 @@ def materialize(roots: list[Node], cause: str) -> None:
     clear_peeks()
 
 
+def run_checked(nodes: list, checks, device: int, mode: str, cause: str, src):
+    """Compute the pending ``nodes`` on ``device`` as one run, in the calling thread's
+    mode, with the index ``checks`` ((IndexCheck, index node) pairs) as one more output;
+    raise torch's error for a bad index, or a NaN (``XLANB_DEBUG_NANS``), before anything
+    is swapped in. Returns the plan that ran and its roots' arrays (the checks' last):
+    what a sync swaps in, and what ``xlanb.compile`` replays."""
+    if checks:
+        nodes = nodes + [_bounds_node(checks, device)]
+    plan = plan_graph(nodes)
+    if failed_nodes:
+        check_not_failed(plan.op_nodes)
+    arrays = mode_state().policy.run_plan(plan, device, cause, src, placed(plan.roots))
+    if checks:
+        where = f" at {format_loc(src)}" if src is not None else ""
+        settle_index_checks([c for c, _ in checks], arrays[-1],
+                            f"found by the index check compiled into the {mode} sync "
+                            f"({cause}){where}; nothing was swapped in: " + FAILED_NOTE
+                            + ". XLANB_CHECK_DEVICE_INDICES=0 turns this check off")
+    if config.debug_nans:  # one fused check; on a NaN, raises before anything is swapped
+        check_run(plan, arrays, mode, cause, src)
+    return plan, arrays
+
+
 def _bounds_node(checks, device: int) -> Node:
     """The node whose value is ``[min, max]`` of each checked index (execute/checks.py);
     ``checks``: (IndexCheck, index node) pairs."""
     metas = tuple(n.info.out for _, n in checks)
-    info = bounds_info(metas, tuple(c.ignore for c, _ in checks), device)
+    info = bounds_info(metas, tuple((c.ignore, c.measure) for c, _ in checks), device)
     first = checks[0][0]
     return Node(info, tuple(n for _, n in checks), (), None, first.src, first.scope)
 
@@ -107,7 +119,7 @@ def sync(cause: str = "user sync") -> None:
         return  # inside xlanb.compile the function's end is the sync
     if config.debug_nans:
         raise_deferred()  # a NaN an eager backward op made (found on autograd's thread)
-    roots = pending_roots()
+    roots = without_failed(pending_roots())  # a failed result stays pending: reads raise
     if roots or pending_index_checks:
         materialize(roots, cause)
     else:
@@ -131,6 +143,8 @@ def peek_node(node: Node):
     """``node``'s value, computed op by op without changing any pending graph."""
     if node.data is not None:
         return node.data
+    if failed_nodes:  # before a value an earlier look computed from it
+        check_not_failed(plan_graph([node]).op_nodes)
     got = peek_values.get(id(node))
     if got is not None:
         return got

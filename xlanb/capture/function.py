@@ -35,15 +35,16 @@ from ..base import metrics, rng
 from ..base.config import config
 from ..base.frames import format_loc, user_frame
 from ..base.session import session
-from ..execute.graphs import find_graph, run_graph
+from ..execute.checks import bad_indices, index_error, take_index_checks, without_failed
+from ..execute.graphs import find_graph
 from ..execute.nans import check_run
 from ..graph.explain import explain
 from ..graph.summary import summarize
-from ..ir import Node, TensorMeta, contiguous_strides, plan_graph
+from ..ir import Node, TensorMeta, contiguous_strides
 from ..live import clear_peeks, live_storages, pending_roots
 from ..modes import mode as _mode
 from ..ops.leaves import data_info
-from ..realize import node_array, placed, sync
+from ..realize import node_array, placed, run_checked, sync
 from ..runtime.mesh import common_mesh, on_mesh
 from ..record import value_node
 from ..tensor import XlaTensor, new_tensor
@@ -82,7 +83,8 @@ class _Recorder:
 class _Trace:
     """One traced call: the graph, where its leaves come from, where its roots go."""
 
-    def __init__(self, plan, device, sources, scalars, key_pos, dests, out_spec, out_roots):
+    def __init__(self, plan, device, sources, scalars, key_pos, dests, out_spec, out_roots,
+                 checks):
         self.plan = plan
         self.key = plan.key
         self.device = device
@@ -92,6 +94,7 @@ class _Trace:
         self.dests = dests          # per root: [weakref(storage)] written with its value
         self.out_spec = out_spec    # pytree spec of the function's result
         self.out_roots = out_roots  # per result leaf: root index, or ("py", value)
+        self.checks = checks        # IndexChecks whose ranges the plan's last root holds, if any
         self.blocker = None         # why this trace can never replay, if it cannot
         self.placed = None          # SPMD: per root, where the value it replaces lay
 
@@ -265,7 +268,10 @@ def _finish(rec: _Recorder, flat_in, out, cause: str):
     out_nodes = [value_node(o) if isinstance(o, XlaTensor) else None for o in out_flat]
     roots: list[Node] = []
     root_of: dict[int, int] = {}
-    for n in [s.node for s in storages] + [n for n in out_nodes if n is not None]:
+    # a tensor left failed by an earlier index check stays pending (its reads raise);
+    # the call's own results are run, and raise if computed from one
+    written = without_failed([s.node for s in storages if s.node.data is None])
+    for n in written + [n for n in out_nodes if n is not None]:
         if n.data is None and id(n) not in root_of:
             root_of[id(n)] = len(roots)
             roots.append(n)
@@ -275,12 +281,12 @@ def _finish(rec: _Recorder, flat_in, out, cause: str):
     if len(devices) != 1:
         return None  # several devices: run as lazy tracing did (already synced below)
     device = devices.pop()
-    plan = plan_graph(roots)
     src = user_frame()
+    # the call's index checks (all pending ones: the call started with none), compiled
+    # into its graph so that every replay checks its own indices
+    checks = take_index_checks(device)
+    plan, arrays = run_checked(roots, checks, device, "compiled", cause, src)
     where = placed(plan.roots)  # SPMD: where the values it replaces lay
-    arrays = run_graph(plan, device, cause, src, where)
-    if config.debug_nans:  # before anything is swapped in, as a lazy sync does
-        check_run(plan, arrays, "compiled", cause, src)
     for node, arr in zip(plan.roots, arrays):
         node.materialize(arr)
     clear_peeks()
@@ -310,7 +316,8 @@ def _finish(rec: _Recorder, flat_in, out, cause: str):
             if spec == "key":
                 key_pos.append(k)
             k += 1
-    trace = _Trace(plan, device, sources, list(plan.scalars), key_pos, dests, out_spec, out_roots)
+    trace = _Trace(plan, device, sources, list(plan.scalars), key_pos, dests, out_spec, out_roots,
+                   [c for c, _ in checks])
     trace.placed = where
     if any(isinstance(r, tuple) and isinstance(r[1], XlaTensor) for r in out_roots):
         trace.blocker = "it returns a tensor that it did not compute"
@@ -367,6 +374,10 @@ def _replay(cf: CompiledFunction, entry: _Entry, flat_in):
     metrics.record("ExecuteTime", dt)
     metrics.counter("CompiledReplay")
     cf.replays += 1
+    bad = bad_indices(trace.checks, outs[-1]) if trace.checks else ()
+    if bad:  # before any state tensor is written: a bad index leaves them as they were
+        raise index_error(*bad[0], f"found by the index check compiled into "
+                          f"xlanb.compile({cf.name})'s graph; no tensor was written")
     if config.debug_nans:  # before any state tensor is written: a NaN leaves them as they were
         check_run(trace.plan, outs, "compiled", f"xlanb.compile({cf.name}) replay",
                   user_frame(), leaves=leaves, scalars=scalars)

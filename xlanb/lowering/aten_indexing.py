@@ -188,6 +188,12 @@ def index_fill(x, dim, index, value):
     return _dim_ref(x, dim, index).set(jnp.asarray(value, x.dtype))
 
 
+@register(aten.one_hot.default)
+def one_hot(x, num_classes=-1):
+    # num_classes=-1 never arrives: dispatch._one_hot reads the class count first
+    return (x[..., None] == jnp.arange(num_classes, dtype=x.dtype)).astype(jnp.int64)
+
+
 @register(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
 def masked_fill(x, mask, value):
     return jnp.where(mask, jnp.asarray(value, x.dtype), x)
