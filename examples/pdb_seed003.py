@@ -47,7 +47,8 @@ def main() -> dict:
     return {
         "mode": xlanb.get_mode(),
         "counters": {name: xlanb.metrics.counter_value(name) or 0
-                     for name in ("UncachedCompile", "CachedCompile", "OpCompile", "OpCacheHit")},
+                     for name in ("UncachedCompile", "CachedCompile", "OpCompile", "OpCacheHit",
+                                  "EagerRunCompile")},
         "graphs": [{"hash": g.hash, "n_nodes": g.n_nodes} for g in xlanb.graphs()],
         "values": {f"output{i}": o.cpu().tolist() for i, o in enumerate(outputs, 1)},
     }

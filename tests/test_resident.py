@@ -19,7 +19,9 @@ from xlanb.runtime import maps
 
 
 @pytest.fixture
-def small_cap():
+def small_cap(monkeypatch):
+    # single-op executables are the subject: eager runs off, each new op compiles alone
+    monkeypatch.setattr(xlanb.config, "eager_runs", 0)
     old = xlanb.config.max_executables
     xlanb.config.max_executables = 24
     yield 24
