@@ -210,6 +210,29 @@ def test_bad_targets_are_clear_errors(monkeypatch):
     assert xlanb.pending_count() == pending and x.cpu().tolist() == [2.0] * 4
 
 
+@pytest.mark.parametrize("name,says", [
+    ("v5e:0x0", "outside what v5e has"), ("v5e:1x0", "outside what v5e has"),
+    ("v5p:0x1x1", "outside what v5p has"), ("v5e:32x1", "each 1 to 16"),
+    ("v5e:8x32", "each 1 to 16"), ("v5e:1000x1000", "at most 256 chips"),
+    ("v5e:2x2x2", "have 2 dimensions"), ("v6e:2x2x2", "have 2 dimensions"),
+    ("v5p:2x2", "have 3 dimensions"), ("v4:32x32x32", "at most 4096 chips"),
+    ("v5e:2xx2", "not a v5e topology"), ("v5e:-1x1", "not a v5e topology")])
+def test_topology_names_outside_a_generation_are_refused_before_libtpu(name, says):
+    """libtpu 0.0.52 kills the process on some of these (SIGFPE on a dimension of 0,
+    an abort on a v5e dimension over 16), and accepts a 3-D v5e: xlanb checks the name
+    against the generation's limits first, with a TargetError that names them."""
+    with pytest.raises(xlanb.TargetError, match=says):
+        xlanb.Target(name)
+    with pytest.raises(xlanb.TargetError, match=says):
+        xlanb.set_target(name)
+    assert xlanb.get_target() is None
+
+
+def test_a_topology_name_in_capitals_is_the_same_target():
+    assert xlanb.Target("V5E:1X1") == xlanb.Target(" v5e : 1x1 ")
+    assert xlanb.Target("V5E:1X1").name == "v5e:1x1"
+
+
 _SHARDED = textwrap.dedent('''
     import json, sys, warnings
     import jax, jax.numpy as jnp, torch, xlanb
