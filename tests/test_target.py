@@ -179,6 +179,45 @@ def test_target_compiles_every_graph_in_the_background():
     assert xlanb.graphs()[-1].target is None
 
 
+def test_a_graph_compiled_before_the_target_was_set_gets_its_report_when_it_runs():
+    """Issue 46, item 11: the second run was a cache hit and had no report."""
+    m = torch.nn.Linear(64, 32).to("xla")
+    x = torch.randn(8, 64, device="xla")
+    xlanb.sync()
+
+    def step():
+        with torch.no_grad():
+            y = m(x).relu().sum()
+        xlanb.sync()
+        return y
+
+    step()
+    g = xlanb.graphs()[-1]
+    assert g.target is None
+    with xlanb.target("v5e:1x1"):
+        step()
+        assert xlanb.graphs()[-1] is g  # the same graph, from the cache
+    r = g.target
+    assert r is not None and r.target.name == "v5e:1x1" and r.fits is True
+    assert "v5e:1x1" in str(xlanb.graphs())
+    # another target: the graph's report follows it
+    with xlanb.target("v6e:1x1"):
+        step()
+    assert g.target.target.name == "v6e:1x1"
+    # and a replay of xlanb.compile
+    f = xlanb.compile(lambda: m(x).relu().sum() * 3)
+    for _ in range(3):
+        with torch.no_grad():
+            f()
+    assert f.replays >= 1
+    rec = xlanb.graphs()[-1]
+    assert rec.target is None
+    with xlanb.target("v5e:1x1"), torch.no_grad():
+        f()
+    assert f.replays >= 2
+    assert rec.target is not None and rec.target.target.name == "v5e:1x1"
+
+
 def test_dtypes_a_tpu_treats_differently_are_noted():
     x = torch.arange(8, dtype=torch.float64).to("xla")
     r = xlanb.compile_for("v5e:1x1", (x * 2).sum())

@@ -37,6 +37,7 @@ from ..base.frames import format_loc, user_frame
 from ..base.session import session
 from ..execute.graphs import find_graph, run_graph
 from ..execute.nans import check_run
+from ..execute.target import start_target_compile
 from ..graph.explain import explain
 from ..graph.summary import summarize
 from ..ir import Node, TensorMeta, contiguous_strides, plan_graph
@@ -355,6 +356,7 @@ def _replay(cf: CompiledFunction, entry: _Entry, flat_in):
     scalars = list(trace.scalars)
     for p in trace.key_pos:
         scalars[p] = rng.next_key()
+    start_target_compile(entry.record)  # a target set since it compiled
     if session.agree is not None:  # several processes: all about to run the same graph
         session.agree(entry.record, user_frame())
     t0 = time.perf_counter()

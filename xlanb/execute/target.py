@@ -502,6 +502,15 @@ def target(name):
         session.target = prev
 
 
+def start_target_compile(rec) -> None:
+    """Give ``rec`` (a CompiledGraph) its report for the session's target, compiled in
+    the background, unless it has one for that target already: a graph compiled before
+    the target was set (or for another) gets one when it next runs."""
+    t = session.target
+    if t is not None and rec._target_for != t:
+        rec._target, rec._target_for = compile_in_background(rec.lowering, t), t
+
+
 def check_target_fit(rec, what: str) -> None:
     """With ``xlanb.memory_limit("target")``: before ``rec`` (a CompiledGraph) runs here,
     raise ``DeviceMemoryError`` if the TPU compiler says it does not fit one chip of the
@@ -509,8 +518,7 @@ def check_target_fit(rec, what: str) -> None:
     t = session.target
     if t is None:
         return
-    if rec._target is None or rec._target.result().target != t:
-        rec._target = compile_in_background(rec.lowering, t)
+    start_target_compile(rec)
     r = rec._target.result()
     if r.fits is not False:
         return
