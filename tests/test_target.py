@@ -342,6 +342,34 @@ def test_processes_compile_for_targets_side_by_side():
         assert "TPU_WORKER_HOSTNAMES" not in err and "TPU_ACCELERATOR_TYPE" not in err
 
 
+_EXIT_MID_COMPILE = textwrap.dedent('''
+    import time, torch, xlanb
+    class SlowTeardown:  # finalization outlasts the TPU compile, as it can under load
+        def __del__(self):
+            time.sleep(6)
+    keep = SlowTeardown()
+    xlanb.set_target("v5e:1x1")
+    m = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)]).to("xla")
+    m(torch.randn(32, 256, device="xla")).pow(2).mean().backward()
+    xlanb.sync()
+    print("STEPPED", flush=True)
+''')
+
+
+def test_a_script_that_ends_during_a_background_target_compile_exits_cleanly(tmp_path):
+    """Issue 46, item 7: a TPU compile that ended while the interpreter finalized crashed
+    the process (SIGSEGV in jax's WeakrefLRUCache, or libtpu's "FATAL: exception not
+    rethrown", exit 134). At exit the compile in progress is waited for, with a bound."""
+    script = tmp_path / "ends_mid_compile.py"
+    script.write_text(_EXIT_MID_COMPILE)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    for _ in range(3):
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert proc.returncode == 0 and "STEPPED" in proc.stdout, \
+            (proc.returncode, proc.stderr[-3000:])
+
+
 def test_bad_xlanb_target_names_the_variable():
     env = dict(os.environ, PYTHONPATH=ROOT, XLANB_TARGET="v7x:2x2")
     proc = subprocess.run([sys.executable, "-c", "import xlanb"], capture_output=True,

@@ -9,13 +9,15 @@ TPU module. The compiler's out-of-memory refusal is an answer too (``fits=False`
 """
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import contextlib
 import html
 import os
 import queue
-import threading
 import re
+import sys
+import threading
 import time
 from typing import NamedTuple
 
@@ -430,11 +432,25 @@ def _compile_quietly(lowering, target, lowered=None):
 # loaded 2-core VM). It is lowered on xlanb's compile threads (Python, holding the GIL:
 # at a low priority it would hold the GIL while starved of CPU, and stall the user's
 # thread), then compiled on a thread of its own at the lowest CPU priority, so that it
-# neither holds a compile thread that long nor takes a core from the CPU's steps. A
-# daemon thread: a compile nobody waited for never delays exit.
+# neither holds a compile thread that long nor takes a core from the CPU's steps.
+#
+# At exit, the compiles not yet started are cancelled (their reports say so) and the one
+# in progress is waited for, up to EXIT_WAIT_S (Ctrl-C ends the wait): libtpu cannot stop
+# a compile, and a compile that ends while the interpreter is finalizing crashes the
+# process (SIGSEGV in jax's WeakrefLRUCache, or "terminate called ... FATAL: exception
+# not rethrown"). Past the bound, or after Ctrl-C, the process ends at once (os._exit).
 _queue: queue.SimpleQueue = queue.SimpleQueue()
 _worker: list = []
 _worker_lock = threading.Lock()
+_state = threading.Condition()  # guards _closing and _compiling
+_closing = [False]              # the interpreter is exiting: no new target compiles
+_compiling: list = []           # what the worker compiles now ("graph ... for v5e:1x1")
+EXIT_WAIT_S = 600.0
+
+
+def _not_compiled(lowering: GraphLowering, target) -> TargetReport:
+    return TargetReport(resolve_target(target), lowering.hash,
+                        error="not compiled: the program exited first")
 
 
 def _work() -> None:
@@ -444,13 +460,58 @@ def _work() -> None:
         pass
     while True:
         future, args = _queue.get()
+        with _state:
+            if _closing[0]:
+                future.set_result(_not_compiled(*args[:2]))
+                continue
+            _compiling.append(f"graph {args[0].hash[:12]} for {resolve_target(args[1]).name}")
         try:
             future.set_result(_compile_quietly(*args))
         except BaseException as e:  # noqa: BLE001 - the Future carries it to whoever waits
             future.set_exception(e)
+        finally:
+            with _state:
+                _compiling.clear()
+                _state.notify_all()
+
+
+def _finish_at_exit() -> None:
+    """Before the interpreter finalizes (see above): cancel, then wait with a bound."""
+    with _state:
+        _closing[0] = True
+    while True:
+        try:
+            future, args = _queue.get_nowait()
+        except queue.Empty:
+            break
+        future.set_result(_not_compiled(*args[:2]))
+    with _state:
+        if not _compiling or _state.wait_for(lambda: not _compiling, timeout=1.0):
+            return
+        print(f"xlanb: waiting for the TPU compile in progress ({_compiling[0]}) before "
+              f"exiting, at most {EXIT_WAIT_S:.0f} s: libtpu cannot stop it, and the "
+              "process would crash if it ended meanwhile (Ctrl-C exits now)",
+              file=sys.stderr, flush=True)
+        try:
+            if _state.wait_for(lambda: not _compiling, timeout=EXIT_WAIT_S):
+                return
+            code = 1
+        except KeyboardInterrupt:
+            code = 130
+    for f in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            f.flush()
+    os._exit(code)
+
+
+# before the interpreter joins its threads (xlanb's compile threads among them) and finalizes
+getattr(threading, "_register_atexit", atexit.register)(_finish_at_exit)
 
 
 def _lower_then_queue(future, lowering: GraphLowering, target) -> None:
+    if _closing[0]:  # exiting: nobody will read it
+        future.set_result(_not_compiled(lowering, target))
+        return
     try:
         lowered = lowering.lower_for(resolve_target(target))
     except Exception as e:  # a graph that cannot go to the target (a mesh that does not fit)
@@ -459,6 +520,7 @@ def _lower_then_queue(future, lowering: GraphLowering, target) -> None:
         return
     with _worker_lock:
         if not _worker:
+            # a daemon: idle, it never delays exit; busy, _finish_at_exit waits for it
             _worker.append(threading.Thread(target=_work, name="xlanb-target-compile",
                                             daemon=True))
             _worker[0].start()
