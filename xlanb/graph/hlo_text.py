@@ -248,7 +248,7 @@ def computations(text: str) -> dict[str, tuple[bool, str]]:
 
 
 _WHILE = re.compile(r"\swhile\(.*condition=%?([\w.\-]+), body=%?([\w.\-]+)")
-_TRIP = re.compile(r"constant\((\d+)\)\s*\n.*ROOT .* compare\(.*direction=LT", re.S)
+_LIMIT = re.compile(r"ROOT .* compare\(%?[\w.\-]+, %?([\w.\-]+)\), direction=LT")
 
 
 def counted_loops(text: str) -> list[tuple[str, int]]:
@@ -259,8 +259,10 @@ def counted_loops(text: str) -> list[tuple[str, int]]:
     loops = []
     for m in _WHILE.finditer(entry):
         cond = comps.get(m.group(1), (False, ""))[1]
-        trip = _TRIP.search(cond)
-        if trip is not None:
+        limit = _LIMIT.search(cond)
+        trip = limit and re.search(
+            rf"^\s*%?{re.escape(limit.group(1))} = \w+\[\] constant\((\d+)\)", cond, re.M)
+        if trip:
             loops.append((m.group(2), int(trip.group(1))))
     return loops
 
