@@ -32,6 +32,9 @@ BAD = [
     ("XLANB_DEBUG_NANS", "2", "1 or 0"),
     ("XLANB_BACKGROUND_COMPILE", "off please", "1 or 0"),
     ("XLANB_QUICK_PEEKS", "-1", "1 or 0"),
+    ("XLANB_EAGER_RUNS", "many", "whole number >= 0"),
+    ("XLANB_TIER_UP", "-2", "whole number >= 0"),
+    ("XLANB_QUICK_COMPILES", "fast", "1 or 0"),
     ("XLANB_CHECK_DEVICE_INDICES", "sometimes", "1 or 0"),
     ("XLANB_NUM_PROCESSES", "0", "whole number >= 1"),
     ("XLANB_PROCESS_ID", "-1", "whole number >= 0"),
@@ -89,3 +92,48 @@ def test_import_xlanb_names_the_bad_variable():
     assert proc.returncode != 0
     assert "XLANB_MAX_EXECUTABLES='abc' is not valid: it takes a whole number >= 0" in proc.stderr
     assert "invalid literal" not in proc.stderr
+
+
+RUN_TIME_BAD = [("scan_layers", "sometimes"), ("scan_layers", 2), ("memory_limit", "lots"),
+                ("memory_limit", -1), ("mat_mul_precision", "ultra"), ("debug", "maybe"),
+                ("debug_nans", 2), ("background_compile", "off please"),
+                ("quick_peeks", None), ("check_device_indices", "sometimes"),
+                ("warn_fallbacks", []), ("cache_readonly", "ro"), ("dist_check", 3),
+                ("memory_limit_target", "yes please"), ("memory_line_bytes", "lots"),
+                ("cache_max_bytes", 0), ("start_mode", "fast"), ("inspect", "values"),
+                ("platform", "quantum"), ("cache_dir", 3), ("store_key_file", None),
+                ("eager_runs", -1), ("tier_up", "often"), ("quick_compiles", "very")]
+
+
+@pytest.mark.parametrize("field,value", RUN_TIME_BAD, ids=[f"{f}={v!r}" for f, v in RUN_TIME_BAD])
+def test_every_run_time_field_is_checked_as_its_variable_is(field, value):
+    """Issue 46, item 14: ``scan_layers = "0"`` turned looping on (a non-empty string),
+    ``memory_limit = "1G"`` was a TypeError at the next sync and ``mat_mul_precision =
+    "ultra"`` a KeyError at the next matmul; the other fields took anything."""
+    before = getattr(xlanb.config, field)
+    with pytest.raises(SettingError, match=rf"xlanb.config.{field}=.* is not valid: it takes"):
+        setattr(xlanb.config, field, value)
+    assert getattr(xlanb.config, field) == before
+
+
+def test_run_time_fields_take_what_their_variables_take():
+    c = Config()
+    c.scan_layers = "0"
+    assert c.scan_layers is False
+    c.scan_layers = "AUTO"
+    assert c.scan_layers == "auto"
+    c.scan_layers = True
+    assert c.scan_layers is True
+    c.memory_limit = "1G"
+    assert c.memory_limit == 1 << 30
+    c.memory_limit = None
+    assert c.memory_limit is None
+    c.mat_mul_precision = "High"
+    assert c.mat_mul_precision == "high"
+    c.debug = "on"
+    c.background_compile = 0
+    assert c.debug is True and c.background_compile is False
+    c.memory_line_bytes = "1M"
+    assert c.memory_line_bytes == 1 << 20
+    c.start_mode = "Eager"
+    assert c.start_mode == "eager"

@@ -179,6 +179,45 @@ def test_target_compiles_every_graph_in_the_background():
     assert xlanb.graphs()[-1].target is None
 
 
+def test_a_graph_compiled_before_the_target_was_set_gets_its_report_when_it_runs():
+    """Issue 46, item 11: the second run was a cache hit and had no report."""
+    m = torch.nn.Linear(64, 32).to("xla")
+    x = torch.randn(8, 64, device="xla")
+    xlanb.sync()
+
+    def step():
+        with torch.no_grad():
+            y = m(x).relu().sum()
+        xlanb.sync()
+        return y
+
+    step()
+    g = xlanb.graphs()[-1]
+    assert g.target is None
+    with xlanb.target("v5e:1x1"):
+        step()
+        assert xlanb.graphs()[-1] is g  # the same graph, from the cache
+    r = g.target
+    assert r is not None and r.target.name == "v5e:1x1" and r.fits is True
+    assert "v5e:1x1" in str(xlanb.graphs())
+    # another target: the graph's report follows it
+    with xlanb.target("v6e:1x1"):
+        step()
+    assert g.target.target.name == "v6e:1x1"
+    # and a replay of xlanb.compile
+    f = xlanb.compile(lambda: m(x).relu().sum() * 3)
+    for _ in range(3):
+        with torch.no_grad():
+            f()
+    assert f.replays >= 1
+    rec = xlanb.graphs()[-1]
+    assert rec.target is None
+    with xlanb.target("v5e:1x1"), torch.no_grad():
+        f()
+    assert f.replays >= 2
+    assert rec.target is not None and rec.target.target.name == "v5e:1x1"
+
+
 def test_dtypes_a_tpu_treats_differently_are_noted():
     x = torch.arange(8, dtype=torch.float64).to("xla")
     r = xlanb.compile_for("v5e:1x1", (x * 2).sum())
@@ -208,6 +247,29 @@ def test_bad_targets_are_clear_errors(monkeypatch):
         targets.target.cache_clear()
         targets._topology.cache_clear()
     assert xlanb.pending_count() == pending and x.cpu().tolist() == [2.0] * 4
+
+
+@pytest.mark.parametrize("name,says", [
+    ("v5e:0x0", "outside what v5e has"), ("v5e:1x0", "outside what v5e has"),
+    ("v5p:0x1x1", "outside what v5p has"), ("v5e:32x1", "each 1 to 16"),
+    ("v5e:8x32", "each 1 to 16"), ("v5e:1000x1000", "at most 256 chips"),
+    ("v5e:2x2x2", "have 2 dimensions"), ("v6e:2x2x2", "have 2 dimensions"),
+    ("v5p:2x2", "have 3 dimensions"), ("v4:32x32x32", "at most 4096 chips"),
+    ("v5e:2xx2", "not a v5e topology"), ("v5e:-1x1", "not a v5e topology")])
+def test_topology_names_outside_a_generation_are_refused_before_libtpu(name, says):
+    """libtpu 0.0.52 kills the process on some of these (SIGFPE on a dimension of 0,
+    an abort on a v5e dimension over 16), and accepts a 3-D v5e: xlanb checks the name
+    against the generation's limits first, with a TargetError that names them."""
+    with pytest.raises(xlanb.TargetError, match=says):
+        xlanb.Target(name)
+    with pytest.raises(xlanb.TargetError, match=says):
+        xlanb.set_target(name)
+    assert xlanb.get_target() is None
+
+
+def test_a_topology_name_in_capitals_is_the_same_target():
+    assert xlanb.Target("V5E:1X1") == xlanb.Target(" v5e : 1x1 ")
+    assert xlanb.Target("V5E:1X1").name == "v5e:1x1"
 
 
 _SHARDED = textwrap.dedent('''
@@ -280,6 +342,34 @@ def test_processes_compile_for_targets_side_by_side():
         assert "TPU_WORKER_HOSTNAMES" not in err and "TPU_ACCELERATOR_TYPE" not in err
 
 
+_EXIT_MID_COMPILE = textwrap.dedent('''
+    import time, torch, xlanb
+    class SlowTeardown:  # finalization outlasts the TPU compile, as it can under load
+        def __del__(self):
+            time.sleep(6)
+    keep = SlowTeardown()
+    xlanb.set_target("v5e:1x1")
+    m = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)]).to("xla")
+    m(torch.randn(32, 256, device="xla")).pow(2).mean().backward()
+    xlanb.sync()
+    print("STEPPED", flush=True)
+''')
+
+
+def test_a_script_that_ends_during_a_background_target_compile_exits_cleanly(tmp_path):
+    """Issue 46, item 7: a TPU compile that ended while the interpreter finalized crashed
+    the process (SIGSEGV in jax's WeakrefLRUCache, or libtpu's "FATAL: exception not
+    rethrown", exit 134). At exit the compile in progress is waited for, with a bound."""
+    script = tmp_path / "ends_mid_compile.py"
+    script.write_text(_EXIT_MID_COMPILE)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    for _ in range(3):
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert proc.returncode == 0 and "STEPPED" in proc.stdout, \
+            (proc.returncode, proc.stderr[-3000:])
+
+
 def test_bad_xlanb_target_names_the_variable():
     env = dict(os.environ, PYTHONPATH=ROOT, XLANB_TARGET="v7x:2x2")
     proc = subprocess.run([sys.executable, "-c", "import xlanb"], capture_output=True,
@@ -325,3 +415,41 @@ def test_an_instruction_with_xlanb_s_frame_has_no_user_line():
     assert origin(meta.replace("FILE", stages.__file__), {})[2] == ""
     assert origin(meta.replace("FILE", "/home/me/train.py"), {}) == (
         "aten::mm", "jit(run)/Net/aten::mm", "/home/me/train.py:426")
+
+
+def test_looped_layers_cost_every_iteration():
+    """XLA's cost analysis counts a loop's body once: 8 identical layers compiled as
+    loops for a TPU (XLANB_SCAN_LAYERS=auto) reported about 70% of the unrolled step's
+    FLOPs. Each loop's further iterations are added (execute/target.py, loop_flops)."""
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(128, 128)
+
+        def forward(self, x):
+            return x + torch.tanh(self.lin(x))
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[Block() for _ in range(8)]).to("xla")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(64, 128, device="xla")
+    xlanb.sync()
+    model(x).pow(2).mean().backward()
+    opt.step()
+    was = xlanb.config.scan_layers
+    try:
+        xlanb.config.scan_layers = "auto"
+        looped = xlanb.compile_for("v5e:1x1")
+        xlanb.config.scan_layers = False
+        unrolled = xlanb.compile_for("v5e:1x1")
+    finally:
+        xlanb.config.scan_layers = was
+    xlanb.sync()
+    assert any("as loops" in n for n in looped.notes), looped.notes
+    assert not any("as loops" in n for n in unrolled.notes)
+    # 3 x 2 x 64 x 128 x 128 FLOP a layer (forward, two backward matmuls)
+    assert abs(unrolled.cost.flops - 8 * 6 * 64 * 128 * 128) <= 0.05 * unrolled.cost.flops
+    assert abs(looped.cost.flops - unrolled.cost.flops) <= 0.03 * unrolled.cost.flops, \
+        (looped.cost.flops, unrolled.cost.flops)
+    # bytes scale with the FLOPs: never below the loop's own count of one iteration
+    assert looped.cost.bytes_accessed >= 0.9 * unrolled.cost.bytes_accessed

@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> None:
             sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python script.py`
             runpy.run_path(target, run_name="__main__")
     except KeyboardInterrupt:
-        interrupted = True  # no waiting on TPU compiles after a Ctrl-C
+        interrupted = True  # no summary after a Ctrl-C (execute/target.py still ends
+        # the compile in progress before exit: Ctrl-C again ends it at once)
         raise
     finally:
         if not interrupted:

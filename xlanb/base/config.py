@@ -24,8 +24,9 @@
 ``XLANB_TARGET``     a TPU topology (``v5e:2x2``) every graph also compiles for, with
                      libtpu and no TPU (``xlanb.target``); execution stays here
 ``XLANB_SCAN_LAYERS``  1: lower a graph's repeated layers (a transformer's, a ResNet
-                     stage's) as one loop each, so XLA compiles one layer's body
-                     (default 0: unrolled; on XLA:CPU the loop did not compile faster)
+                     stage's) as one loop each, so XLA compiles one layer's body; 0:
+                     unrolled; auto (the default): loops in TPU compiles of 8 or more
+                     layers (on XLA:CPU the loop did not compile faster)
 ``XLANB_PEEK_CACHE_BYTES``  how many bytes of values peeks keep until the next sync
                      (default 256 MiB); past that the least recently used are recomputed
 ``XLANB_DIST_CHECK``  0: several processes do not check that they agree before each run
@@ -40,6 +41,8 @@ import os
 
 INSPECT_CHOICES = ("peek", "sync", "meta")
 MODES = ("lazy", "eager", "opbyop")
+# XLA's precisions for float32 dots and convolutions (torch_xla's set_mat_mul_precision)
+MAT_MUL_PRECISIONS = ("default", "high", "highest")
 
 
 def check_mode(name) -> str:
@@ -89,15 +92,21 @@ def _refuse(name: str, value, accepts: str):
     raise SettingError(f"{name}={value!r} is not valid: it takes {accepts}")
 
 
-def env_flag(name: str, default: bool) -> bool:
-    """An on/off variable: 1/0, true/false, yes/no, on/off (empty: off)."""
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    v = raw.strip().lower()
+def check_flag(name: str, value) -> bool:
+    """On or off: a bool, 1/0, or text as the environment takes it: 1/0, true/false,
+    yes/no, on/off (empty: off)."""
+    if isinstance(value, bool) or isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    v = value.strip().lower() if isinstance(value, str) else None
     if v in _TRUE or v in _FALSE:
         return v in _TRUE
-    _refuse(name, raw, "1 or 0 (also true/false, yes/no, on/off)")
+    _refuse(name, value, "1 or 0 (also true/false, yes/no, on/off)")
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """An on/off variable (``check_flag``)."""
+    raw = os.environ.get(name)
+    return default if raw is None else check_flag(name, raw)
 
 
 def check_count(name: str, value, minimum: int, accepts: str = "") -> int:
@@ -158,23 +167,53 @@ def env_size(name: str, default, minimum: int = 1):
     return default if raw in (None, "") else check_size(name, raw, minimum)
 
 
-def _scan_setting(raw):
-    """XLANB_SCAN_LAYERS: "auto" (also unset or empty), or on/off as ``env_flag`` reads."""
-    if raw is None or raw.strip().lower() in ("", "auto"):
+def check_scan(name: str, value):
+    """Repeated layers as loops: "auto" (also None or empty), or on/off (``check_flag``)."""
+    if value is None or isinstance(value, str) and value.strip().lower() in ("", "auto"):
         return "auto"
-    v = raw.strip().lower()
-    if v in _TRUE or v in _FALSE:
-        return v in _TRUE
-    _refuse("XLANB_SCAN_LAYERS", raw, "auto, 1 or 0 (also true/false, yes/no, on/off)")
+    try:
+        return check_flag(name, value)
+    except SettingError:
+        _refuse(name, value, "auto, 1 or 0 (also true/false, yes/no, on/off)")
+
+
+def check_choice(name: str, value, choices) -> str:
+    """One of ``choices`` (any case)."""
+    v = value.strip().lower() if isinstance(value, str) else None
+    if v not in choices:
+        _refuse(name, value, "one of " + ", ".join(choices))
+    return v
 
 
 def env_choice(name: str, choices, default):
     raw = os.environ.get(name)
-    if raw in (None, ""):
-        return default
-    if raw.strip().lower() not in choices:
-        _refuse(name, raw, "one of " + ", ".join(choices))
-    return raw.strip().lower()
+    return default if raw in (None, "") else check_choice(name, raw, choices)
+
+
+def check_platform(name: str, value):
+    """None (JAX's default) or JAX platforms, comma-separated."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or \
+            not all(p.strip().lower() in PLATFORMS for p in value.split(",")):
+        _refuse(name, value, "one of " + ", ".join(PLATFORMS)
+                + " (or a comma-separated list of them)")
+    return value
+
+
+def check_path(name: str, value) -> str:
+    """A file or folder: text or a path object."""
+    try:
+        return os.fspath(value)
+    except TypeError:
+        _refuse(name, value, "a path")
+
+
+def optional(check):
+    """``check``, or None (the setting off)."""
+    def check_or_none(name, value, *args):
+        return None if value is None else check(name, value, *args)
+    return check_or_none
 
 
 def _check_environment() -> None:
@@ -209,36 +248,53 @@ class _Checked:
 class Config:
     """``xlanb.config``: a plain object whose setters validate. Every ``XLANB_*`` variable
     is read and checked here, once, at import: a bad value is a ``SettingError`` that names
-    the variable, its value and what it takes."""
+    the variable, its value and what it takes. Every field is ``_Checked``: set at run
+    time, it takes what its variable takes (``scan_layers = "0"`` is off)."""
 
+    start_mode = _Checked(check_choice, MODES)
+    platform = _Checked(check_platform)
+    cache_dir = _Checked(optional(check_path))
+    cache_max_bytes = _Checked(check_size, 1)
+    cache_readonly = _Checked(check_flag)
+    store_key_file = _Checked(check_path)
+    inspect = _Checked(check_choice, INSPECT_CHOICES)
+    warn_fallbacks = _Checked(check_flag)
+    check_device_indices = _Checked(check_flag)
+    debug = _Checked(check_flag)
+    background_compile = _Checked(check_flag)
+    quick_peeks = _Checked(check_flag)
+    debug_nans = _Checked(check_flag)
     max_executables = _Checked(check_count, 0, "0: from the kernel's limit on memory mappings")
     max_graphs = _Checked(check_count, 1)
     peek_cache_bytes = _Checked(check_size, 0)
+    memory_line_bytes = _Checked(check_size, 0)
+    memory_limit = _Checked(optional(check_size), 1)
+    memory_limit_target = _Checked(check_flag)
+    mat_mul_precision = _Checked(optional(check_choice), MAT_MUL_PRECISIONS)
+    scan_layers = _Checked(check_scan)
     frequent_compiles = _Checked(check_count, 1)
+    dist_check = _Checked(check_flag)
     dist_timeout = _Checked(check_seconds)
     dist_recent = _Checked(check_count, 1)
     eager_runs = _Checked(check_count, 0, "0: off")
     tier_up = _Checked(check_count, 0, "0: never")
+    quick_compiles = _Checked(check_flag)
 
     def __init__(self) -> None:
         # the execution mode a new session starts in (base/session.py)
         self.start_mode: str = env_choice("XLANB_MODE", MODES, "lazy")
-        platform = os.environ.get("XLANB_PLATFORM") or None
-        if platform and not all(p.strip().lower() in PLATFORMS for p in platform.split(",")):
-            _refuse("XLANB_PLATFORM", platform, "one of " + ", ".join(PLATFORMS)
-                    + " (or a comma-separated list of them)")
-        self.platform: str | None = platform
+        self.platform = check_platform("XLANB_PLATFORM", os.environ.get("XLANB_PLATFORM"))
         # checked (and resolved) at import by xlanb.set_target
         self.target: str | None = os.environ.get("XLANB_TARGET") or None
-        self.cache_dir: str | None = _default_cache_dir()
+        self.cache_dir = _default_cache_dir()
         # The executable store's cap; least recently used entries go first.
-        self.cache_max_bytes: int = env_size("XLANB_CACHE_MAX_BYTES", 2 << 30)
+        self.cache_max_bytes = env_size("XLANB_CACHE_MAX_BYTES", 2 << 30)
         # Load from the store but write nothing to it (torch_xla's
         # xr.initialize_cache(path, readonly=True), for processes beside one that writes).
         self.cache_readonly: bool = False
         # Signs the store's entries; outside the cache directory, readable only by the user.
-        self.store_key_file: str = os.environ.get("XLANB_STORE_KEY") or _default_store_key()
-        self._inspect = env_choice("XLANB_INSPECT", INSPECT_CHOICES, "peek")
+        self.store_key_file = os.environ.get("XLANB_STORE_KEY") or _default_store_key()
+        self.inspect = env_choice("XLANB_INSPECT", INSPECT_CHOICES, "peek")
         # Warn once per op that falls back to CPU torch.
         self.warn_fallbacks = True
         # XLA clamps an out-of-range index where torch raises IndexError. Index values the
@@ -278,24 +334,24 @@ class Config:
         # from the executable store, or compiles again, when its graph runs again.
         self.max_graphs = env_count("XLANB_MAX_GRAPHS", 256, 1)
         # Eager results of at least this many bytes remember their line (ir.LINE_BYTES)
-        self.memory_line_bytes: int = env_size("XLANB_MEMORY_LINE_BYTES", 256 << 10, 0)
+        self.memory_line_bytes = env_size("XLANB_MEMORY_LINE_BYTES", 256 << 10, 0)
         # Device bytes a graph (or an eager op) may take, checked before it runs
         # (execute/memory.py; xlanb.memory_limit); None: no check.
-        self.memory_limit: int | None = env_size("XLANB_MEMORY_LIMIT", None)
+        self.memory_limit = env_size("XLANB_MEMORY_LIMIT", None)
         # xlanb.memory_limit("target"): every graph must fit the target's HBM per
         # chip, as the TPU compiler says (execute/target.py), before it runs here
         self.memory_limit_target = False
         # The precision of float32 dots and convolutions, XLA's "default" | "high" |
         # "highest" (torch_xla.backends.set_mat_mul_precision); None: torch's own knobs
         # decide (torch.set_float32_matmul_precision, torch.backends.cudnn.allow_tf32)
-        self.mat_mul_precision: str | None = None
+        self.mat_mul_precision = None
         # Repeated layers of a graph lowered as one lax.scan each, so XLA compiles one
         # layer's body (graph/repeats.py, execute/stages.py); read when a graph is lowered.
         # True | False | "auto" (the default): loops where they pay, in TPU compiles
         # (a TPU target's, a TPU's own) of 8 or more repeated layers; on XLA:CPU the
         # loop compiled no faster than the unrolled graph (docs/benchmarks.md,
         # "Repeated layers compiled once").
-        self.scan_layers = _scan_setting(os.environ.get("XLANB_SCAN_LAYERS"))
+        self.scan_layers = check_scan("XLANB_SCAN_LAYERS", os.environ.get("XLANB_SCAN_LAYERS"))
         # Several processes (xlanb.distributed): before each run over more than one of
         # them, every process checks that the others run the same thing (one exchange
         # through jax.distributed's key-value store per run).
@@ -307,16 +363,6 @@ class Config:
         # Multi-process runs each process remembers (its flight recorder).
         self.dist_recent = env_count("XLANB_DIST_RECENT", 64, 1)
         _check_environment()
-
-    @property
-    def inspect(self) -> str:
-        return self._inspect
-
-    @inspect.setter
-    def inspect(self, value: str) -> None:
-        if value not in INSPECT_CHOICES:
-            raise SettingError(f"xlanb.config.inspect must be one of {', '.join(INSPECT_CHOICES)}; got {value!r}")
-        self._inspect = value
 
     def __repr__(self) -> str:
         return (f"xlanb.config(platform={self.platform!r}, cache_dir={self.cache_dir!r}, "

@@ -38,6 +38,7 @@ from ..base.session import session
 from ..execute.checks import bad_indices, index_error, take_index_checks, without_failed
 from ..execute.graphs import find_graph
 from ..execute.nans import check_run
+from ..execute.target import start_target_compile
 from ..graph.explain import explain
 from ..graph.summary import summarize
 from ..ir import Node, TensorMeta, contiguous_strides
@@ -362,6 +363,7 @@ def _replay(cf: CompiledFunction, entry: _Entry, flat_in):
     scalars = list(trace.scalars)
     for p in trace.key_pos:
         scalars[p] = rng.next_key()
+    start_target_compile(entry.record)  # a target set since it compiled
     if session.agree is not None:  # several processes: all about to run the same graph
         session.agree(entry.record, user_frame())
     t0 = time.perf_counter()

@@ -15,13 +15,13 @@ import torch
 
 import xlanb
 from xlanb.base.caches import clear_compiled
+from xlanb.base.config import MAT_MUL_PRECISIONS as PRECISIONS
 from xlanb.execute.background import compiles_in_flight
 
 from .missing import module_getattr
 
 NAME = "torch_xla.backends"
 
-PRECISIONS = ("default", "high", "highest")
 # torch.get_float32_matmul_precision() -> XLA's name for what xlanb's dots then use
 _FROM_TORCH = {"highest": "highest", "high": "high", "medium": "default"}
 

@@ -30,7 +30,7 @@ from .memory import (GraphMemory, check_graph, device_oom, graph_buffers, graph_
                      is_device_oom)
 from .resident import admit_graph, graph_cache, resident_graphs
 from .stages import GraphLowering, kept_shardings, mesh_leaves, sharding_of
-from .target import check_target_fit, compile_in_background, format_seconds
+from .target import check_target_fit, format_seconds, start_target_compile
 
 @dataclass
 class CompiledGraph:
@@ -59,8 +59,10 @@ class CompiledGraph:
     out_shardings: tuple | None = field(default=None, repr=False)
     collectives: CollectiveList = field(default_factory=CollectiveList, repr=False)
     _memory: object = field(default=False, repr=False)  # False: not asked yet
-    # compiled for xlanb.target() too: a Future of its TargetReport (execute/target.py)
+    # compiled for xlanb.target() too: a Future of its TargetReport (execute/target.py),
+    # and the Target it is for
     _target: object = field(default=None, repr=False)
+    _target_for: object = field(default=None, repr=False)
     # an eager run's graph compiled with the quick tier, until its optimized compile
     # replaces it (``tier_up``)
     quick: bool = False
@@ -86,8 +88,8 @@ class CompiledGraph:
 
     @property
     def target(self):
-        """Its ``TargetReport`` for the target that was set when it compiled (waits for
-        that compile, which runs on the compile threads), or None."""
+        """Its ``TargetReport`` for the target set when it last compiled or ran (waits
+        for that compile, which runs in the background), or None."""
         return None if self._target is None else self._target.result()
 
     def reload(self):
@@ -369,8 +371,7 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
     admit_graph(rec)
     if shardings is not None:
         _note_partitioning(rec, plan, exe, mesh)
-    if session.target is not None:  # the CPU run never waits for it
-        rec._target = compile_in_background(lowering, session.target)
+    start_target_compile(rec)  # with a target set; the CPU run never waits for it
     _graph_cache[key] = rec
     graph_log.append(rec)
     return rec, True
@@ -496,6 +497,8 @@ def run_graph(plan: GraphPlan, device: int, cause: str, src, placed=None,
         else:
             metrics.counter("CachedCompile")
             rec.hits += 1
+    if not fresh:
+        start_target_compile(rec)  # a target set since it compiled
     # the graph's projected peak (and, with xlanb.memory_limit, the check) before it runs
     what = f"the graph of {len(plan.steps)} ops ({cause}) synced at {format_loc(src) or '?'}"
     check_graph(rec, device, what)

@@ -9,13 +9,15 @@ TPU module. The compiler's out-of-memory refusal is an answer too (``fits=False`
 """
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import contextlib
 import html
 import os
 import queue
-import threading
 import re
+import sys
+import threading
 import time
 from typing import NamedTuple
 
@@ -27,7 +29,7 @@ from ..base.frames import SourceLoc, source_text
 from ..base.session import session
 from ..base.tables import format_bytes, format_duration, format_table
 from ..graph.collectives import CollectiveList, parse_collectives
-from ..graph.hlo_text import entry_buffers
+from ..graph.hlo_text import counted_loops, entry_buffers, with_entry
 from ..graph.layouts import array_layouts, entry_layouts
 from ..runtime.jit import background, compile_lowered
 from ..runtime.targets import Target, TargetError, target as resolve_target
@@ -371,9 +373,15 @@ def compile_for_target(lowering: GraphLowering, target, lowered=None) -> TargetR
         ca = {}
     if ca:
         flops = float(ca.get("flops", 0.0))
-        nbytes = float(ca.get("bytes accessed", 0.0))
+        # XLA's cost analysis counts a loop's body once: the further iterations of each
+        # loop (repeated layers lowered as one, XLANB_SCAN_LAYERS), with bytes and time
+        # scaled as the FLOPs are
+        scale = 1 + loop_flops(lowered) / flops if flops else 1.0
+        flops *= scale
+        nbytes = float(ca.get("bytes accessed", 0.0)) * scale
         # XLA gives a negative estimate where it has none (a custom call it cannot cost)
-        cost = TargetCost(flops, nbytes, max(0.0, float(ca.get("optimal_seconds", 0.0))),
+        cost = TargetCost(flops, nbytes,
+                          max(0.0, float(ca.get("optimal_seconds", 0.0))) * scale,
                           flops / t.peak_flops, nbytes / t.hbm_bytes_per_s)
     axes = dict(lowering.mesh.mesh.shape) if lowering.mesh is not None else None
     return TargetReport(
@@ -382,6 +390,27 @@ def compile_for_target(lowering: GraphLowering, target, lowered=None) -> TargetR
         cost=cost, padding=_padding(lowering, text),
         collectives=CollectiveList(parse_collectives(text, axes), lowering.hash or ""),
         compile_seconds=secs, notes=_notes(lowering), executable=exe)
+
+
+def loop_flops(lowered) -> float:
+    """The FLOPs of every counted loop's iterations after its first, in ``lowered``
+    (before the TPU compiler's passes, where each ``lax.scan`` is still one while with
+    its trip count): what XLA's cost analysis, which costs a body once, leaves out.
+    Each body is costed on its own by XLA's generic cost analysis (FLOPs do not depend
+    on the backend); 0 where the module has no such loop or cannot be read."""
+    try:
+        text = lowered.compiler_ir("hlo").as_hlo_module().to_string()
+        loops = counted_loops(text)
+        if not loops:
+            return 0.0
+        from jax._src.lib import _jax
+        from jaxlib import _hlo
+        client = jax.devices("cpu")[0].client
+        return sum((n - 1) * float(_jax.hlo_module_cost_analysis(
+            client, _hlo.hlo_module_from_text(with_entry(text, body))).get("flops", 0.0))
+            for body, n in loops)
+    except Exception:  # JAX's internals moved: XLA's own figure, as it was
+        return 0.0
 
 
 def _shardings_of(exe) -> list:
@@ -403,11 +432,25 @@ def _compile_quietly(lowering, target, lowered=None):
 # loaded 2-core VM). It is lowered on xlanb's compile threads (Python, holding the GIL:
 # at a low priority it would hold the GIL while starved of CPU, and stall the user's
 # thread), then compiled on a thread of its own at the lowest CPU priority, so that it
-# neither holds a compile thread that long nor takes a core from the CPU's steps. A
-# daemon thread: a compile nobody waited for never delays exit.
+# neither holds a compile thread that long nor takes a core from the CPU's steps.
+#
+# At exit, the compiles not yet started are cancelled (their reports say so) and the one
+# in progress is waited for, up to EXIT_WAIT_S (Ctrl-C ends the wait): libtpu cannot stop
+# a compile, and a compile that ends while the interpreter is finalizing crashes the
+# process (SIGSEGV in jax's WeakrefLRUCache, or "terminate called ... FATAL: exception
+# not rethrown"). Past the bound, or after Ctrl-C, the process ends at once (os._exit).
 _queue: queue.SimpleQueue = queue.SimpleQueue()
 _worker: list = []
 _worker_lock = threading.Lock()
+_state = threading.Condition()  # guards _closing and _compiling
+_closing = [False]              # the interpreter is exiting: no new target compiles
+_compiling: list = []           # what the worker compiles now ("graph ... for v5e:1x1")
+EXIT_WAIT_S = 600.0
+
+
+def _not_compiled(lowering: GraphLowering, target) -> TargetReport:
+    return TargetReport(resolve_target(target), lowering.hash,
+                        error="not compiled: the program exited first")
 
 
 def _work() -> None:
@@ -417,13 +460,58 @@ def _work() -> None:
         pass
     while True:
         future, args = _queue.get()
+        with _state:
+            if _closing[0]:
+                future.set_result(_not_compiled(*args[:2]))
+                continue
+            _compiling.append(f"graph {args[0].hash[:12]} for {resolve_target(args[1]).name}")
         try:
             future.set_result(_compile_quietly(*args))
         except BaseException as e:  # noqa: BLE001 - the Future carries it to whoever waits
             future.set_exception(e)
+        finally:
+            with _state:
+                _compiling.clear()
+                _state.notify_all()
+
+
+def _finish_at_exit() -> None:
+    """Before the interpreter finalizes (see above): cancel, then wait with a bound."""
+    with _state:
+        _closing[0] = True
+    while True:
+        try:
+            future, args = _queue.get_nowait()
+        except queue.Empty:
+            break
+        future.set_result(_not_compiled(*args[:2]))
+    with _state:
+        if not _compiling or _state.wait_for(lambda: not _compiling, timeout=1.0):
+            return
+        print(f"xlanb: waiting for the TPU compile in progress ({_compiling[0]}) before "
+              f"exiting, at most {EXIT_WAIT_S:.0f} s: libtpu cannot stop it, and the "
+              "process would crash if it ended meanwhile (Ctrl-C exits now)",
+              file=sys.stderr, flush=True)
+        try:
+            if _state.wait_for(lambda: not _compiling, timeout=EXIT_WAIT_S):
+                return
+            code = 1
+        except KeyboardInterrupt:
+            code = 130
+    for f in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            f.flush()
+    os._exit(code)
+
+
+# before the interpreter joins its threads (xlanb's compile threads among them) and finalizes
+getattr(threading, "_register_atexit", atexit.register)(_finish_at_exit)
 
 
 def _lower_then_queue(future, lowering: GraphLowering, target) -> None:
+    if _closing[0]:  # exiting: nobody will read it
+        future.set_result(_not_compiled(lowering, target))
+        return
     try:
         lowered = lowering.lower_for(resolve_target(target))
     except Exception as e:  # a graph that cannot go to the target (a mesh that does not fit)
@@ -432,6 +520,7 @@ def _lower_then_queue(future, lowering: GraphLowering, target) -> None:
         return
     with _worker_lock:
         if not _worker:
+            # a daemon: idle, it never delays exit; busy, _finish_at_exit waits for it
             _worker.append(threading.Thread(target=_work, name="xlanb-target-compile",
                                             daemon=True))
             _worker[0].start()
@@ -475,6 +564,15 @@ def target(name):
         session.target = prev
 
 
+def start_target_compile(rec) -> None:
+    """Give ``rec`` (a CompiledGraph) its report for the session's target, compiled in
+    the background, unless it has one for that target already: a graph compiled before
+    the target was set (or for another) gets one when it next runs."""
+    t = session.target
+    if t is not None and rec._target_for != t:
+        rec._target, rec._target_for = compile_in_background(rec.lowering, t), t
+
+
 def check_target_fit(rec, what: str) -> None:
     """With ``xlanb.memory_limit("target")``: before ``rec`` (a CompiledGraph) runs here,
     raise ``DeviceMemoryError`` if the TPU compiler says it does not fit one chip of the
@@ -482,8 +580,7 @@ def check_target_fit(rec, what: str) -> None:
     t = session.target
     if t is None:
         return
-    if rec._target is None or rec._target.result().target != t:
-        rec._target = compile_in_background(rec.lowering, t)
+    start_target_compile(rec)
     r = rec._target.result()
     if r.fits is not False:
         return

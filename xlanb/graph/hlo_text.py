@@ -228,3 +228,53 @@ def instruction_origins(text: str) -> dict[str, InstrOrigin]:
         out[m.group("name")] = InstrOrigin(op_type, scope_of(op_name, op_type), sources,
                                            m.group("opcode"))
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# Counted loops, in an unoptimized module (a ``lax.scan``'s while)
+
+_COMPUTATION = re.compile(r"^(ENTRY )?%?([\w.\-]+) \(", re.M)
+
+
+def computations(text: str) -> dict[str, tuple[bool, str]]:
+    """Each computation of a module's text by name: ``(is the entry, its text)``."""
+    out = {}
+    starts = list(_COMPUTATION.finditer(text))
+    for m, nxt in zip(starts, starts[1:] + [None]):
+        body = text[m.start():nxt.start() if nxt else len(text)]
+        body = body[:body.rfind("\n}") + 2] if "\n}" in body else body
+        out[m.group(2)] = (bool(m.group(1)), body)
+    return out
+
+
+_WHILE = re.compile(r"\swhile\(.*condition=%?([\w.\-]+), body=%?([\w.\-]+)")
+_LIMIT = re.compile(r"ROOT .* compare\(%?[\w.\-]+, %?([\w.\-]+)\), direction=LT")
+
+
+def counted_loops(text: str) -> list[tuple[str, int]]:
+    """``(body, trip count)`` for each while of the entry computation whose condition is
+    JAX's scan test, ``counter < constant`` (the counter starts at 0)."""
+    comps = computations(text)
+    entry = next((t for is_entry, t in comps.values() if is_entry), "")
+    loops = []
+    for m in _WHILE.finditer(entry):
+        cond = comps.get(m.group(1), (False, ""))[1]
+        limit = _LIMIT.search(cond)
+        trip = limit and re.search(
+            rf"^\s*%?{re.escape(limit.group(1))} = \w+\[\] constant\((\d+)\)", cond, re.M)
+        if trip:
+            loops.append((m.group(2), int(trip.group(1))))
+    return loops
+
+
+def with_entry(text: str, name: str) -> str:
+    """The module's text with computation ``name`` as its entry (the old entry left out),
+    for costing one computation on its own."""
+    first = _COMPUTATION.search(text)
+    # the stack-frame tables between the header and the first computation stay
+    preamble = text[:first.start()].split("\n", 1) if first else ["", ""]
+    parts = [f"HloModule {name}_alone\n" + (preamble[1] if len(preamble) > 1 else "")]
+    for comp, (is_entry, body) in computations(text).items():
+        if not is_entry:
+            parts.append(("ENTRY " + body) if comp == name else body)
+    return "\n".join(parts)

@@ -25,27 +25,36 @@ GiB = 1 << 30
 
 
 class Chip(NamedTuple):
-    """One TPU generation's published per-chip figures."""
+    """One TPU generation's published per-chip figures, and the topologies it has."""
     generation: str        # as JAX's topology names spell it: v4, v5e, v5p, v6e
     device_kind: str       # as JAX's devices report it
     hbm_bytes: int
     peak_flops: float      # dense bf16 FLOP/s
     hbm_bytes_per_s: float
     source: str            # where the figures are published
+    dims: int              # a topology's dimensions (a 2-D or 3-D torus)
+    max_chips: int         # the largest slice
+    max_dim: int = 0       # chips along one dimension at most (0: only max_chips bounds it)
     topology_options: tuple = ()  # extra options for the topology (v4: one device a chip)
 
 
-# Google Cloud's system-architecture pages, one per generation (retrieved 2026).
+# Google Cloud's system-architecture pages, one per generation (retrieved 2026). The
+# limits are checked before libtpu sees a name: libtpu 0.0.52 dies of SIGFPE on a
+# dimension of 0 and aborts ("Check failed ... <= 16") on a v5e dimension over 16.
 CHIPS = {
     "v4": Chip("v4", "TPU v4", 32 * GiB, 275e12, 1228e9,
-               "cloud.google.com/tpu/docs/v4: 32 GiB HBM2, 1,228 GB/s, 275 TFLOP/s bf16",
-               (("chip_config_name", "megacore"),)),
+               "cloud.google.com/tpu/docs/v4: 32 GiB HBM2, 1,228 GB/s, 275 TFLOP/s bf16; "
+               "3-D, a pod of 4,096 chips", 3, 4096,
+               topology_options=(("chip_config_name", "megacore"),)),
     "v5e": Chip("v5e", "TPU v5 lite", 16 * GiB, 197e12, 819e9,
-                "cloud.google.com/tpu/docs/v5e: 16 GiB HBM2, 819 GB/s, 197 TFLOP/s bf16"),
+                "cloud.google.com/tpu/docs/v5e: 16 GiB HBM2, 819 GB/s, 197 TFLOP/s bf16; "
+                "2-D, up to 16x16", 2, 256, 16),
     "v5p": Chip("v5p", "TPU v5", 95 * GiB, 459e12, 2765e9,
-                "cloud.google.com/tpu/docs/v5p: 95 GiB HBM2e, 2,765 GB/s, 459 TFLOP/s bf16"),
+                "cloud.google.com/tpu/docs/v5p: 95 GiB HBM2e, 2,765 GB/s, 459 TFLOP/s bf16; "
+                "3-D, the largest slice 16x16x24 (6,144 chips)", 3, 6144),
     "v6e": Chip("v6e", "TPU v6 lite", 32 * GiB, 918e12, 1640e9,
-                "cloud.google.com/tpu/docs/v6e: 32 GiB HBM, 1,640 GB/s, 918 TFLOP/s bf16"),
+                "cloud.google.com/tpu/docs/v6e: 32 GiB HBM, 1,640 GB/s, 918 TFLOP/s bf16; "
+                "2-D, up to 16x16", 2, 256, 16),
 }
 
 
@@ -63,13 +72,34 @@ def _parse(name: str) -> tuple[str, str]:
         raise TargetError(f"xlanb: a target is a TPU topology such as 'v5e:2x2' or 'v5p:2x2x1' "
                           f"(generation:chips per dimension), got {name!r}; known generations: "
                           f"{_known()}")
-    gen, shape = name.strip().split(":", 1)
-    gen = gen.lower()
+    gen, shape = (part.strip().lower() for part in name.split(":", 1))
     if gen not in CHIPS:
         raise TargetError(f"xlanb: unknown TPU generation {gen!r} in target {name!r}; known "
                           f"generations: {_known()} (e.g. 'v5e:2x2', 'v5p:2x2x1', 'v4:2x2x1', "
                           "'v6e:1x1')")
-    return gen, shape
+    return gen, _check_shape(name, CHIPS[gen], shape)
+
+
+def _limits(chip: Chip) -> str:
+    example = "x".join(["2"] * 2 + ["1"] * (chip.dims - 2))
+    each = f", each 1 to {chip.max_dim}" if chip.max_dim else ", each at least 1"
+    return (f"{chip.generation} topologies have {chip.dims} dimensions{each}, and at most "
+            f"{chip.max_chips} chips (e.g. '{chip.generation}:{example}')")
+
+
+def _check_shape(name: str, chip: Chip, shape: str) -> str:
+    """``shape`` if it is within the generation's limits (libtpu crashes the process on
+    some names outside them); else a TargetError naming the limits."""
+    dims = shape.split("x")
+    if not all(d.isdigit() for d in dims) or len(dims) != chip.dims:
+        raise TargetError(f"xlanb: {name!r} is not a {chip.generation} topology: "
+                          f"{_limits(chip)}")
+    sizes = [int(d) for d in dims]
+    chips = int(np.prod(sizes))
+    if min(sizes) < 1 or chip.max_dim and max(sizes) > chip.max_dim or chips > chip.max_chips:
+        raise TargetError(f"xlanb: {name!r} is outside what {chip.generation} has: "
+                          f"{_limits(chip)}")
+    return "x".join(str(n) for n in sizes)
 
 
 @functools.cache
