@@ -66,9 +66,6 @@ def _drain_pending() -> None:
     except Exception:
         pass
     if xlanb.pending_count():
-        import os as _os  # TEMP-DIAG
-        with open("/tmp/leftover.log", "a") as _f:  # TEMP-DIAG
-            _f.write(_os.environ.get("PYTEST_CURRENT_TEST", "?") + " " + str(xlanb.pending_count()) + "\n")  # TEMP-DIAG
         from xlanb import live
         from xlanb.base.session import session
         live._live.clear()

@@ -179,12 +179,13 @@ def test_in_place_updates_on_views_inside_a_run(eager, same):
     same(v, cpu[1:3])
 
 
-def test_an_op_in_a_second_new_run_gets_its_own_executable(eager, count):
+def test_an_op_in_a_third_new_run_gets_its_own_executable(eager, count):
     """The tier-up of ops: an op that comes back in new company is lowered while the run
     compiles and compiled in the background; then it runs alone, at once."""
     cpu, x = _fresh(3)
     (x.exp() * 2.0).cpu()          # exp, first new run
-    (x.exp() + 3.0).cpu()          # exp again, in a second new run: its own executable
+    (x.exp() + 3.0).cpu()          # exp again, in a second new run
+    (x.exp() - 4.0).cpu()          # a third new run: its own executable
     from xlanb.execute.background import _in_flight
     for f in list(_in_flight):
         f.result(timeout=120)

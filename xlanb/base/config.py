@@ -15,7 +15,7 @@
                      new op compiles alone, as before (``execute/graphs.py``)
 ``XLANB_QUICK_COMPILES``  0: eager runs compile with XLA's full optimizations at once
 ``XLANB_TIER_UP``    sightings of an op signature after which its own optimized
-                     executable compiles in the background (default 2; 0: never)
+                     executable compiles in the background (default 3; 0: never)
 ``XLANB_DEBUG_NANS``  1: find the first op that makes a NaN or Inf (``xlanb.debug_nans``)
 ``XLANB_MEMORY_LIMIT``  device bytes a graph may take, checked before it runs (``16G``;
                      ``xlanb.memory_limit``)
@@ -314,7 +314,7 @@ class Config:
         self.quick_compiles = env_flag("XLANB_QUICK_COMPILES", True)
         # An op signature seen this many times in eager runs gets its own optimized
         # executable, compiled in the background, so that it then runs alone; 0: never.
-        self.tier_up = env_count("XLANB_TIER_UP", 2, 0, "0: never")
+        self.tier_up = env_count("XLANB_TIER_UP", 3, 0, "0: never")
         # Peeks (a look in pdb) first compile missing single-op executables quickly, with
         # LLVM's optimizations off, and the optimized ones after, in the background.
         self.quick_peeks = env_flag("XLANB_QUICK_PEEKS", True)
