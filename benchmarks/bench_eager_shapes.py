@@ -24,19 +24,34 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.abspath(__file__)
+sys.path.insert(0, os.path.dirname(HERE))
+from bench_modes import _cpu_model  # noqa: E402
 PASSES = ("new", "2nd", "3rd", "steady")
 
 
 def shapes(k: int) -> list[tuple[int, int]]:
     """K distinct 2-D shapes, none of them used to warm up."""
     return [(3 + i, 6 + 5 * i) for i in range(k)]
+
+
+def _passes(seq, xd, xs, want) -> dict:
+    """Time ``seq`` over every device input, once per pass; the largest difference from
+    ``want(x)`` (the reference outputs for one host input) over every output."""
+    res = {"per_shape_ms": {}, "max_err": 0.0}
+    for name in PASSES:
+        t0 = time.perf_counter()
+        outs = [seq(x) for x in xd]
+        res["per_shape_ms"][name] = (time.perf_counter() - t0) / len(xd) * 1e3
+        for x, got_pair in zip(xs, outs):
+            for got, w in zip(got_pair, want(x)):
+                res["max_err"] = max(res["max_err"], float(abs(got - w).max()))
+    return res
 
 
 def _torch_worker(backend: str, k: int) -> dict:
@@ -61,22 +76,18 @@ def _torch_worker(backend: str, k: int) -> dict:
         q = p[:, 1:]
         return s.cpu(), q.cpu()
 
-    seq(torch.randn(2, 3).to(dev))  # imports and first-call paths, on a shape not measured
+    def want(x):
+        c = x.exp() * 2.0 + x
+        return c.sum(dim=1), torch.softmax(c, dim=-1)[:, 1:]
+
+    for got, w in zip(seq(torch.randn(2, 3).to(dev)), want(torch.randn(2, 3))):
+        # imports and first-call paths, on a shape not measured; torch's dtypes and shapes
+        assert got.dtype == w.dtype and got.shape == w.shape, (got.dtype, got.shape)
     gen = torch.Generator().manual_seed(0)
     xs = [torch.randn(*s, generator=gen) for s in shapes(k)]
     xd = [x.to(dev) for x in xs]
     seq(xd[0].new_zeros(1, 2))  # the transfers above have finished
-    res = {"per_shape_ms": {}, "max_err": 0.0}
-    for name in PASSES:
-        t0 = time.perf_counter()
-        outs = [seq(x) for x in xd]
-        res["per_shape_ms"][name] = (time.perf_counter() - t0) / k * 1e3
-        for x, (s, q) in zip(xs, outs):
-            c = x.exp() * 2.0 + x
-            want = (c.sum(dim=1), torch.softmax(c, dim=-1)[:, 1:])
-            for got, w in zip((s, q), want):
-                assert got.dtype == w.dtype and got.shape == w.shape, (got.dtype, got.shape)
-                res["max_err"] = max(res["max_err"], float((got - w).abs().max()))
+    res = _passes(seq, xd, xs, want)
     if backend == "xlanb":
         import xlanb
         res["counters"] = {n: xlanb.metrics.counter_value(n) or 0 for n in (
@@ -98,23 +109,17 @@ def _jax_worker(k: int) -> dict:
         q = p[:, 1:]
         return np.asarray(s), np.asarray(q)
 
+    def want(x):
+        c = np.exp(x) * 2.0 + x
+        e = np.exp(c - c.max(-1, keepdims=True))
+        return c.sum(1), (e / e.sum(-1, keepdims=True))[:, 1:]
+
     seq(jnp.ones((2, 3), jnp.float32))
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal(s).astype(np.float32) for s in shapes(k)]
     xd = [jax.device_put(x) for x in xs]
     jax.block_until_ready(xd)
-    res = {"per_shape_ms": {}, "max_err": 0.0}
-    for name in PASSES:
-        t0 = time.perf_counter()
-        outs = [seq(x) for x in xd]
-        res["per_shape_ms"][name] = (time.perf_counter() - t0) / k * 1e3
-        for x, (s, q) in zip(xs, outs):
-            c = np.exp(x) * 2.0 + x
-            e = np.exp(c - c.max(-1, keepdims=True))
-            want = (c.sum(1), (e / e.sum(-1, keepdims=True))[:, 1:])
-            for got, w in zip((s, q), want):
-                res["max_err"] = max(res["max_err"], float(np.abs(got - w).max()))
-    return res
+    return _passes(seq, xd, xs, want)
 
 
 def run(python: str, backend: str, k: int, env_extra: dict | None = None) -> dict:
@@ -125,17 +130,6 @@ def run(python: str, backend: str, k: int, env_extra: dict | None = None) -> dic
     if out.returncode != 0:
         raise RuntimeError(f"{backend} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
 
 
 def main() -> None:
@@ -157,7 +151,7 @@ def main() -> None:
     results = {}
     for label, python, backend, env in rows:
         results[label] = run(python, backend, args.shapes, env)
-    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; {args.shapes} shapes, 6 ops and 2 reads each; "
+    print(f"CPU: {_cpu_model()}, {os.cpu_count()} cores; {args.shapes} shapes, 6 ops and 2 reads each; "
           f"ms per shape (one pass each, each backend in a fresh process)")
     print("| backend | " + " | ".join(PASSES) + " | max error vs CPU torch |")
     print("|---|" + "---|" * (len(PASSES) + 1))
@@ -174,7 +168,7 @@ def main() -> None:
         print("xlanb eager counters:", results["xlanb eager"]["counters"])
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cpu": cpu_model(), "results": results}, f, indent=1)
+            json.dump({"cpu": _cpu_model(), "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":
