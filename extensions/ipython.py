@@ -224,7 +224,7 @@ class XlaMagics(Magics):
             xlanb.check_mode(args.mode)
         except ValueError as e:  # the core's one message, listing the modes
             raise UsageError(str(e)) from None
-        synced = xlanb.set_mode(args.mode)
+        synced = xlanb.switch_mode(args.mode)
         note = f" (synced {xd.plural(synced, 'pending op')} first)" if synced else ""
         print(f"xla mode: {old} -> {args.mode}{note}" if old != args.mode
               else f"xla mode: {old} (unchanged)")

@@ -349,7 +349,7 @@ class XlaPdb(pdb.Pdb):
         except ValueError as e:  # the core's one message, listing the modes
             raise _BadInput(str(e)) from None
         old = xlanb.get_mode()
-        synced = xlanb.set_mode(arg)
+        synced = xlanb.switch_mode(arg)
         note = f" (synced {synced} pending ops first)" if synced else ""
         self.message(f"mode: {old} -> {arg}{note}" if old != arg else f"mode: {arg} (unchanged)")
 

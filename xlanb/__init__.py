@@ -48,7 +48,7 @@ from .graph.summary import GraphSummary, OpRecord
 from .inspect import repr as _repr  # noqa: F401  (installs how tensors print)
 from .inspect.pending import (collectives, compile_for, hlo, pending_count, pending_ir,
                              pending_memory, pending_summary)
-from .modes import get_mode, mode, set_mode
+from .modes import get_mode, mode, set_mode, switch_mode
 from .reads import peek_host as _peek_host
 from .realize import sync
 from .runtime.devices import device_count, jax_device as _jax_device
@@ -67,7 +67,7 @@ if config.target:  # XLANB_TARGET=v5e:2x2
     except (ValueError, ImportError) as _e:
         raise type(_e)(f"XLANB_TARGET={config.target!r}: {_e}") from None
 
-__all__ = ["device", "device_count", "set_mode", "get_mode", "mode", "MODES", "check_mode",
+__all__ = ["device", "device_count", "set_mode", "switch_mode", "get_mode", "mode", "MODES", "check_mode",
            "sync", "mark_step", "peek", "reset", "pending_ir", "pending_count",
            "pending_summary", "render_svg", "render_text", "render_dot", "hlo", "graphs",
            "GraphList", "GraphSummary", "OpRecord", "SourceLoc", "explain", "diff_summaries",

@@ -16,7 +16,7 @@ from .ir import plan_graph
 from .live import pending_roots
 from .realize import sync
 
-__all__ = ["MODES", "get_mode", "set_mode", "mode"]
+__all__ = ["MODES", "get_mode", "set_mode", "switch_mode", "mode"]
 
 
 def get_mode() -> str:
@@ -36,16 +36,23 @@ def _switch(state: ModeState, name: str) -> int:
     return 0
 
 
-def set_mode(name: str) -> int:
-    """Switch modes: the process's, or the enclosing ``xlanb.mode()`` block's. Returns
-    how many pending ops the switch synced first (0 when it synced nothing), which the
-    front ends report."""
+def switch_mode(name: str) -> int:
+    """``set_mode``, returning how many pending ops the switch synced first (0 when it
+    synced nothing): what the front ends report."""
     __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     check_mode(name)
     state = mode_state()
     synced = _switch(state, name)
     state.set(name)
     return synced
+
+
+def set_mode(name: str) -> None:
+    """Switch modes: the process's, or the enclosing ``xlanb.mode()`` block's. (Returns
+    nothing, so a notebook cell ending in it shows nothing; ``switch_mode`` says what
+    the switch synced.)"""
+    __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
+    switch_mode(name)
 
 
 @contextlib.contextmanager
