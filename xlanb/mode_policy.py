@@ -28,6 +28,7 @@ from .execute.single_op import direct_call, op_executable, run_op
 from .ir import GraphPlan, Node, OpInfo
 from .realize import node_array, sync
 from .record import _x64, run_cached
+from .runtime import store
 
 _counters = metrics.counters_table()  # counted in place: this is the eager hot path
 _scope_stack = scope_stack
@@ -142,7 +143,8 @@ class Eager(ModePolicy):
             return None
         if info.exe is None and info.compiling is None and info.seen == 0:
             info.seen = -1  # looked in the store once; a run that compiles it counts up from 0
-            exe = load_stored(op_store_key(info), info.device, "OpCompileTime")
+            key = op_store_key(info)  # most have none: a look that counts no miss first
+            exe = load_stored(key, info.device, "OpCompileTime") if key and store.has(key) else None
             if exe is not None:  # a new process: its optimized executable is stored
                 info.exe = checked(exe, info)
                 metrics.counter("OpCompile")

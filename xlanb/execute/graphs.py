@@ -328,8 +328,9 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
     shardings too, and the executable is not stored. With a target set
     (``xlanb.target``), a new graph is compiled for it too, on the compile threads.
     ``quick`` (an eager run): the optimized executable if there is one, in memory or in
-    the store, else one compiled with the quick tier, kept under its own key and not
-    stored (the store keeps optimized executables; ``tier_up`` makes it one)."""
+    the store (``tier_up`` makes one), else the quick one: from the store, where it has
+    a key of its own (its options), or compiled now and stored there, so that a new
+    process runs the same eager program without lowering anything."""
     shardings = tuple(sharding_of(a) for a in arrays) if mesh is not None else None
     key = (device, plan.key) if shardings is None else (device, plan.key, shardings, keep)
     rec = cached_graph(plan, device) if quick else _graph_cache.get(key)
@@ -341,9 +342,15 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
                     if shardings is None else None)
     metric = "EagerRunCompileTime" if quick else "CompileTime"
     lowered = None
-    exe = load_stored(key_in_store, device, metric)
     options = quick_options(device) if quick and config.quick_compiles else None
-    quick = exe is None and options is not None
+    quick_key = None
+    if options is not None and key_in_store is not None and not store.has(key_in_store):
+        # no optimized one stored (which would count a miss): the quick one's own key
+        quick_key = store_key(lowering.hash.encode(), device, options)
+        exe = load_stored(quick_key, device, metric)
+    else:
+        exe = load_stored(key_in_store, device, metric)
+    quick = options is not None and (exe is None or quick_key is not None)
     if exe is None:
         try:
             t_lower = time.perf_counter()
@@ -354,8 +361,8 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
                        f"synced at {format_loc(src) or '?'}; every tensor keeps its "
                        "pending work (xlanb.pending_ir() shows it)")
             raise
-        if key_in_store is not None and not quick:
-            store.store(key_in_store, exe)
+        if quick_key is not None or (key_in_store is not None and not quick):
+            store.store(quick_key or key_in_store, exe)
     if quick:
         key = (device, plan.key, "quick")
         metrics.counter("QuickCompile")

@@ -352,6 +352,12 @@ class _Rejected(Exception):
     """An entry that must not be loaded: not ours, or its tag does not verify."""
 
 
+def has(key: str) -> bool:
+    """Whether an entry is stored under ``key`` (not whether it loads; counts nothing)."""
+    path = _path(key)
+    return path is not None and os.path.lexists(path)
+
+
 def load(key: str, device: int):
     """The ``jax.stages.Compiled`` stored under ``key``, or None. Counts
     ``PersistentCacheHit`` / ``PersistentCacheMiss``, and ``PersistentCacheRejected``
