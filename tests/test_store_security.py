@@ -329,9 +329,9 @@ a = torch.tanh(x.to("xla") * 2).sum(0)
 xlanb.sync()
 xlanb.set_mode("eager")
 b = (x.to("xla") * 3).exp()
+values = {"a": a.tolist(), "b": b.tolist()}  # eager's new ops compile (or load) as they are read
 names = ("PersistentCacheHit", "PersistentCacheMiss", "PersistentCacheRejected")
-print(json.dumps({"counters": {n: metrics.counter_value(n) or 0 for n in names},
-                  "a": a.tolist(), "b": b.tolist()}))
+print(json.dumps({"counters": {n: metrics.counter_value(n) or 0 for n in names}, **values}))
 """
 
 
