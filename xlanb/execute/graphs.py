@@ -96,11 +96,17 @@ class CompiledGraph:
         """A dropped executable: from the executable store, else compiled again."""
         exe = load_stored(self._store_key(), self.device, "CompileTime")
         if exe is None:
-            exe = compile_lowered(self.lowering.lower(), metric="CompileTime")
+            exe = self.compile_optimized("CompileTime")
             self.quick = False
-            key = self._store_key()
-            if key is not None:
-                store.store(key, exe)
+        return exe
+
+    def compile_optimized(self, metric: str):
+        """Its lowering compiled with XLA's full optimizations (timed into ``metric``),
+        and stored, unless it is on a mesh."""
+        exe = compile_lowered(self.lowering.lower(), metric=metric)
+        key = self._store_key()
+        if key is not None:
+            store.store(key, exe)
         return exe
 
     def _store_key(self) -> str | None:
@@ -421,14 +427,6 @@ def tier_up(rec: CompiledGraph) -> None:
     quick one's place (``GraphTierUp``)."""
     if not rec.quick or rec._tiering is not None:
         return
-    lowering = rec.lowering
-
-    def compile_optimized():
-        exe = compile_lowered(lowering.lower(), metric="GraphTierUpCompileTime")
-        key = store_key(lowering.hash.encode(), rec.device, None)
-        if key is not None:
-            store.store(key, exe)
-        return exe
 
     def swap(future) -> None:
         if future.cancelled() or future.exception() is not None:
@@ -438,7 +436,7 @@ def tier_up(rec: CompiledGraph) -> None:
         rec.quick = False
         metrics.counter("GraphTierUp")
 
-    rec._tiering = background(compile_optimized, later=True)
+    rec._tiering = background(rec.compile_optimized, "GraphTierUpCompileTime", later=True)
     rec._tiering.add_done_callback(swap)
 
 
