@@ -37,6 +37,10 @@ class _Runs:
         self.results = None
         self.behind = None    # the low-priority pool, one file at a time
         self.futures = {}
+        # The environment as the session began. A file starts behind other tests, and
+        # one of them may have set a variable for a while (test_notebooks sets
+        # PYTHONWARNINGS=ignore, which hid the warnings test_indexing counts).
+        self.env = dict(os.environ)
 
     def start_behind(self) -> None:
         if self.behind is not None or not HAVE_FILES:
@@ -48,7 +52,7 @@ class _Runs:
         # the longest first: it has the most time behind the other tests
         for name in sorted(pytorch_suite.FILES, key=lambda n: -_LONGEST_FIRST.get(n, 0)):
             self.futures[name] = self.behind.submit(pytorch_suite.run_file, name, "eager",
-                                                    self.results, 5000, 19)
+                                                    self.results, 5000, 19, self.env)
 
     def result(self, name: str) -> str:
         self.start_behind()
@@ -59,7 +63,7 @@ class _Runs:
             for n, f in list(self.futures.items()):
                 if f.cancel():
                     self.futures[n] = now.submit(pytorch_suite.run_file, n, "eager",
-                                                 self.results, 1700)
+                                                 self.results, 1700, 0, self.env)
             now.shutdown(wait=False)
             fut = self.futures[name]
         return fut.result()

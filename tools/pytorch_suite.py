@@ -37,11 +37,13 @@ def tests_dir() -> str:
                                                                    "pytorch-tests")
 
 
-def run_file(name: str, mode: str, results: str, timeout: int = 3600, nice: int = 0) -> str:
+def run_file(name: str, mode: str, results: str, timeout: int = 3600, nice: int = 0,
+             base_env: dict | None = None) -> str:
     """Run one file in one mode; returns the path of its JUnit XML. ``nice``: the
-    child's niceness (the test suite runs files behind its other tests)."""
+    child's niceness (the test suite runs files behind its other tests). ``base_env``:
+    the environment to start from (default: this process's, as it is now)."""
     xml = os.path.join(results, f"{mode}__{name}.xml")
-    env = dict(os.environ, TORCH_TEST_DEVICES=PLUGIN, PYTORCH_TESTING_DEVICE_ONLY_FOR="xla",
+    env = dict(os.environ if base_env is None else base_env, TORCH_TEST_DEVICES=PLUGIN, PYTORCH_TESTING_DEVICE_ONLY_FOR="xla",
                XLANB_SUITE_MODE=mode, XLANB_CACHE_DIR="")
     env.pop("XLANB_MODE", None)
     t0 = time.time()
