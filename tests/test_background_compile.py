@@ -219,11 +219,11 @@ def test_a_peek_waits_for_quick_executables_only_and_optimized_ones_replace_them
     tier_ups = threading.Event()
     real = background._compile_off_thread
 
-    def spy(lowered, device, key, lower_s, **how):
+    def spy(build, **how):
         if how.get("metric") == "OpTierUpCompileTime":
             assert tier_ups.wait(60), "test never let the optimized compiles run"
-        exe = real(lowered, device, key, lower_s, **how)
-        built[id(exe)] = "quick" if how.get("options") else "optimized"
+        exe = real(build, **how)
+        built[id(exe)] = "quick" if build.tier == "quick" else "optimized"
         return exe
     monkeypatch.setattr(background, "_compile_off_thread", spy)
     a = torch.arange(51, dtype=torch.float32).reshape(3, 17)  # shapes no other test uses
@@ -297,10 +297,10 @@ def test_a_peek_holds_its_optimized_compiles_until_it_has_its_value(count, monke
     during = []
     real = background._compile_off_thread
 
-    def spy(lowered, device, key, lower_s, **how):
+    def spy(build, **how):
         if how.get("metric") == "OpTierUpCompileTime":
             during.append(jit._held.holders)
-        return real(lowered, device, key, lower_s, **how)
+        return real(build, **how)
     monkeypatch.setattr(background, "_compile_off_thread", spy)
     a = torch.arange(69, dtype=torch.float32).reshape(3, 23)  # shapes no other test uses
     x = a.to("xla")

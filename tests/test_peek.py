@@ -545,11 +545,15 @@ def test_a_first_look_missing_many_executables_compiles_its_prefix_once():
 
 
 def test_a_failed_prefix_compile_falls_back_to_op_by_op(monkeypatch):
-    from xlanb.execute import prefix
+    from xlanb.execute import compile as op_compile, prefix
 
-    def refuse(*args, **kwargs):
-        raise RuntimeError("prefix compile refused")
-    monkeypatch.setattr(prefix, "compile_lowered", refuse)
+    real = op_compile.compile_lowered
+
+    def refuse(lowered, **kwargs):  # the one compile call: refuse the prefix's only
+        if kwargs.get("metric") == "PeekCompileTime":
+            raise RuntimeError("prefix compile refused")
+        return real(lowered, **kwargs)
+    monkeypatch.setattr(op_compile, "compile_lowered", refuse)
     monkeypatch.setattr(prefix, "MIN_MISSING", 1)
     cpu, xla = _chain([5, 37, 13, 2], seed=4)
     a = torch.randn(3, 5)

@@ -10,7 +10,7 @@ import torch
 import xlanb
 from xlanb import metrics
 
-from xlanb.execute import graphs as graph_runs  # noqa: E402
+from xlanb.execute import compile as op_compile  # noqa: E402
 
 
 def _pending_pair(cols=3):
@@ -31,7 +31,7 @@ def test_failed_compile_keeps_pending_work(monkeypatch, exc, cols):
     def broken(*args, **kwargs):
         raise exc
 
-    monkeypatch.setattr(graph_runs, "compile_lowered", broken)
+    monkeypatch.setattr(op_compile, "compile_lowered", broken)  # the one compile call
     with pytest.raises(type(exc)):
         xlanb.sync()
     monkeypatch.undo()

@@ -18,7 +18,7 @@ from .base.scopes import current_scope, scope_stack
 from .base.session import ModeState, session, set_policies
 from .execute.background import compile_op_ahead, compiles_in_flight, lower_soon
 from .execute.checks import checked, integer_division
-from .execute.compile import add_op_note, load_stored, op_store_key
+from .execute.compile import Build, add_op_note
 from .execute.fills import settled_if_empty
 from .execute.graphs import cached_graph, run_graph
 from .execute.memory import check_op
@@ -28,7 +28,6 @@ from .execute.single_op import direct_call, op_executable, run_op
 from .ir import GraphPlan, Node, OpInfo
 from .realize import node_array, sync
 from .record import _x64, run_cached
-from .runtime import store
 
 _counters = metrics.counters_table()  # counted in place: this is the eager hot path
 _scope_stack = scope_stack
@@ -143,8 +142,8 @@ class Eager(ModePolicy):
             return None
         if info.exe is None and info.compiling is None and info.seen == 0:
             info.seen = -1  # looked in the store once; a run that compiles it counts up from 0
-            key = op_store_key(info)  # most have none: a look that counts no miss first
-            exe = load_stored(key, info.device, "OpCompileTime") if key and store.has(key) else None
+            build = Build.op(info)  # most have none: a look that counts no miss first
+            exe = build.stored() if build.in_store() else None
             if exe is not None:  # a new process: its optimized executable is stored
                 info.exe = checked(exe, info)
                 metrics.counter("OpCompile")

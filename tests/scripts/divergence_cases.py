@@ -85,19 +85,19 @@ def unchecked():
 
 def slow_compile():
     """Process 1 compiles for longer than XLANB_DIST_TIMEOUT: it is waited for."""
-    import xlanb.execute.graphs as graphs
-    real = graphs.compile_lowered
+    import xlanb.execute.compile as op_compile
+    real = op_compile.compile_lowered
 
     def slow(*args, **kwargs):
         time.sleep(5 if rank == 1 else 0)  # LINE:slow_compile
         return real(*args, **kwargs)
 
-    graphs.compile_lowered = slow
+    op_compile.compile_lowered = slow
     try:
         y = (x @ w).sum() * 3
         xlanb.sync()
     finally:
-        graphs.compile_lowered = real
+        op_compile.compile_lowered = real
     return [y.item()]
 
 

@@ -14,7 +14,7 @@ from ..base.caches import cache
 from ..ir import OpInfo
 from ..runtime.jit import background
 from .checks import checked
-from .compile import compile_op, load_stored, lower_op, op_store_key, quick_options
+from .compile import Build
 from .resident import admit
 from .single_op import tier_lock
 
@@ -35,15 +35,13 @@ def compile_op_ahead(info: OpInfo, quick: bool = False):
 
 
 def prepare_op(info: OpInfo) -> tuple:
-    """What ``start_prepared`` needs, made on this thread: ``info``'s store key and its
-    stored executable, or else its lowering (and the time that took)."""
-    key = op_store_key(info)
-    exe = load_stored(key, info.device, "OpCompileTime")
-    if exe is not None:
-        return key, exe, None, 0.0
-    t0 = time.perf_counter()
-    lowered = lower_op(info)
-    return key, None, lowered, time.perf_counter() - t0
+    """What ``start_prepared`` needs, made on this thread: ``info``'s build and its
+    stored executable, or else the build lowered."""
+    build = Build.op(info)
+    exe = build.stored()
+    if exe is None:
+        build.lower()
+    return build, exe
 
 
 def start_prepared(info: OpInfo, prepared: tuple, quick: bool = False) -> None:
@@ -51,21 +49,22 @@ def start_prepared(info: OpInfo, prepared: tuple, quick: bool = False) -> None:
     executable or a compile meanwhile)."""
     if info.compiling is not None or info.exe is not None:
         return
-    key, exe, lowered, lower_s = prepared
-    options = quick_options(info.device) if quick else None
+    build, exe = prepared
+    quicker = build.at("quick") if quick else None
+    if quicker is not None and quicker.options is None:
+        quicker = None  # no quicker tier on this platform
     better = None
     if exe is not None:
         future = concurrent.futures.Future()
         future.set_result(exe)
     else:
-        if options is None:
-            future = background(_compile_off_thread, lowered, info.device, key, lower_s)
-        else:
-            future = background(_compile_off_thread, lowered, info.device, None, lower_s,
-                                options=options)
+        if quicker is None:
+            future = background(_compile_off_thread, build)
+        else:  # the quick one is not stored: its optimized one replaces it, and is
+            future = background(_compile_off_thread, quicker, keep=False)
             metrics.counter("OpQuickCompile")
-            better = background(_compile_off_thread, lowered, info.device, key, 0.0,
-                                later=True, metric="OpTierUpCompileTime")
+            better = background(_compile_off_thread, build, later=True,
+                                metric="OpTierUpCompileTime")
         # Eager mode asks compiles_in_flight only while ops wait, so finished ones
         # also leave here: a finished Future holds its executable (with its code
         # mappings) after the info has dropped it.
@@ -126,10 +125,10 @@ def _tier_up(info: OpInfo, quick, better) -> None:
     metrics.counter("OpTierUp")
 
 
-def _compile_off_thread(lowered, device: int, key: str | None, lower_s: float, **how):
+def _compile_off_thread(build: Build, **how):
     t0 = time.perf_counter()
     try:
-        return compile_op(lowered, device, key, lower_s, **how)
+        return build.compile(**how)
     finally:
         metrics.record("OpBackgroundCompileTime", time.perf_counter() - t0)
 

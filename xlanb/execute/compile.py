@@ -1,5 +1,6 @@
-"""What every executable needs: the abstract arguments it compiles for, how single-op
-executables lower and compile, and the executable store's keys and loads."""
+"""How every executable is made: the abstract arguments it compiles for, its compile
+options (tiers), and ``Build``, the one chain from a lowering through the executable
+store to XLA's compile."""
 from __future__ import annotations
 
 import time
@@ -70,39 +71,128 @@ def lower_op(info: OpInfo):
     return lower_jitted(lambda *flat: fn(flat[:n], flat[n:]), specs, lower_metric="OpLowerTime")
 
 
-def store_key(description: bytes, device: int, options) -> str | None:
-    """The executable store's key (None: the store is off)."""
-    return store.key(description, device, options) if store.directory() else None
+# The tiers an executable compiles at: "op" (a single op: XLA's optimizations, fusion
+# emitters off), "quick" (someone waits for it: see _QUICK_CPU) and "full" (XLA's
+# defaults: graphs, tier-ups, TPU targets).
+def tier_options(tier: str, device: int | None):
+    if tier == "op":
+        return single_op_options(device)
+    if tier == "quick":
+        return quick_options(device)
+    return None
 
 
-def op_store_key(info: OpInfo) -> str | None:
-    return store_key(info_digest(info), info.device, single_op_options(info.device))
+class _Lowering:
+    """A build's lowering, made once and shared by its tiers (``Build.at``); its time is
+    counted once, with the first compile."""
+    __slots__ = ("make", "lowered", "seconds")
+
+    def __init__(self, make, lowered=None):
+        self.make = make
+        self.lowered = lowered
+        self.seconds = 0.0
+
+    def get(self):
+        if self.lowered is None:
+            t0 = time.perf_counter()
+            self.lowered = self.make()
+            self.seconds = time.perf_counter() - t0
+        return self.lowered
+
+    def take_seconds(self) -> float:
+        s, self.seconds = self.seconds, 0.0
+        return s
 
 
-def load_stored(key: str | None, device: int, metric: str):
-    """The executable stored under ``key`` (no lowering), its load time counted as
-    compile time in ``metric``; None on a miss or with the store off. Every compile
-    starts here, so here the process's room for another executable is checked first
-    (``ExecutableLimitError`` rather than a crash inside XLA)."""
-    reserve()
-    if key is None:
-        return None
-    t0 = time.perf_counter()
-    exe = store.load(key, device)
-    if exe is not None:
-        metrics.record(metric, time.perf_counter() - t0)
-    return exe
+class Build:
+    """One executable to make, and the one chain that makes every executable (single
+    ops, sharded ops, a look's prefix graph, graphs, reloads, tier-ups, TPU targets), as
+    JAX's ``Traced.lower`` -> ``Lowered.compile`` -> ``Compiled`` makes a primitive's and a
+    function's alike:
 
+    - ``stored()``: the executable from the store (no lowering), its load timed into
+      ``metric``; where the process's room for another executable is checked first;
+    - ``lower()``: the ``jax.stages.Lowered`` (made once, from ``lower``, on the calling
+      thread: it holds the GIL, and a lowering error belongs to the caller's line);
+    - ``compile()``: XLA's compile at the build's tier (``runtime/jit.compile_lowered``,
+      the only call of ``Lowered.compile``), timed with the lowering into ``metric``, and
+      stored under the build's key; it may run on a compile thread;
+    - ``executable()``: stored, else lowered and compiled.
 
-def compile_op(lowered, device: int, key: str | None, lower_s: float, *,
-               metric: str = "OpCompileTime", options=None):
-    """Compile a single op with ``options`` (default: ``single_op_options``); stored under
-    ``key`` unless it is None."""
-    exe = compile_lowered(lowered, metric=metric, lower_s=lower_s,
-                          compiler_options=options or single_op_options(device))
-    if key is not None:
-        store.store(key, exe)
-    return exe
+    ``description`` says what it computes, completely (the store key's input; None: not
+    stored). ``device`` is xlanb's device (None for a TPU target, which is not stored and
+    takes no room in this process)."""
+
+    __slots__ = ("device", "lowering", "description", "tier", "metric")
+
+    def __init__(self, device: int | None, lower, *, description: bytes | None = None,
+                 tier: str = "full", metric: str = "CompileTime", lowered=None):
+        self.device = device
+        self.lowering = lower if isinstance(lower, _Lowering) else _Lowering(lower, lowered)
+        self.description = description
+        self.tier = tier
+        self.metric = metric
+
+    @classmethod
+    def op(cls, info: OpInfo) -> "Build":
+        """``info``'s single-op executable."""
+        return cls(info.device, lambda: lower_op(info), description=info_digest(info),
+                   tier="op", metric="OpCompileTime")
+
+    def at(self, tier: str, metric: str | None = None) -> "Build":
+        """The same computation at another tier (its own store key), sharing the lowering."""
+        return Build(self.device, self.lowering, description=self.description, tier=tier,
+                     metric=metric or self.metric)
+
+    @property
+    def options(self):
+        return tier_options(self.tier, self.device) if self.device is not None else None
+
+    @property
+    def key(self) -> str | None:
+        """Its store key (None: not stored, or the store is off)."""
+        if self.description is None or self.device is None or not store.directory():
+            return None
+        return store.key(self.description, self.device, self.options)
+
+    def in_store(self) -> bool:
+        """Whether the store has it: a look that counts no miss (``stored`` counts one)."""
+        key = self.key
+        return key is not None and store.has(key)
+
+    def stored(self):
+        """The executable in the store, or None (a miss, or the store is off)."""
+        if self.device is not None:
+            reserve()
+        key = self.key
+        if key is None:
+            return None
+        t0 = time.perf_counter()
+        exe = store.load(key, self.device)
+        if exe is not None:
+            metrics.record(self.metric, time.perf_counter() - t0)
+        return exe
+
+    def lower(self):
+        return self.lowering.get()
+
+    def compile(self, *, metric: str | None = None, keep: bool = True):
+        """Compile it (lowering it first if nobody has); stored unless ``keep`` is False.
+        ``metric``: time it there instead (a tier-up's compile)."""
+        if self.device is not None:
+            reserve()
+        lowered = self.lower()
+        exe = compile_lowered(lowered, metric=metric or self.metric,
+                              lower_s=self.lowering.take_seconds(),
+                              compiler_options=self.options)
+        key = self.key if keep else None
+        if key is not None:
+            store.store(key, exe)
+        return exe
+
+    def executable(self):
+        exe = self.stored()
+        return exe if exe is not None else self.compile()
 
 
 def op_context(info: OpInfo, src: SourceLoc | None, scope: str) -> str:

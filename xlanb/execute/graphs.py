@@ -21,11 +21,10 @@ from ..graph.explain import explain
 from ..graph.render import render_dot, render_text
 from ..graph.summary import summarize
 from ..ir import GraphPlan
-from ..runtime import store
-from ..runtime.jit import background, compile_lowered
+from ..runtime.jit import background
 from ..runtime.mesh import sharding_text
 from .background import drain_lowerings, lowerings_waiting
-from .compile import load_stored, quick_options, store_key
+from .compile import Build
 from .memory import (GraphMemory, check_graph, device_oom, graph_buffers, graph_memory,
                      is_device_oom)
 from .resident import admit_graph, graph_cache, resident_graphs
@@ -92,9 +91,13 @@ class CompiledGraph:
         for that compile, which runs in the background), or None."""
         return None if self._target is None else self._target.result()
 
+    def build(self, metric: str = "CompileTime") -> Build:
+        """How its optimized executable is made (``compile.Build``)."""
+        return graph_build(self.lowering, self.device, metric)
+
     def reload(self):
         """A dropped executable: from the executable store, else compiled again."""
-        exe = load_stored(self._store_key(), self.device, "CompileTime")
+        exe = self.build().stored()
         if exe is None:
             exe = self.compile_optimized("CompileTime")
             self.quick = False
@@ -103,16 +106,10 @@ class CompiledGraph:
     def compile_optimized(self, metric: str):
         """Its lowering compiled with XLA's full optimizations (timed into ``metric``),
         and stored, unless it is on a mesh."""
-        exe = compile_lowered(self.lowering.lower(), metric=metric)
-        key = self._store_key()
-        if key is not None:
-            store.store(key, exe)
-        return exe
+        return self.build(metric).compile()
 
     def _store_key(self) -> str | None:
-        if self.lowering.shardings is not None:  # sharded executables are not stored
-            return None
-        return store_key(self.hash_full.encode(), self.device, None)
+        return self.build().key
 
     @property
     def hash_full(self) -> str:
@@ -344,35 +341,27 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
         return rec, False
     lowering = GraphLowering.of(plan, device, shardings, mesh, keep)
     t0 = time.perf_counter()
-    key_in_store = (store_key(lowering.hash.encode(), device, None)
-                    if shardings is None else None)
-    metric = "EagerRunCompileTime" if quick else "CompileTime"
-    lowered = None
-    options = quick_options(device) if quick and config.quick_compiles else None
-    quick_key = None
-    if options is not None and key_in_store is not None and not store.has(key_in_store):
-        # no optimized one stored (which would count a miss): the quick one's own key
-        quick_key = store_key(lowering.hash.encode(), device, options)
-        exe = load_stored(quick_key, device, metric)
-    else:
-        exe = load_stored(key_in_store, device, metric)
-    quick = options is not None and (exe is None or quick_key is not None)
+    build = graph_build(lowering, device, "EagerRunCompileTime" if quick else "CompileTime")
+    if quick and config.quick_compiles and build.at("quick").options is not None:
+        # An eager run: the optimized executable if one is stored, else the quick one,
+        # stored under a key of its own (its options).
+        if not build.in_store():  # (a look that counts no miss)
+            build = build.at("quick")
+    quick = build.tier == "quick"
+    exe = build.stored()
     if exe is None:
         try:
-            t_lower = time.perf_counter()
-            lowered = lowering.lower("LowerTime")
-            exe = _compile_graph(lowered, time.perf_counter() - t_lower, metric, options)
+            exe = _compile_graph(build)
         except Exception as e:
             e.add_note(f"xlanb: while compiling a graph of {len(plan.steps)} ops ({cause}) "
                        f"synced at {format_loc(src) or '?'}; every tensor keeps its "
                        "pending work (xlanb.pending_ir() shows it)")
             raise
-        if quick_key is not None or (key_in_store is not None and not quick):
-            store.store(quick_key or key_in_store, exe)
+    lowered = build.lowering.lowered
     if quick:
         key = (device, plan.key, "quick")
         metrics.counter("QuickCompile")
-    if metric == "CompileTime":
+    if build.metric == "CompileTime":
         metrics.counter("UncachedCompile")
     summary = summarize(plan)
     prev = next((g for g in reversed(graph_log) if g.src == src and g.device == device), None)
@@ -406,14 +395,21 @@ def _note_partitioning(rec: CompiledGraph, plan: GraphPlan, exe, mesh) -> None:
         parse_collectives(exe.as_text(), dict(mesh.mesh.shape)), rec.hash)
 
 
-def _compile_graph(lowered, lower_s: float, metric: str = "CompileTime", options=None):
+def graph_build(lowering: GraphLowering, device: int, metric: str) -> Build:
+    """How a graph's optimized executable is made: stored under its lowering's hash,
+    unless it is on a mesh (a sharding's devices are this process's own)."""
+    return Build(device, lambda: lowering.lower("LowerTime"), metric=metric,
+                 description=lowering.hash.encode() if lowering.shardings is None else None)
+
+
+def _compile_graph(build: Build):
     """Compile a graph; single ops a look or an eager run left unlowered
     (``background.lower_soon``) are lowered meanwhile, on this thread, which would
     otherwise only wait."""
+    build.lower()
     if not lowerings_waiting():
-        return compile_lowered(lowered, metric=metric, lower_s=lower_s, compiler_options=options)
-    future = background(compile_lowered, lowered, metric=metric, lower_s=lower_s,
-                        compiler_options=options)
+        return build.compile()
+    future = background(build.compile)
     drain_lowerings(future.done)
     return future.result()
 

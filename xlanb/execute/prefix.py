@@ -20,9 +20,8 @@ from ..base import metrics
 from ..base.config import config
 from ..base.session import session
 from ..ir import GETITEM, GraphPlan
-from ..runtime.jit import compile_lowered
 from .background import lower_soon
-from .compile import quick_options
+from .compile import Build
 from .stages import lower_graph
 
 # Fewer missing executables than this: op by op is as quick (each costs a lowering and a
@@ -58,13 +57,11 @@ def prefix_value(plan: GraphPlan, keep):
     n_leaves = len(plan.leaves)
     whole = plan._replace(roots=plan.op_nodes,
                           root_pos=tuple(range(n_leaves, n_leaves + len(plan.steps))))
-    t0 = time.perf_counter()
-    lowered = lower_graph(whole, device)
     # Lowering single ops while it compiles was measured: the GIL they hold slowed the
     # compile by more than they saved (0.43 s against 0.38 s for seeds/003's first look).
-    exe = compile_lowered(lowered, metric="PeekCompileTime",
-                          compiler_options=quick_options(device),
-                          lower_s=time.perf_counter() - t0)
+    # Not stored: the prefix executable is not kept.
+    exe = Build(device, lambda: lower_graph(whole, device), tier="quick",
+                metric="PeekCompileTime").compile()
     metrics.counter("PeekCompile")
     lower_soon(missing)
     leaves = [n.data if n.data is not None else keep[id(n)] for n in plan.leaves]

@@ -11,11 +11,11 @@ from ..base.dtypes import to_jax_dtype
 from ..base.session import session
 from ..graph.collectives import parse_collectives
 from ..ir import OpInfo
-from ..runtime.jit import compile_lowered, lower_jitted
+from ..runtime.jit import lower_jitted
 from ..runtime.mesh import common_mesh, on_mesh, place
 from .checks import checked
-from .compile import compile_op, load_stored, lower_op, op_store_key
-from .resident import admit, reserve, touch
+from .compile import Build
+from .resident import admit, touch
 
 
 # Guards the hand-over from a quick executable to its optimized one (execute/background.py):
@@ -43,12 +43,7 @@ def op_executable(info: OpInfo):
         finally:
             metrics.record("OpCompileWaitTime", time.perf_counter() - t0)
     if exe is None:
-        key = op_store_key(info)
-        exe = load_stored(key, info.device, "OpCompileTime")
-        if exe is None:
-            t0 = time.perf_counter()
-            lowered = lower_op(info)
-            exe = compile_op(lowered, info.device, key, time.perf_counter() - t0)
+        exe = Build.op(info).executable()
         if pending is None:
             metrics.counter("OpCompile")
     with tier_lock:
@@ -109,10 +104,10 @@ def sharded_executable(info: OpInfo, arrays: list, mesh):
              for m, s in zip(info.in_metas, key)]
     specs += [jax.ShapeDtypeStruct((), "float64", weak_type=True, sharding=mesh) if k == "f"
               else jax.ShapeDtypeStruct((2,), "uint32", sharding=mesh) for k in info.scalar_specs]
-    reserve()
-    t0 = time.perf_counter()
-    lowered = lower_jitted(lambda *flat: fn(flat[:n], flat[n:]), specs, lower_metric="OpLowerTime")
-    exe = compile_lowered(lowered, metric="OpCompileTime", lower_s=time.perf_counter() - t0)
+    # not stored: a sharding's devices are this process's own
+    exe = Build(info.device, lambda: lower_jitted(lambda *flat: fn(flat[:n], flat[n:]), specs,
+                                                  lower_metric="OpLowerTime"),
+                metric="OpCompileTime").compile()
     metrics.counter("OpCompile")
     colls = parse_collectives(exe.as_text(), dict(mesh.mesh.shape))
     exe = _Sharded(checked(exe, info), colls)

@@ -31,8 +31,9 @@ from ..base.tables import format_bytes, format_duration, format_table
 from ..graph.collectives import CollectiveList, parse_collectives
 from ..graph.hlo_text import counted_loops, entry_buffers, with_entry
 from ..graph.layouts import array_layouts, entry_layouts
-from ..runtime.jit import background, compile_lowered
+from ..runtime.jit import background
 from ..runtime.targets import Target, TargetError, target as resolve_target
+from .compile import Build
 from .memory import Contributor, DeviceMemoryError, GraphMemory, graph_memory
 from .stages import GraphLowering
 
@@ -340,11 +341,12 @@ def compile_for_target(lowering: GraphLowering, target, lowered=None) -> TargetR
     (``error``; ``fits=False`` for lack of HBM); a mesh that does not fit the topology
     raises ``TargetError``."""
     t = resolve_target(target)
-    if lowered is None:
-        lowered = lowering.lower_for(t)
+    build = Build(None, lambda: lowering.lower_for(t), lowered=lowered,
+                  metric="TargetCompileTime")  # not stored, no room taken here
+    lowered = build.lower()
     t0 = time.perf_counter()
     try:
-        exe = compile_lowered(lowered, metric="TargetCompileTime")
+        exe = build.compile()
     except TargetError:
         raise
     except Exception as e:  # the compiler refused: an answer, not an exception
