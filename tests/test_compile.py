@@ -160,3 +160,30 @@ def test_decorator_forms():
         torch.testing.assert_close(g(x).cpu(), torch.arange(4.0) + 1)
     assert f.__name__ == "f" and f.replays == 1 and g.replays == 1
     assert "xlanb.compile(g_named)" in g.status()
+
+
+def test_a_replay_runs_through_the_run_step_memory_limit_and_time():
+    """A replay runs its graph through the same step as a sync (graphs.run_compiled): the
+    memory limit is checked before it runs, and refusing writes nothing; its time is
+    counted. (Its index checks: tests/test_index_bounds.py.)"""
+    xlanb.set_mode("lazy")
+    w = torch.ones(256, 256, device="xla")
+    x = torch.ones(256, device="xla")
+    xlanb.sync()
+
+    def step(v):
+        w.add_(1.0)  # a state tensor the replay writes
+        return (w @ v).sum()
+    f = xlanb.compile(step, name="mv")
+    for _ in range(3):
+        f(x)
+    assert f.replays == 1
+    rec = xlanb.graphs()[-1]
+    runs, ran = metrics.metric_data("ExecuteTime")[0], rec.run_time
+    with xlanb.memory_limit(xlanb.memory_reserved() + 1024):  # no room for its output
+        with pytest.raises(xlanb.DeviceMemoryError, match=r"xlanb.compile\(mv\)'s graph "
+                           r"replayed at test_compile.py:\d+"):
+            f(x)
+    assert f.replays == 1 and w.cpu()[0, 0].item() == 4.0  # nothing ran, nothing written
+    assert f(x).item() == 256 * 256 * 5.0 and f.replays == 2
+    assert metrics.metric_data("ExecuteTime")[0] == runs + 1 and rec.run_time > ran

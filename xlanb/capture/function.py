@@ -22,11 +22,9 @@ keeps changing) runs as lazy tracing, and says why. Replays run the graph that
 from __future__ import annotations
 
 import functools
-import time
 import warnings
 import weakref
 
-import jax
 import numpy as np
 import torch
 from torch.utils import _pytree as pytree
@@ -36,9 +34,8 @@ from ..base.config import config
 from ..base.frames import format_loc, user_frame
 from ..base.session import session
 from ..execute.checks import bad_indices, index_error, take_index_checks, without_failed
-from ..execute.graphs import find_graph
+from ..execute.graphs import find_graph, run_compiled
 from ..execute.nans import check_run
-from ..execute.target import start_target_compile
 from ..graph.explain import explain
 from ..graph.summary import summarize
 from ..ir import Node, TensorMeta, contiguous_strides
@@ -150,7 +147,6 @@ class _Entry:
     def __init__(self):
         self.traces: list[_Trace] = []
         self.replay: _Trace | None = None
-        self.executable = None
         self.record = None        # the CompiledGraph replays run
         self.lazy_reason: str | None = None
 
@@ -234,7 +230,7 @@ class CompiledFunction:
             why = prev.difference(trace)
             if why is None:
                 entry.replay = trace
-                entry.record, entry.executable = _executable(trace, cause)
+                entry.record = _graph(trace, cause)
                 entry.traces = [trace]
             elif len(entry.traces) >= MAX_TRACES:
                 entry.lazy_reason = why
@@ -325,10 +321,10 @@ def _finish(rec: _Recorder, flat_in, out, cause: str):
     return trace
 
 
-def _executable(trace: _Trace, cause: str):
+def _graph(trace: _Trace, cause: str):
     # the graph the traced call ran: on a mesh, for its leaves' shardings
     rec, _, _ = find_graph(trace.plan, trace.device, cause, None, trace.placed)
-    return rec, rec.executable
+    return rec
 
 
 def _replay(cf: CompiledFunction, entry: _Entry, flat_in):
@@ -363,17 +359,10 @@ def _replay(cf: CompiledFunction, entry: _Entry, flat_in):
     scalars = list(trace.scalars)
     for p in trace.key_pos:
         scalars[p] = rng.next_key()
-    start_target_compile(entry.record)  # a target set since it compiled
-    if session.agree is not None:  # several processes: all about to run the same graph
-        session.agree(entry.record, user_frame())
-    t0 = time.perf_counter()
-    with jax.enable_x64(True):
-        outs = entry.executable(leaves, scalars)
-        jax.block_until_ready(outs)
-    dt = time.perf_counter() - t0
-    entry.record.run_time += dt
+    src = user_frame()
+    outs = run_compiled(entry.record, leaves, scalars, f"xlanb.compile({cf.name})'s graph "
+                        f"replayed at {format_loc(src) or '?'}", src)
     entry.record.hits += 1
-    metrics.record("ExecuteTime", dt)
     metrics.counter("CompiledReplay")
     cf.replays += 1
     bad = bad_indices(trace.checks, outs[-1]) if trace.checks else ()
@@ -382,7 +371,7 @@ def _replay(cf: CompiledFunction, entry: _Entry, flat_in):
                           f"xlanb.compile({cf.name})'s graph; no tensor was written")
     if config.debug_nans:  # before any state tensor is written: a NaN leaves them as they were
         check_run(trace.plan, outs, "compiled", f"xlanb.compile({cf.name}) replay",
-                  user_frame(), leaves=leaves, scalars=scalars)
+                  src, leaves=leaves, scalars=scalars)
     for arr, dest in zip(outs, trace.dests):
         for ref in dest:
             s = ref()

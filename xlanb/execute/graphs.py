@@ -504,26 +504,37 @@ def run_graph(plan: GraphPlan, device: int, cause: str, src, placed=None,
         else:
             metrics.counter("CachedCompile")
             rec.hits += 1
-    if not fresh:
-        start_target_compile(rec)  # a target set since it compiled
-    # the graph's projected peak (and, with xlanb.memory_limit, the check) before it runs
-    what = f"the graph of {len(plan.steps)} ops ({cause}) synced at {format_loc(src) or '?'}"
-    check_graph(rec, device, what)
-    if config.memory_limit_target:  # xlanb.memory_limit("target"): the TPU compiler's word
+    return run_compiled(rec, arrays, plan.scalars,
+                        f"the graph of {len(plan.steps)} ops ({cause}) synced at "
+                        f"{format_loc(src) or '?'}", src)
+
+
+def run_compiled(rec: CompiledGraph, arrays, scalars, what: str, src) -> list:
+    """The one step that runs a compiled graph, whatever made it (a sync, an eager run,
+    an ``xlanb.compile`` replay); returns its outputs, ready. In order: its report for a
+    target set since it compiled; its projected peak and ``xlanb.memory_limit``'s check
+    (with ``"target"``, the TPU compiler's word); the processes' agreement that they all
+    run it; the run, with a device out-of-memory error converted to one that names the
+    graph; its time (``ExecuteTime``) and collectives counted. Nothing is written into
+    any tensor here: the caller checks the outputs (index ranges, NaNs) first. ``what``
+    names the run in errors; ``src``: the user's line."""
+    start_target_compile(rec)  # a target set since it compiled
+    check_graph(rec, rec.device, what)
+    if config.memory_limit_target:
         check_target_fit(rec, what)
     if session.agree is not None:  # several processes: all about to run the same one
         session.agree(rec, src)
     t0 = time.perf_counter()
-    with jax.enable_x64(True):
+    with jax.enable_x64(True):  # lifted Python floats are float64, as when it was lowered
         try:
-            outs = rec.executable(arrays, plan.scalars)
+            outs = rec.executable(arrays, scalars)
             if lowerings_waiting():  # while the device runs it (execute/prefix.py)
                 drain_lowerings(lambda: all(o.is_ready() for o in outs))
             jax.block_until_ready(outs)
         except Exception as e:
             if is_device_oom(e):
-                raise device_oom(e, device, f"the graph {rec.hash[:12]} ({cause} at "
-                                 f"{format_loc(src) or '?'})", rec) from e
+                raise device_oom(e, rec.device, f"the graph {rec.hash[:12]} ({what})",
+                                 rec) from e
             raise
     dt = time.perf_counter() - t0
     rec.run_time += dt
