@@ -985,23 +985,16 @@ class TargetStatus(Rich):
     HEADER = ("generation", "chip", "HBM per chip", "peak bf16", "HBM bandwidth", "e.g.")
     RIGHT = {2, 3, 4}
 
-    def __init__(self, target=None, headline: str | None = None) -> None:
+    def __init__(self, target, headline: str) -> None:
         self.current = target
-        self.headline = headline
+        self.headline = headline  # the shell's words (extensions/commands.target_headline)
         self.rows = [(gen, c.device_kind, fmt_bytes(c.hbm_bytes), f"{c.peak_flops / 1e12:.0f} TFLOP/s",
                       f"{c.hbm_bytes_per_s / 1e9:,.0f} GB/s", EXAMPLE_TOPOLOGIES.get(gen, gen + ":1x1"))
                      for gen, c in xlanb.CHIPS.items()]
         self.sources = [c.source for c in xlanb.CHIPS.values()]
 
     def lines(self) -> list[str]:
-        if self.headline is not None:
-            return [self.headline]
-        if self.current is None:
-            return ["xla target: off (%xla_target v5e:2x2 compiles every new graph for a TPU "
-                    "topology too, in the background; nothing runs on it)"]
-        return [f"xla target: {target_text(self.current)}: every new graph is also compiled "
-                "for it, in the background (%xla_graphs shows its figures; %xla_target "
-                "--now compiles the pending graph now)"]
+        return [self.headline]
 
     def text(self) -> str:
         return "\n".join(self.lines() + [

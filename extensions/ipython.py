@@ -49,6 +49,7 @@ and help, ``UsageError`` for bad input. Bad input never touches the pending grap
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import re
 import sys
@@ -63,7 +64,17 @@ from IPython.display import Image, display
 
 import xlanb
 
+from . import commands as cmd
 from . import display as xd
+
+
+@contextlib.contextmanager
+def _usage():
+    """A shared command's bad input (``commands.CommandError``) as IPython's UsageError."""
+    try:
+        yield
+    except cmd.CommandError as e:
+        raise UsageError(str(e)) from None
 
 _NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
@@ -144,45 +155,17 @@ class XlaMagics(Magics):
 
     @staticmethod
     def _target(name: str):
-        """The ``xlanb.Target`` named ``name``; an unknown name, or no libtpu, is a
-        one-line UsageError."""
-        try:
-            return xlanb.Target(name)
-        except (ValueError, ImportError) as e:  # TargetError lists the known generations
-            raise UsageError(str(e).strip().splitlines()[0]) from None
+        with _usage():
+            return cmd.topology(name)
 
     @staticmethod
     def _compile_for(target, *what):
-        """``xlanb.compile_for``, with bad input (nothing pending, a mesh that does not
-        fit the topology) as a UsageError."""
-        try:
-            return xlanb.compile_for(target, *what)
-        except (ValueError, ImportError) as e:
-            raise UsageError(str(e).strip().splitlines()[0]) from None
+        with _usage():
+            return cmd.compile_for(target, list(what))
 
     def _pending_or_graph(self, tensors: list, index: int | None) -> tuple[list, str]:
-        """What a --target option compiles: graph #index; else the pending graph of
-        ``tensors`` (all pending work when none); else, with nothing pending, the latest
-        compiled graph. Returns compile_for's arguments and what they are, in words."""
-        gs = list(xlanb.graphs())
-        if index is None:
-            n = xd.pending_count(*tensors)
-            if n:
-                return tensors, f"the pending graph ({xd.plural(n, 'op')})"
-            if tensors:
-                raise UsageError("nothing is pending for these tensors: no graph to compile")
-            if not gs:
-                raise UsageError("nothing is pending and no graph was compiled yet: record "
-                                 "some ops first")
-            index = -1
-            head = "nothing pending: the latest compiled graph"
-        else:
-            head = "graph"
-        if not -len(gs) <= index < len(gs):
-            raise UsageError(f"there is no graph #{index}: {len(gs)} graphs were compiled "
-                             "(see %xla_graphs)")
-        g = gs[index]
-        return [g], f"{head} #{index % len(gs)} {g.hash[:12]} ({xd.plural(g.n_nodes, 'op')})"
+        with _usage():
+            return cmd.pending_or_graph(cmd.IPYTHON, tensors, index)
 
     def _lookup(self, names: list[str]) -> list:
         tensors = []
@@ -216,18 +199,9 @@ class XlaMagics(Magics):
         node through that cache. Leaving lazy or opbyop for eager syncs pending work first.
         """
         args = parse_argstring(self.xla_mode, line)
-        old = xlanb.get_mode()
-        if args.mode is None:
-            print(f"xla mode: {old}  (choices: {', '.join(xlanb.MODES)})")
-            return
-        try:
-            xlanb.check_mode(args.mode)
-        except ValueError as e:  # the core's one message, listing the modes
-            raise UsageError(str(e)) from None
-        synced = xlanb.switch_mode(args.mode)
-        note = f" (synced {xd.plural(synced, 'pending op')} first)" if synced else ""
-        print(f"xla mode: {old} -> {args.mode}{note}" if old != args.mode
-              else f"xla mode: {old} (unchanged)")
+        with _usage():
+            print(cmd.mode_status(cmd.IPYTHON) if args.mode is None
+                  else cmd.switch_mode(cmd.IPYTHON, args.mode))
 
     # ------------------------------------------------------------------ %xla_pending
 
@@ -748,20 +722,11 @@ class XlaMagics(Magics):
             self._show(xd.TargetView(report, words[0].upper() + words[1:], self.resolver))
             return
         if args.target is None:
-            self._show(xd.TargetStatus(xlanb.get_target()))
+            t = xlanb.get_target()
+            self._show(xd.TargetStatus(t, cmd.target_headline(cmd.IPYTHON, t)))
             return
-        prev = xlanb.get_target()
-        if args.target.lower() == "off":
-            xlanb.set_target(None)
-            print(f"xla target: {prev.name if prev else 'off'} -> off" if prev
-                  else "xla target: off (unchanged)")
-            return
-        target = self._target(args.target)
-        xlanb.set_target(target)
-        was = prev.name if prev is not None else "off"
-        print(f"xla target: {was} -> {xd.target_text(target)}: every new graph is also "
-              "compiled for it, in the background (%xla_graphs shows its figures; "
-              "%xla_target --now compiles the pending graph now)")
+        with _usage():
+            print(cmd.set_target(cmd.IPYTHON, args.target))
 
     # ------------------------------------------------------------------ %xla_nans
 

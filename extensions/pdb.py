@@ -43,6 +43,7 @@ import torch
 
 import xlanb
 
+from . import commands as cmd
 from . import display as xd
 
 __all__ = ["XlaPdb", "set_trace", "DEFAULT_SKIP"]
@@ -90,8 +91,9 @@ def _counts() -> dict:
     return {name: _count(name) for name in _COUNTERS}
 
 
-class _BadInput(Exception):
-    """Input a command cannot use; the message is shown as one line."""
+# Input a command cannot use; the message is shown as one line (the shared commands'
+# CommandError, so what they raise shows the same way).
+_BadInput = cmd.CommandError
 
 
 def _command(fn):
@@ -341,17 +343,7 @@ class XlaPdb(pdb.Pdb):
         Without an argument, show the execution mode. With one, switch to it. Pending
         work stays correct; leaving lazy/opbyop for eager syncs it first.
         """
-        if not arg:
-            self.message(f"mode: {xlanb.get_mode()}  (modes: {', '.join(xlanb.MODES)})")
-            return
-        try:
-            xlanb.check_mode(arg)
-        except ValueError as e:  # the core's one message, listing the modes
-            raise _BadInput(str(e)) from None
-        old = xlanb.get_mode()
-        synced = xlanb.switch_mode(arg)
-        note = f" (synced {synced} pending ops first)" if synced else ""
-        self.message(f"mode: {old} -> {arg}{note}" if old != arg else f"mode: {arg} (unchanged)")
+        self.message(cmd.mode_status(cmd.PDB) if not arg else cmd.switch_mode(cmd.PDB, arg))
 
     @_command
     def do_xnans(self, arg):
@@ -467,18 +459,16 @@ class XlaPdb(pdb.Pdb):
         expr = expr.strip()
         if expr and not now:
             if name is None and " " not in expr:  # the core says what a topology is
-                self._topology(expr)
+                cmd.topology(expr)
             raise _BadInput("usage: xtarget [NAME|off] [--now [EXPR] | --graph I]")
         if expr and index is not None:
             raise _BadInput("give EXPR or --graph I, not both")
-        if name is not None and name.lower() == "off":
-            if now:
-                raise _BadInput("--now needs a topology, not off")
-            prev = xlanb.get_target()
-            xlanb.set_target(None)
-            self.message(f"target: {prev.name} -> off" if prev else "target: off (unchanged)")
+        if name is not None and name.lower() == "off" and now:
+            raise _BadInput("--now needs a topology, not off")
+        if name is not None and not now:
+            self.message(cmd.set_target(cmd.PDB, name))
             return
-        target = self._topology(name) if name is not None else xlanb.get_target()
+        target = cmd.topology(name) if name is not None else xlanb.get_target()
         if now:
             if target is None:
                 raise _BadInput("no target: give one (xtarget v5e:1x1 --now) or set one "
@@ -486,50 +476,13 @@ class XlaPdb(pdb.Pdb):
             self._target_report(target, expr, index)
             return
         if name is None:
-            head = ("target: off (xtarget v5e:2x2 compiles every new graph for a TPU topology "
-                    "too, in the background; nothing runs on it)" if target is None else
-                    f"target: {xd.target_text(target)}: every new graph is also compiled for "
-                    "it, in the background (xgraphs shows its figures; xtarget --now compiles "
-                    "the pending graph now)")
-            self.message(xd.TargetStatus(target, headline=head).text())
+            self.message(xd.TargetStatus(target, cmd.target_headline(cmd.PDB, target)).text())
             return
-        prev = xlanb.get_target()
-        xlanb.set_target(target)
-        self.message(f"target: {prev.name if prev else 'off'} -> {xd.target_text(target)}; "
-                     "every new graph is also compiled for it in the background (xgraphs "
-                     "shows its figures; xtarget --now compiles the pending graph now)")
-
-    @staticmethod
-    def _topology(name: str):
-        try:
-            return xlanb.Target(name)
-        except (ValueError, ImportError) as e:  # an unknown generation lists the known ones
-            raise _BadInput(str(e).strip().splitlines()[0]) from None
 
     def _target_report(self, target, expr: str, index) -> None:
-        gs = list(xlanb.graphs())
-        head = "graph"
-        if index is None:
-            tensors = self._tensors(expr, "xtarget") if expr else []
-            n = xlanb.pending_count(*tensors)
-            if n:
-                what, words = tensors, f"the pending graph ({xd.plural(n, 'op')})"
-            elif expr:
-                raise _BadInput(f"nothing pending: {expr} is device data")
-            elif not gs:
-                raise _BadInput("nothing pending and no graph compiled yet")
-            else:
-                index, head = -1, "nothing pending: the latest graph"
-        if index is not None:
-            if not -len(gs) <= index < len(gs):
-                raise _BadInput(f"there is no graph #{index}: {len(gs)} graphs were compiled")
-            g = gs[index]
-            what = [g]
-            words = f"{head} #{index % len(gs)} {g.hash[:12]} ({xd.plural(g.n_nodes, 'op')})"
-        try:
-            report = xlanb.compile_for(target, *what)
-        except (ValueError, ImportError) as e:
-            raise _BadInput(str(e).strip().splitlines()[0]) from None
+        tensors = self._tensors(expr, "xtarget") if expr and index is None else []
+        what, words = cmd.pending_or_graph(cmd.PDB, tensors, index, expr)
+        report = cmd.compile_for(target, what)
         self.message(xd.TargetView(report, words[0].upper() + words[1:]).text())
 
     # ------------------------------------------------------------------------------
