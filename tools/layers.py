@@ -76,6 +76,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
      ("xlanb.inspect.repr", "xlanb.inspect.pending")),
     ("spmd", "xlanb.spmd: meshes, mark_sharding, shardings and shards; xlanb.distributed",
      ("xlanb.spmd", "xlanb.distributed")),
+    ("loops", "xlanb.scan, xlanb.scan_layers: loops the program asks for, recorded "
+     "unrolled and compiled as one",
+     ("xlanb.loops",)),
     ("api", "the public API",
      ("xlanb",)),
     ("compat", "torch_xla's modules on the public API: import torch_xla runs on xlanb",

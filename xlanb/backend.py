@@ -260,6 +260,11 @@ def register() -> None:
     torch._C._acc.register_python_privateuseone_hook(_Hooks())
     torch.utils.rename_privateuse1_backend("xla")
     torch._register_device_module("xla", _device_module())
+    # autocast's policy needs the device module (torch asks it which dtypes autocast
+    # takes, even for autocast(enabled=False), which torch.utils.checkpoint enters): the
+    # lowering registry's import came before it existed, so it installs now
+    from .lowering import aten_autocast
+    aten_autocast.install()
     _lib = torch.library.Library("aten", "IMPL")
     _lib.impl("empty.memory_format", _empty_memory_format, "PrivateUse1")
     _lib.impl("empty_strided", _empty_strided, "PrivateUse1")
