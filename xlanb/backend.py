@@ -7,6 +7,7 @@ which every op reaches ``XlaTensor.__torch_dispatch__``.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import itertools
@@ -209,6 +210,11 @@ def _device_module() -> types.ModuleType:
     m.get_rng_state = lambda device=None: rng.get_rng_state()
     m.set_rng_state = lambda state, device=None: rng.set_rng_state(state)
     m.synchronize = lambda device=None: None
+    # torch.utils.checkpoint keeps a device's RNG state across the recomputation (the same
+    # dropout masks) only for an initialized module, inside its device(i) block; xlanb's
+    # generator is one for every device
+    m._initialized = True
+    m.device = lambda device=None: contextlib.nullcontext()
     return m
 
 
