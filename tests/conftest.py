@@ -190,7 +190,7 @@ SLOW_FILES = frozenset((
     "test_kernel_cells.py", "test_widgets_browser.py", "test_divergence.py", "test_spmd.py",
     "test_target.py", "test_target_frontends.py", "test_scan_layers.py", "test_soak.py",
     "test_stress.py", "test_real_models.py", "test_interrupts.py", "test_compat_debug.py",
-    "test_profile.py", "test_persistent_cache.py", "test_store_security.py",
+    "test_profile.py", "test_persistent_cache.py", "test_store_security.py", "test_fsdp.py",
 ))
 
 

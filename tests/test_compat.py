@@ -642,7 +642,7 @@ def test_spmd_is_xlanb_spmd_and_unknown_modules_raise_at_import(tx):
     from torch_xla.distributed.spmd.debugging import visualize_tensor_sharding  # noqa: F401
     with pytest.raises(NotImplementedError, match="XLAShardedTensor is not provided"):
         xs.XLAShardedTensor
-    with pytest.raises(NotImplementedError, match="torch_xla.utils is not provided"):
+    with pytest.raises(NotImplementedError, match="torch_xla.utils.utils is not provided"):
         import torch_xla.utils.utils  # noqa: F401
     with pytest.raises(ImportError):  # ``try: import ... except ImportError`` guards work
         from torch_xla.distributed import xla_backend  # noqa: F401

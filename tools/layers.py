@@ -76,6 +76,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
      ("xlanb.inspect.repr", "xlanb.inspect.pending")),
     ("spmd", "xlanb.spmd: meshes, mark_sharding, shardings and shards; xlanb.distributed",
      ("xlanb.spmd", "xlanb.distributed")),
+    ("loops", "xlanb.scan, xlanb.scan_layers: loops the program asks for, recorded "
+     "unrolled and compiled as one",
+     ("xlanb.loops",)),
     ("api", "the public API",
      ("xlanb",)),
     ("compat", "torch_xla's modules on the public API: import torch_xla runs on xlanb",
@@ -84,6 +87,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
       "xlanb.compat.xla_model", "xlanb.compat.profiler", "xlanb.compat.debug_env",
       "xlanb.compat.parallel_loader", "xlanb.compat.xla_multiprocessing",
       "xlanb.compat.spmd", "xlanb.compat.graph_saver", "xlanb.compat.dynamo_bridge",
+      "xlanb.compat.checkpoint", "xlanb.compat.scan", "xlanb.compat.scan_layers",
+      "xlanb.compat.fsdp_wrap", "xlanb.compat.fsdp", "xlanb.compat.spmd_fsdp",
       "xlanb.compat.toplevel", "xlanb.compat")),
     ("commands", "python -m xlanb.cache: the executable store; python -m xlanb.run: a "
      "torch_xla script on xlanb; python -m xlanb.launch: N local processes",

@@ -7,6 +7,7 @@ which every op reaches ``XlaTensor.__torch_dispatch__``.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import itertools
@@ -209,6 +210,11 @@ def _device_module() -> types.ModuleType:
     m.get_rng_state = lambda device=None: rng.get_rng_state()
     m.set_rng_state = lambda state, device=None: rng.set_rng_state(state)
     m.synchronize = lambda device=None: None
+    # torch.utils.checkpoint keeps a device's RNG state across the recomputation (the same
+    # dropout masks) only for an initialized module, inside its device(i) block; xlanb's
+    # generator is one for every device
+    m._initialized = True
+    m.device = lambda device=None: contextlib.nullcontext()
     return m
 
 
@@ -260,6 +266,11 @@ def register() -> None:
     torch._C._acc.register_python_privateuseone_hook(_Hooks())
     torch.utils.rename_privateuse1_backend("xla")
     torch._register_device_module("xla", _device_module())
+    # autocast's policy needs the device module (torch asks it which dtypes autocast
+    # takes, even for autocast(enabled=False), which torch.utils.checkpoint enters): the
+    # lowering registry's import came before it existed, so it installs now
+    from .lowering import aten_autocast
+    aten_autocast.install()
     _lib = torch.library.Library("aten", "IMPL")
     _lib.impl("empty.memory_format", _empty_memory_format, "PrivateUse1")
     _lib.impl("empty_strided", _empty_strided, "PrivateUse1")

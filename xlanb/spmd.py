@@ -171,6 +171,16 @@ def get_sharding(t: torch.Tensor) -> Sharding | None:
                         f"{type(t).__name__}")
     node = t._storage.node if not t._view else value_node(t)
     shape = tuple(t.shape)
+    base = t._storage.node.data
+    if t._view and node.data is None and base is not None and not isinstance(base, tuple) \
+            and is_sharded(base):
+        # a view of sharded device data (a weight's gradient is often a transpose): its
+        # value, computed as peek computes it (nothing pending changes), says how it lies
+        with torch._C._DisableTorchDispatch():
+            data = peek_node(node)
+        if isinstance(data.sharding, NamedSharding):
+            return Sharding(data.sharding.mesh, data.sharding.spec, "propagated", shape)
+        return None
     if node.data is None:
         s = node.info.sharding
         return Sharding(s.mesh, s.spec, "annotated", shape) if s is not None else None

@@ -5,6 +5,7 @@ module call it traces) while it skips the rest of xlanb: under dynamo they do no
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 import torch
@@ -13,6 +14,10 @@ from .caches import cache
 
 _scope_stack = scope_stack = cache([], "nn.Module paths being run")  # list[str]
 _module_names = cache(weakref.WeakKeyDictionary(), "nn.Module -> its path")
+# The iteration of a loop the program asked for (xlanb.scan) being recorded: every module
+# it enters is named under it, so that each iteration's ops form one numbered segment
+# (graph/repeats.py), whichever modules the loop's body calls.
+_iterations = cache([], "scopes of the loop iterations being recorded")  # list[str]
 
 
 def current_scope() -> str:
@@ -35,6 +40,8 @@ def _enter_module(module, _args):
             for sub_name, sub in module.named_modules():
                 _module_names.setdefault(sub, f"{root}.{sub_name}" if sub_name else root)
             name = _module_names[module]
+    if _iterations and not name.startswith(_iterations[-1]):
+        name = f"{_iterations[-1]}.{name}"
     _scope_stack.append(name)
 
 
@@ -43,6 +50,34 @@ def _exit_module(module, _args, _out):
     if torch.compiler.is_compiling():
         return
     if _scope_stack:
+        _scope_stack.pop()
+
+
+def module_name(module) -> str | None:
+    """The path ``module`` is known by (None before it first runs under a root)."""
+    return _module_names.get(module)
+
+
+@contextlib.contextmanager
+def iteration(scope: str):
+    """Record one iteration of a loop the program asked for under ``scope`` (``...scan.3``):
+    its own ops, and every module it enters, named under it."""
+    _scope_stack.append(scope)
+    _iterations.append(scope)
+    try:
+        yield
+    finally:
+        _iterations.pop()
+        _scope_stack.pop()
+
+
+@contextlib.contextmanager
+def in_scope(scope: str):
+    """Record the ops of the block under ``scope``."""
+    _scope_stack.append(scope)
+    try:
+        yield
+    finally:
         _scope_stack.pop()
 
 

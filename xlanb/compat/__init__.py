@@ -35,7 +35,7 @@ import types
 import warnings
 
 from . import debug_env, dynamo_bridge
-from .missing import SHARDING, CompatImportError, CompatNotImplementedError, \
+from .missing import FSDP_V1, SHARDING, CompatImportError, CompatNotImplementedError, \
     module_not_provided, not_provided
 
 __all__ = ["install", "uninstall", "installed", "real_torch_xla", "status", "MODULES",
@@ -58,18 +58,27 @@ MODULES = {
     "torch_xla.distributed.spmd": "xlanb.compat.spmd",
     "torch_xla.distributed.spmd.debugging": "xlanb.compat.spmd",
     "torch_xla.experimental.xla_sharding": "xlanb.compat.spmd",
+    "torch_xla.experimental.spmd_fully_sharded_data_parallel": "xlanb.compat.spmd_fsdp",
+    "torch_xla.experimental.scan": "xlanb.compat.scan",
+    "torch_xla.experimental.scan_layers": "xlanb.compat.scan_layers",
+    "torch_xla.distributed.fsdp": "xlanb.compat.fsdp",
+    "torch_xla.distributed.fsdp.utils": "xlanb.compat.fsdp",
+    "torch_xla.distributed.fsdp.wrap": "xlanb.compat.fsdp_wrap",
+    "torch_xla.utils.checkpoint": "xlanb.compat.checkpoint",
 }
 # Folders of torch_xla with nothing of their own that programs use: empty modules whose
 # attributes are their submodules.
-NAMESPACES = ("torch_xla.core", "torch_xla.debug", "torch_xla.distributed")
+NAMESPACES = ("torch_xla.core", "torch_xla.debug", "torch_xla.distributed", "torch_xla.utils")
 PACKAGES = {"torch_xla", "torch_xla.experimental", "torch_xla.distributed.spmd",
-            "torch_xla.backends", *NAMESPACES}
+            "torch_xla.distributed.fsdp", "torch_xla.backends", *NAMESPACES}
 # Modules refused with a reason of their own (and everything under them).
 REFUSED = {
     "torch_xla.distributed.xla_backend": "no torch.distributed 'xla' backend: xlanb's "
                                          "processes (python -m xlanb.launch) join with "
                                          "xlanb.distributed.initialize(); drop "
                                          "dist.init_process_group('xla')",
+    # FSDP v1 itself (its package gives FSDPv2's helpers; compat/fsdp.py says why)
+    "torch_xla.distributed.fsdp.xla_fully_sharded_data_parallel": FSDP_V1,
 }
 
 _namespaces: dict[str, types.ModuleType] = {}

@@ -20,6 +20,16 @@ COLLECTIVES = ("torch_xla's per-replica collectives are not provided: xlanb runs
                "can skip the call with `if xr.world_size() > 1:`")
 SPAWN = ("xmp.spawn runs the function once, in this process; start several processes with "
          "`python -m xlanb.launch --nproc N script.py` (xlanb.distributed.initialize() in each)")
+# why torch_xla.distributed.fsdp's XlaFullyShardedDataParallel is left out (compat/fsdp.py)
+FSDP_V1 = ("FSDP v1 shards over per-replica processes with its own all-gathers and "
+           "reduce-scatters; xlanb runs one SPMD program and XLA inserts the collectives, so v1 "
+           "is not provided. Move to FSDPv2 (torch_xla's FSDP over SPMD, what Hugging Face's "
+           "Trainer runs with fsdp_config xla_fsdp_v2): `from torch_xla.experimental."
+           "spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDPv2`; "
+           "`mesh = xs.Mesh(range(n), (n, 1), ('fsdp', 'model'))` and `xs.set_global_mesh(mesh)`; "
+           "shard each batch with `xs.mark_sharding(x, mesh, ('fsdp', None))`; `model = "
+           "FSDPv2(model)` (auto_wrap_policy and checkpoint_module work as in v1); "
+           "`optimizer.step()` instead of `xm.optimizer_step`, in one process (no xmp.spawn)")
 ONE_PROCESS = COLLECTIVES  # the name other modules import
 SEE = "see the 'Coming from torch_xla' table in xlanb's README, or the xlanb API (import xlanb)"
 

@@ -20,7 +20,7 @@ from ..base import metrics
 from ..base.caches import cache
 from ..base.config import config
 from ..base.frames import SourceLoc
-from ..graph.repeats import find_repeats
+from ..graph.repeats import LOOP_OP, find_repeats
 from ..ir import GraphPlan, leaf_meta, stable_hash
 from ..runtime.devices import jax_device
 from ..runtime.jit import jax_context, lower_jitted
@@ -377,7 +377,7 @@ class GraphLowering:
         self.n_ops, self.n_inputs, self.n_outputs = len(plan.steps), len(plan.leaves), len(plan.roots)
         # repeated layers lowered as one loop each (graph/repeats.py; XLANB_SCAN_LAYERS),
         # for this graph's own device; a TPU target's compile decides for itself
-        self._found = _NOT_LOOKED
+        self._found = {}  # asked_only -> find_repeats' answer
         try:
             platform = jax_device(device).platform
         except RuntimeError:  # not one of this process's devices: no loops to decide
@@ -392,20 +392,27 @@ class GraphLowering:
     def repeats_for(self, platform: str):
         """The runs to lower as loops in a compile for ``platform`` ("cpu", "gpu",
         "tpu"), or None: every run with ``scan_layers`` on; with "auto", a TPU's compile
-        of a graph with a run of ``AUTO_MIN_LAYERS`` or more. Never on a mesh yet (the
-        loop would have to carry the shardings). Looked for once per lowering."""
+        of a graph with a run of ``AUTO_MIN_LAYERS`` or more. Found runs are not looped
+        on a mesh (the stacked weights' shardings are the partitioner's guess there).
+        The loops the program asked for (``xlanb.scan``, ``scan_layers``) are looped
+        whatever the platform or mesh, unless ``scan_layers`` is off. Looked for once
+        per lowering."""
         setting = config.scan_layers
-        if not setting or self.shardings is not None:
+        if not setting:
             return None
-        if setting == "auto" and platform != "tpu":
-            return None
-        if self._found is _NOT_LOOKED:
+        if (setting != "auto" or platform == "tpu") and self.shardings is None:
+            found = self._find(False)
+            if found is not None and (setting != "auto" or max(
+                    len(run.layers) for run in found.runs) >= AUTO_MIN_LAYERS):
+                return found
+        return self._find(True) if LOOP_OP in self.op_names else None
+
+    def _find(self, asked_only: bool):
+        found = self._found.get(asked_only, _NOT_LOOKED)
+        if found is _NOT_LOOKED:
             steps, root_pos, places = self.recipe
-            self._found = find_repeats(steps, self.n_inputs, root_pos, places)
-        found = self._found
-        if found is not None and setting == "auto" and \
-                max(len(run.layers) for run in found.runs) < AUTO_MIN_LAYERS:
-            return None
+            found = self._found[asked_only] = find_repeats(steps, self.n_inputs, root_pos,
+                                                           places, asked_only)
         return found
 
     @classmethod

@@ -22,6 +22,12 @@ An optimizer's step updates each layer's weights with the same ops: those update
 a third kind of run, with no carry (each layer's update is independent of the others),
 lowered as a scan over the stacked weights, gradients and optimizer states.
 
+A loop the program asks for (``xlanb.scan``, ``xlanb.scan_layers`` and torch_xla's
+``scan``/``scan_layers`` on them) is recorded unrolled, as its iterations' ops, each
+iteration ending in a ``LOOP_OP`` (an identity on its carry, in the iteration's scope):
+``find_repeats(..., asked_only=True)`` finds only the runs of those module lists, which
+are lowered as loops on every platform and mesh.
+
 Plain data over a graph's steps ``(OpInfo, input positions)``: values 0..L-1 are the
 leaves, L+j is op j. The decision depends on the structure only, so it is made once per
 graph structure (with its lowering) and the steady step pays nothing.
@@ -33,6 +39,8 @@ from typing import NamedTuple
 
 _NUMBERED = re.compile(r"\.(\d+)(?=\.|$)")
 MIN_RUN = 2
+# the op that ends each iteration of a loop the program asked for (xlanb/loops.py)
+LOOP_OP = "xlanb::loop_step"
 
 
 class Run(NamedTuple):
@@ -394,9 +402,11 @@ def _schedule(runs, n_ops, steps, n_leaves):
     return tuple(order) if len(order) == len(deps) else None
 
 
-def find_repeats(steps, n_leaves: int, root_pos, places) -> Repeats | None:
+def find_repeats(steps, n_leaves: int, root_pos, places, asked_only: bool = False
+                 ) -> Repeats | None:
     """The runs of repeated layers of a graph (forward, then backward), or None if
-    there are none to scan."""
+    there are none to scan; with ``asked_only``, only those of the loops the program
+    asked for (module lists whose segments end in a ``LOOP_OP``)."""
     if not steps:
         return None
     users: dict[int, list] = {}
@@ -406,6 +416,10 @@ def find_repeats(steps, n_leaves: int, root_pos, places) -> Repeats | None:
     roots = set(root_pos)
     unrolled: list[str] = []
     groups = _forward_groups(places)
+    if asked_only:
+        asked = {prefix for (prefix, _idx), ops in groups.items()
+                 if any(steps[j][0].name == LOOP_OP for j in ops)}
+        groups = {k: ops for k, ops in groups.items() if k[0] in asked}
     by_prefix: dict[str, list] = {}
     for (prefix, idx), ops in groups.items():
         by_prefix.setdefault(prefix, []).append((idx, ops))

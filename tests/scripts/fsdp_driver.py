@@ -1,0 +1,30 @@
+"""Run a torch_xla script unchanged (as ``__main__``, under ``python -m xlanb.run``), then
+print what xlanb's tools say about it as one JSON line (``FSDP-RESULTS {...}``):
+the parameters' and gradients' shardings and shards, the last graph's collectives
+(kind, aten op, source line, bytes per device) and its loops. tests/test_fsdp.py asserts
+on them."""
+import json
+import runpy
+import sys
+
+script = sys.argv[1]
+sys.argv = sys.argv[1:]
+ns = runpy.run_path(script, run_name="__main__")
+
+import xlanb  # noqa: E402  (the script imported it through torch_xla already)
+
+model = ns["model"]
+out = {"params": {}, "graphs": len(xlanb.graphs())}
+for name, p in model.named_parameters():
+    s, g = xlanb.spmd.get_sharding(p), xlanb.spmd.get_sharding(p.grad)
+    out["params"][name] = {
+        "shape": list(p.shape),
+        "spec": [str(e) for e in s.partition_spec] if s else None,
+        "grad_spec": [str(e) for e in g.partition_spec] if g else None,
+        "shards": [list(sh.value.shape) for sh in xlanb.peek(p, shards=True)],
+        "grad_shards": [list(sh.value.shape) for sh in xlanb.peek(p.grad, shards=True)],
+    }
+last = xlanb.graphs()[-1]
+out["repeats"] = list(last.repeats)
+out["collectives"] = [c._asdict() for c in xlanb.collectives(last)]
+print("FSDP-RESULTS " + json.dumps(out))
