@@ -83,6 +83,11 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         num_processes = int(env[ENV_NUM_PROCESSES])
     if process_id is None and env.get(ENV_PROCESS_ID):
         process_id = int(env[ENV_PROCESS_ID])
+    if num_processes is not None and process_id is not None and not 0 <= process_id < num_processes:
+        # JAX's own error names neither argument nor the variables they came from
+        raise ValueError(f"xlanb.distributed.initialize: process_id={process_id} is not one of "
+                         f"the {num_processes} processes (0 to {num_processes - 1}; from "
+                         f"{ENV_PROCESS_ID} and {ENV_NUM_PROCESSES} when not given)")
     if _devices.jax_devices.cache_info().currsize:
         raise RuntimeError("xlanb.distributed.initialize must run before xlanb uses a device "
                            "(call it first thing in the program)")
