@@ -274,19 +274,26 @@ def _pids_alive(pids) -> list:
     return alive
 
 
-def _launch_sleepers(tmp_path, line: str):
+def _launch_sleepers(tmp_path, line: str, jax_init: bool = False, *args):
     """Two children under xlanb.launch that write their pids, print ``line`` (Python
-    code, in the child) and sleep; returns the launcher and the pids, once both run."""
+    code, in the child) and sleep; returns the launcher and the pids, once both run.
+    ``jax_init``: each first joins ``jax.distributed`` (whose preemption notifier then
+    catches SIGTERM) and registers an atexit hook that writes ``atexit<i>``."""
     script = tmp_path / "sleeper.py"
-    script.write_text("import os, signal, time\n"
+    init = ("import atexit, jax\n"
+            "jax.distributed.initialize(os.environ['XLANB_COORDINATOR_ADDRESS'], "
+            "int(os.environ['XLANB_NUM_PROCESSES']), int(os.environ['XLANB_PROCESS_ID']))\n"
+            f"atexit.register(lambda: open(os.path.join({str(tmp_path)!r}, 'atexit' + "
+            "os.environ['XLANB_PROCESS_ID']), 'w').write('ran'))\n") if jax_init else ""
+    script.write_text("import os, signal, time\n" + init +
                       f"open(os.path.join({str(tmp_path)!r}, 'pid' + os.environ['XLANB_PROCESS_ID']), 'w')"
                       ".write(str(os.getpid()))\n"
                       f"print({line}, flush=True)\ntime.sleep(300)\n")
-    launcher = subprocess.Popen([sys.executable, "-m", "xlanb.launch", "--nproc", "2", str(script)],
+    launcher = subprocess.Popen([sys.executable, "-m", "xlanb.launch", "--nproc", "2", *args, str(script)],
                                 cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while not all((tmp_path / f"pid{i}").exists() for i in (0, 1)):
             assert time.monotonic() < deadline and launcher.poll() is None
             time.sleep(0.1)
@@ -295,6 +302,70 @@ def _launch_sleepers(tmp_path, line: str):
     except BaseException:
         launcher.kill()
         raise
+
+
+def _wait_gone(pids, seconds: float = 30) -> list:
+    deadline = time.monotonic() + seconds
+    while _pids_alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _pids_alive(pids)
+
+
+def test_children_die_with_a_launcher_killed_outright(tmp_path):
+    """Issue 46, item 9: after jax.distributed.initialize(), JAX's preemption notifier
+    catches SIGTERM, so the children of a launcher killed with SIGKILL ran on, with
+    parent 1. Their death signal is SIGKILL now."""
+    launcher, pids = _launch_sleepers(tmp_path, "'ready'", True)
+    try:
+        launcher.kill()
+        launcher.wait(timeout=30)
+        assert not _wait_gone(pids)
+    finally:
+        for pid in _pids_alive(pids):  # never leave them behind, even on a failure
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_ctrl_c_gives_the_children_a_stated_grace_to_run_atexit_hooks(tmp_path):
+    """Issue 46, item 9: Ctrl-C SIGKILLed every child 2 s later (SIGTERM does nothing
+    after jax.distributed.initialize()), so no atexit hook ran (XLA_METRICS_FILE's).
+    Each child now gets SIGINT, and --stop-grace seconds (said on stderr) to end."""
+    launcher, pids = _launch_sleepers(tmp_path, "'ready'", True, "--stop-grace", "60")
+    try:
+        launcher.send_signal(signal.SIGINT)
+        out, err = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for pid in _pids_alive(pids):
+            os.kill(pid, signal.SIGKILL)
+    assert launcher.returncode == 128 + signal.SIGINT, err
+    assert ("xlanb.launch: SIGINT: stopping every process: each gets SIGINT (KeyboardInterrupt: "
+            "its atexit hooks run) and is killed if still running after 60 s (--stop-grace)") in err
+    assert "killing" not in err, err
+    for i in (0, 1):
+        assert (tmp_path / f"atexit{i}").read_text() == "ran", err
+        # its traceback came through whole, each line marked with its process
+        assert re.search(rf"^\[{i}\] Traceback \(most recent call last\):\n(\[{i}\] .*\n)*"
+                         rf"\[{i}\] KeyboardInterrupt$", err, re.M), err
+
+
+def test_a_child_that_outlives_the_grace_is_killed_and_named(tmp_path):
+    """A child that goes on after SIGINT (it catches KeyboardInterrupt) is killed once
+    --stop-grace has passed, and the launcher says which."""
+    launcher, pids = _launch_sleepers(
+        tmp_path, "signal.signal(signal.SIGINT, signal.SIG_IGN) if os.environ['XLANB_PROCESS_ID'] == '1' "
+        "else 'ready'", False, "--stop-grace", "1")
+    try:
+        launcher.send_signal(signal.SIGTERM)
+        out, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 128 + signal.SIGTERM
+    assert "xlanb.launch: still running after 1 s: killing process 1 (SIGKILL)" in err, err
+    assert "[1] --- process 1 (killed by SIGKILL) ---" in err
+    assert "[0] --- process 0 (exit status 1) ---" in err or "(killed by SIGINT)" in err, err
+    assert not _wait_gone(pids, 10)
 
 
 def test_launcher_stops_its_children_on_sigterm(tmp_path):
@@ -385,3 +456,12 @@ def test_a_peer_busy_in_xlanb_or_jax_is_working_a_sleeping_one_is_not():
         assert not distributed._working(in_waits, busy.ident)
     finally:
         stop.set()
+
+
+def test_launcher_refuses_zero_devices_per_process(tmp_path):
+    """Issue 46 (low): --devices-per-proc 0 was ignored (each process got JAX's default)."""
+    proc = subprocess.run([sys.executable, "-m", "xlanb.launch", "--nproc", "2", "--devices-per-proc",
+                           "0", str(tmp_path / "never_started.py")], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "--devices-per-proc must be at least 1 (got 0)" in proc.stderr
