@@ -64,7 +64,7 @@ def _die_with(parent: int):
 
 # a burst of one process's output goes out as one write: it ends after this quiet, or
 # at these bounds (a process that prints without pause still shows as it goes)
-BURST_QUIET_S, BURST_MAX_S, BURST_MAX_BYTES = 0.05, 0.5, 1 << 20
+BURST_QUIET_S, BURST_MAX_S, BURST_MAX_BYTES = 0.1, 1.0, 1 << 20
 
 
 class _Child:

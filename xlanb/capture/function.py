@@ -365,7 +365,7 @@ def _replay(cf: CompiledFunction, entry: _Entry, flat_in):
         scalars[p] = rng.next_key()
     start_target_compile(entry.record)  # a target set since it compiled
     if session.agree is not None:  # several processes: all about to run the same graph
-        session.agree(entry.record, user_frame())
+        session.agree(entry.record, user_frame(), scalars=scalars)
     t0 = time.perf_counter()
     with jax.enable_x64(True):
         outs = entry.executable(leaves, scalars)

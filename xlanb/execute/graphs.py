@@ -516,7 +516,7 @@ def run_graph(plan: GraphPlan, device: int, cause: str, src, placed=None,
     if config.memory_limit_target:  # xlanb.memory_limit("target"): the TPU compiler's word
         check_target_fit(rec, what)
     if session.agree is not None:  # several processes: all about to run the same one
-        session.agree(rec, src)
+        session.agree(rec, src, scalars=plan.scalars)
     t0 = time.perf_counter()
     with jax.enable_x64(True):
         try:
