@@ -585,3 +585,20 @@ def test_launcher_keeps_a_burst_of_one_process_together(monkeypatch):
     assert "".join(f"[0] line {k}\n" for k in range(6)) in text, text
     assert "[1] other\n" in text
     assert children[0].last_lines()[-1] == "[0] line 5"
+
+
+def test_the_scalars_digest_sees_every_value():
+    """What each process publishes for a run's lifted numbers and random keys: equal
+    values, equal digests; any one value changed (a key, a complex number), another."""
+    import numpy as np
+
+    from xlanb.distributed import _scalars_digest
+    key = np.array([1, 2], dtype=np.uint32)
+    base = [0.1, 2, key, 1e-8]
+    assert _scalars_digest([]) == "" and len(_scalars_digest(base, (2,))) == 16
+    assert _scalars_digest(base, (2,)) == _scalars_digest([0.1, 2, key.copy(), 1e-8], (2,))
+    assert _scalars_digest([0.1, 2, np.array([1, 3], dtype=np.uint32), 1e-8], (2,)) != \
+        _scalars_digest(base, (2,))
+    assert _scalars_digest([0.2, 2, key, 1e-8], (2,)) != _scalars_digest(base, (2,))
+    assert _scalars_digest([float("nan")]) == _scalars_digest([float("nan")])
+    assert _scalars_digest([1j, 0.5]) != _scalars_digest([2j, 0.5])
