@@ -22,8 +22,9 @@ differs, with its value in each process, and each side's line. A process that en
 with an uncaught exception says so: the others raise ``ProcessCrashError`` with its
 error and line at their next multi-process run.
 A process that has not published within ``XLANB_DIST_TIMEOUT`` seconds is asked where
-its Python is (a watcher thread of its own answers; it costs nothing until asked), and
-every process stops with the report (``MissingProcessError``). ``XLANB_DIST_CHECK=0``
+its Python is (a watcher thread of its own answers; it costs nothing until asked); one
+compiling or busy in xlanb's, JAX's or torch's code is waited for again, at most
+``BUSY_WAITS`` times; then every process stops with the report (``MissingProcessError``). ``XLANB_DIST_CHECK=0``
 turns the check off (and the recorder: SIGUSR1 then prints the threads' stacks alone).
 Each process keeps its last runs (``recent()``): printed with either error and on
 SIGUSR1.
