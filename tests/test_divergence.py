@@ -240,7 +240,7 @@ def test_a_crash_is_reported_as_a_crash_with_its_error_and_line(ends):
     assert "process 1 crashed where process 0 goes on" in msg
     assert (f"process 1: crashed with KeyError: 'no such key' at {_line('crash')} crash "
             "(after 0 multi-process runs)") in msg, msg
-    assert f"process 0: graph of " in msg and _line("crash_sync") in msg
+    assert "process 0: graph of " in msg and _line("crash_sync") in msg
     assert "ended its program" not in msg
     assert run["rc"] == 1
     err = run["stderr"]
@@ -418,7 +418,7 @@ def test_ctrl_c_gives_the_children_a_stated_grace_to_run_atexit_hooks(tmp_path):
     launcher, pids = _launch_sleepers(tmp_path, "'ready'", True, "--stop-grace", "60")
     try:
         launcher.send_signal(signal.SIGINT)
-        out, err = launcher.communicate(timeout=120)
+        _, err = launcher.communicate(timeout=120)
     finally:
         if launcher.poll() is None:
             launcher.kill()
@@ -443,7 +443,7 @@ def test_a_child_that_outlives_the_grace_is_killed_and_named(tmp_path):
         "else 'ready'", False, "--stop-grace", "1")
     try:
         launcher.send_signal(signal.SIGTERM)
-        out, err = launcher.communicate(timeout=60)
+        _, err = launcher.communicate(timeout=60)
     finally:
         if launcher.poll() is None:
             launcher.kill()
