@@ -137,3 +137,19 @@ def test_run_time_fields_take_what_their_variables_take():
     assert c.memory_line_bytes == 1 << 20
     c.start_mode = "Eager"
     assert c.start_mode == "eager"
+
+
+def test_a_process_id_past_the_process_count_names_both_variables(monkeypatch):
+    """Issue 46 (low): XLANB_PROCESS_ID=2 with XLANB_NUM_PROCESSES=2 gave JAX's error at
+    initialize(), which names neither variable."""
+    monkeypatch.setenv("XLANB_NUM_PROCESSES", "2")
+    monkeypatch.setenv("XLANB_PROCESS_ID", "2")
+    with pytest.raises(SettingError, match=r"XLANB_PROCESS_ID='2' is not valid: it takes a "
+                                           r"process number below XLANB_NUM_PROCESSES=2 \(0 to 1\)"):
+        Config()
+    monkeypatch.setenv("XLANB_PROCESS_ID", "1")
+    Config()  # the last one is fine
+    from xlanb import distributed
+    with pytest.raises(ValueError, match=r"process_id=5 is not one of the 2 processes \(0 to 1;"):
+        distributed.initialize("127.0.0.1:1", num_processes=2, process_id=5)
+    assert not distributed.is_initialized()

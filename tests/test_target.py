@@ -453,3 +453,16 @@ def test_looped_layers_cost_every_iteration():
         (looped.cost.flops, unrolled.cost.flops)
     # bytes scale with the FLOPs: never below the loop's own count of one iteration
     assert looped.cost.bytes_accessed >= 0.9 * unrolled.cost.bytes_accessed
+
+
+def test_a_mesh_that_does_not_match_the_topology_counts_in_words():
+    """Issue 46 (low): "a mesh of 1 devices"."""
+    import jax
+
+    from xlanb.runtime import targets
+    two = jax.sharding.Mesh(list(xlanb.Target("v5e:2x1").devices), ("d",))
+    with pytest.raises(xlanb.TargetError) as e:
+        targets._mesh_on(xlanb.Target("v5e:1x1"), two)
+    msg = str(e.value)
+    assert "holds 2 devices" in msg and "a topology with 2 chips" in msg, msg
+    assert msg.endswith("or a mesh of 1 device"), msg

@@ -13,13 +13,18 @@ Agreement. An SPMD program must run the same multi-process graphs in the same or
 every process; one that takes another branch gives a wrong answer or a hang. So, before
 each run whose inputs span more than one process (a lazy graph, an eager op, an op-by-op
 node, a replay, a host read that gathers), each process publishes what it is about to
-run (sequence number, structural hash, collectives, the user's line) through
-``jax.distributed``'s key-value store and reads the others'. On a mismatch every process
-raises ``DivergenceError`` before anything runs, naming the odd process(es), the first op
-where the graphs differ (the recompile differ, graph/explain.py) and each side's line.
+run (sequence number, structural hash, collectives, a digest of its lifted Python numbers
+and random keys, the user's line) through ``jax.distributed``'s key-value store and
+reads the others'. On a mismatch every process raises ``DivergenceError`` before anything
+runs, naming the odd process(es), the first op where the graphs differ (the recompile
+differ, graph/explain.py, in words for processes) or the first Python number that
+differs, with its value in each process, and each side's line. A process that ends
+with an uncaught exception says so: the others raise ``ProcessCrashError`` with its
+error and line at their next multi-process run.
 A process that has not published within ``XLANB_DIST_TIMEOUT`` seconds is asked where
-its Python is (a watcher thread of its own answers; it costs nothing until asked), and
-every process stops with the report (``MissingProcessError``). ``XLANB_DIST_CHECK=0``
+its Python is (a watcher thread of its own answers; it costs nothing until asked); one
+compiling or busy in xlanb's, JAX's or torch's code is waited for again, at most
+``BUSY_WAITS`` times; then every process stops with the report (``MissingProcessError``). ``XLANB_DIST_CHECK=0``
 turns the check off (and the recorder: SIGUSR1 then prints the threads' stacks alone).
 Each process keeps its last runs (``recent()``): printed with either error and on
 SIGUSR1.
@@ -32,6 +37,7 @@ import hashlib
 import json
 import os
 import signal
+import struct
 import sys
 import threading
 import time
@@ -59,7 +65,8 @@ from .tensor import XlaTensor
 
 __all__ = ["initialize", "is_initialized", "process_index", "process_count",
            "global_device_count", "local_device_count", "from_process_local", "is_main",
-           "DivergenceError", "MissingProcessError", "RunRecord", "recent", "format_recent"]
+           "DivergenceError", "MissingProcessError", "ProcessCrashError", "RunRecord", "recent",
+           "format_recent"]
 
 ENV_COORDINATOR = "XLANB_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "XLANB_NUM_PROCESSES"
@@ -83,6 +90,11 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         num_processes = int(env[ENV_NUM_PROCESSES])
     if process_id is None and env.get(ENV_PROCESS_ID):
         process_id = int(env[ENV_PROCESS_ID])
+    if num_processes is not None and process_id is not None and not 0 <= process_id < num_processes:
+        # JAX's own error names neither argument nor the variables they came from
+        raise ValueError(f"xlanb.distributed.initialize: process_id={process_id} is not one of "
+                         f"the {num_processes} processes (0 to {num_processes - 1}; from "
+                         f"{ENV_PROCESS_ID} and {ENV_NUM_PROCESSES} when not given)")
     if _devices.jax_devices.cache_info().currsize:
         raise RuntimeError("xlanb.distributed.initialize must run before xlanb uses a device "
                            "(call it first thing in the program)")
@@ -172,6 +184,12 @@ class MissingProcessError(DivergenceError):
     seconds: the report names it, its last multi-process run and where its Python was."""
 
 
+class ProcessCrashError(DivergenceError):
+    """Another process ended with an uncaught exception (its type, message and line are
+    in the message) where this one was about to run with it; ``processes``: those that
+    crashed."""
+
+
 class RunRecord(NamedTuple):
     """One multi-process run as this process's flight recorder keeps it."""
     seq: int
@@ -219,6 +237,67 @@ def _digest(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
+def _scalars_digest(scalars, keys: tuple = ()) -> str:
+    """A run's lifted Python numbers and random keys as one short text, the same in
+    every process that has the same values ("" for none): a learning rate that differs
+    between processes is another program, though the graphs are the same. ``keys``:
+    where the random keys (uint32[2]) are, known from the graph's structure."""
+    if not scalars:
+        return ""
+    h = hashlib.blake2b(digest_size=8)
+    if keys:  # the keys' bytes apart, the numbers packed at once (a loop over every
+        nums = list(scalars)  # value costs 0.1 ms in a BERT step's 575)
+        for p in keys:
+            h.update(np.asarray(nums[p]).tobytes())
+            nums[p] = 0.0
+    else:
+        nums = scalars
+    try:
+        h.update(struct.pack(f"{len(nums)}d", *nums))
+    except (struct.error, TypeError):  # a complex number, say: slower, as rare
+        for v in nums:
+            h.update(np.asarray(v).tobytes())
+    return h.hexdigest()
+
+
+def _plain(v):
+    """A lifted value as JSON takes it (published only when processes disagree)."""
+    if hasattr(v, "tolist"):
+        return v.tolist()
+    return v if isinstance(v, (bool, int, float)) else repr(v)
+
+
+def _agreed(entry) -> tuple:
+    """What every process's entry for one run must share: its kind, structural hash,
+    collectives and the digest of its lifted numbers."""
+    return tuple(entry[1:4]) + (entry[7] if len(entry) > 7 else "",)
+
+
+def _ended(entry) -> bool:
+    return entry[1] in ("exit", "crash")
+
+
+def _scalars_diff(summary, st: _Static, a, b, pa: int, pb: int) -> str:
+    """The first lifted number (or random key) whose value differs between processes
+    ``pa`` and ``pb``, with its op and line, on ``summary`` (process ``pa``'s)."""
+    if a is None or b is None or len(a) != len(b) or len(a) != len(st.owners):
+        return "the same graph, but the values of its Python numbers differ"
+    # repr: NaN is NaN in both
+    differ = [i for i, (x, y) in enumerate(zip(a, b)) if repr(x) != repr(y)]
+    if not differ:
+        return "the same graph, but the values of its Python numbers differ"
+    i = differ[0]
+    op = summary.ops[st.owners[i]]
+    where = f" at {format_loc(op.src)}" if op.src else ""
+    if st.kinds[i] == "key":
+        text = (f"the random key of {op.name}{where}: {a[i]} in process {pa}, {b[i]} in "
+                f"process {pb} (is torch.manual_seed the same in every process?)")
+    else:
+        text = f"the Python number of {op.name}{where}: {a[i]!r} in process {pa}, {b[i]!r} in process {pb}"
+    more = len(differ) - 1
+    return text + (f"; {more} more of its {len(a)} lifted values differ" if more else "")
+
+
 def _spans_processes(devices) -> bool:
     return len({d.process_index for d in devices}) > 1
 
@@ -240,6 +319,11 @@ _LIBS = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, np))
 # where a thread's innermost frame is xlanb's, JAX's or torch's own work
 _THIS_FILE = os.path.abspath(__file__)
 _WORK_DIRS = (_XLANB_DIR, _LIBS[0], os.path.dirname(torch.__file__) + os.sep)
+_WORK_OWNERS = ("xlanb", "JAX", "torch")
+# a peer that has not arrived but is busy (compiling, or running in xlanb's, JAX's or
+# torch's own code) is waited for again, XLANB_DIST_TIMEOUT each time, at most this often:
+# a slow compile or trace ends, a user's loop around torch's functions may not
+BUSY_WAITS = 3
 
 
 def _short(fs) -> str:
@@ -262,9 +346,21 @@ def _where_now(frame, thread_id: int | None = None) -> dict:
     user = next((fs for fs in reversed(stack) if _is_user(fs)), None)
     # inside one of xlanb's compiles (compile_lowered, _compile_graph, compile_op...)
     compiling = any(fs.filename.startswith(_XLANB_DIR) and "compile" in fs.name for fs in stack)
+    working = bool(stack) and _working(stack[-1], thread_id)
+    owner = next((o for d, o in zip(_WORK_DIRS, _WORK_OWNERS)
+                  if stack and stack[-1].filename.startswith(d)), "")
     return {"at": _short(user) if user else "?", "inner": _short(stack[-1]) if stack else "",
-            "compiling": compiling, "working": bool(stack) and _working(stack[-1], thread_id),
+            "compiling": compiling, "working": working, "owner": owner if working else "",
             "stack": [_short(fs) for fs in stack[-8:]]}
+
+
+def _doing(w: dict, at: bool = True) -> str:
+    """What a busy peer does, from its watcher's answer: "at train.py:7 step, running
+    torch's own code (functional.py:2910 layer_norm)"."""
+    doing = ("compiling" if w.get("compiling") else
+             f"running {w.get('owner') or 'its libraries'}'s own code")
+    inner = f" ({w['inner']})" if w.get("inner") and w["inner"] != w["at"] else ""
+    return (f"at {w['at']}, " if at else "") + doing + inner
 
 
 def _working(inner, thread_id: int | None) -> bool:
@@ -307,6 +403,9 @@ class _Static(NamedTuple):
     colls: str
     what: str
     summary: object  # a GraphSummary, for the differ when processes disagree
+    owners: tuple = ()  # per lifted scalar, the position of its op in ``summary.ops``
+    kinds: tuple = ()   # per lifted scalar, "f" (a Python number) or "key" (a random key)
+    keys: tuple = ()    # the positions of the random keys among them
 
 
 _ABORT = "xlanb/agree/abort"
@@ -328,12 +427,14 @@ class _Agreement:
         self.stopping = False
         self.broken = False
         self.main_ident = threading.main_thread().ident
+        self.crash = None  # (error, line) of the uncaught exception that ends the program
 
     # -- the hook ------------------------------------------------------------------
-    def __call__(self, what, where=None, arrays=None, src=None) -> None:
+    def __call__(self, what, where=None, arrays=None, src=None, scalars=()) -> None:
         """Before a run: ``what`` is a CompiledGraph (``where``: its sync's line), a
         sharded single-op executable (``where``: its OpInfo, ``arrays``: its inputs,
-        ``src``: an op-by-op node's line) or an array a host read gathers."""
+        ``src``: an op-by-op node's line) or an array a host read gathers. ``scalars``:
+        the run's lifted Python numbers and random keys, whose values must agree too."""
         if not config.dist_check:
             return
         if isinstance(what, CompiledGraph):
@@ -356,14 +457,18 @@ class _Agreement:
         if line is None:
             line = user_frame(1)
         with self.lock:
-            self._exchange(st, line)
+            self._exchange(st, line, scalars)
 
     def _graph_static(self, rec):
         low = rec.lowering
         if low.mesh is None or not _spans_processes(low.mesh.device_set):
             return False
+        steps = low.recipe[0]
+        owners = tuple(i for i, (info, _) in enumerate(steps) for _ in info.scalar_specs)
+        kinds = low.scalar_kinds
         return _Static("graph", rec.hash_full, _colls_text(rec.collectives),
-                       f"graph of {rec.n_nodes} ops", rec.summary)
+                       f"graph of {rec.n_nodes} ops", rec.summary, owners, kinds,
+                       tuple(i for i, k in enumerate(kinds) if k == "key"))
 
     def _op_static(self, exe, info, arrays):
         devices = set()
@@ -380,7 +485,9 @@ class _Agreement:
                                (OpRecord(info.name, aval_text(info.out), call, None, "",
                                          tuple(range(len(metas))), call),),
                                (len(metas),), tuple(enumerate(shardings)))
-        return _Static("op", h, _colls_text(exe.collectives), info.name, summary)
+        kinds = tuple(info.scalar_specs)
+        return _Static("op", h, _colls_text(exe.collectives), info.name, summary,
+                       (0,) * len(kinds), kinds, tuple(i for i, k in enumerate(kinds) if k == "key"))
 
     def _gather_static(self, arr):
         text = f"{arr.dtype}{list(arr.shape)} {sharding_text(arr.sharding)}"
@@ -390,10 +497,11 @@ class _Agreement:
                        f"host read of {arr.dtype}{list(arr.shape)}", summary)
 
     # -- one exchange ----------------------------------------------------------------
-    def _exchange(self, st: _Static, loc) -> None:
+    def _exchange(self, st: _Static, loc, scalars=()) -> None:
         line = format_loc(loc)
         seq = self.seq
-        mine = [seq, st.kind, st.hash, st.colls, st.what, line, mode_state().mode]
+        mine = [seq, st.kind, st.hash, st.colls, st.what, line, mode_state().mode,
+                _scalars_digest(scalars, st.keys)]
         prefix = f"xlanb/agree/{seq >> 6}/{seq}/"
         c = self.client
         c.key_value_set(prefix + str(self.me), json.dumps(mine))
@@ -403,9 +511,9 @@ class _Agreement:
         got = {self.me: mine}
         for j in self.peers:
             got[j] = json.loads(self._wait(prefix + str(j), j, seq, mine))
-        if any(got[j][1:4] != mine[1:4] for j in self.peers):
+        if any(_agreed(got[j]) != _agreed(mine) for j in self.peers):
             self.recent[-1] = rec._replace(status="diverged")
-            self._diverged(seq, st, got, loc)
+            self._diverged(seq, st, got, loc, scalars)
         self.recent[-1] = rec._replace(status="agreed")
         for j in self.peers:
             self.last[j] = got[j]
@@ -422,7 +530,7 @@ class _Agreement:
         c = self.client
         step = min(2.0, config.dist_timeout)
         deadline = time.monotonic() + config.dist_timeout
-        waited_for_compile = False
+        busy_waits = 0
         while True:
             left = deadline - time.monotonic()
             try:
@@ -439,19 +547,18 @@ class _Agreement:
                        if k == j or self._get(key.rpartition("/")[0] + f"/{k}") is None]
             wheres = {k: self._ask_where(k) for k in missing}
             busy = {k: w for k, w in wheres.items() if w.get("compiling") or w.get("working")}
-            if busy:
+            if busy and busy_waits < BUSY_WAITS:
                 # a slow first compile of the same graph, or a slow trace or lowering on a
-                # loaded machine: not a divergence; wait again
-                names = ", ".join(f"process {k} ({w['at']})" for k, w in busy.items())
-                doing = ("compiling" if all(w.get("compiling") for w in busy.values())
-                         else "busy in xlanb's or JAX's own work")
-                print(f"xlanb: multi-process run #{seq}: still waiting for {names}, which "
-                      f"{'is' if len(busy) == 1 else 'are'} {doing}; "
-                      f"waiting another {config.dist_timeout:g} s", file=sys.stderr, flush=True)
+                # loaded machine: not a divergence; wait again (not for ever: the same
+                # looks hold for a user's loop around torch's own functions)
+                busy_waits += 1
+                names = ", ".join(f"process {k} ({_doing(w)})" for k, w in busy.items())
+                print(f"xlanb: multi-process run #{seq}: still waiting for {names}; waiting "
+                      f"another {config.dist_timeout:g} s ({busy_waits} of at most {BUSY_WAITS} "
+                      "such waits)", file=sys.stderr, flush=True)
                 deadline = time.monotonic() + config.dist_timeout
-                waited_for_compile = True
                 continue
-            report = self._missing_report(seq, mine, missing, wheres, waited_for_compile)
+            report = self._missing_report(seq, mine, missing, wheres, busy_waits)
             try:
                 c.key_value_set(_ABORT, report)
             except Exception:  # another waiter reported first: one report for everyone
@@ -482,12 +589,13 @@ class _Agreement:
         print(format_recent(), file=sys.stderr, flush=True)
         raise MissingProcessError(report, missing, seq)
 
-    def _missing_report(self, seq, mine, missing, wheres, compiled) -> str:
+    def _missing_report(self, seq, mine, missing, wheres, busy_waits) -> str:
         names = ", ".join(map(str, missing))
         s = "es" if len(missing) > 1 else ""
         lines = [f"process{s} {names} did not reach multi-process run #{seq} within "
                  f"{config.dist_timeout:g} s (XLANB_DIST_TIMEOUT)"
-                 + (" (after waiting for its compile)" if compiled else "") + ":",
+                 + (f" and {busy_waits} more such wait{'s' * (busy_waits > 1)} while "
+                    f"{'they were' if s else 'it was'} busy" if busy_waits else "") + ":",
                  f"  process {self.me} waits there to run: {mine[4]} {mine[2][:12]} at {mine[5] or '?'}"]
         for k in missing:
             last = self.last.get(k)
@@ -498,51 +606,68 @@ class _Agreement:
                 lines.append(f"  process {k} did not say where it is (it crashed, or its "
                              "Python is inside native code that holds the interpreter lock)")
             else:
-                inner = f" (innermost: {w['inner']})" if w.get("inner") and w["inner"] != w["at"] else ""
-                lines.append(f"  process {k} is now at {w['at']}{inner}")
+                lines.append(f"  process {k} is now at {w['at']}" + (
+                    f" ({_doing(w, at=False)})" if w.get("compiling") or w.get("working") else
+                    f" (innermost: {w['inner']})" if w.get("inner") and w["inner"] != w["at"] else ""))
         lines.append("Every process stops now. A process that only runs slower may need a "
                      "larger XLANB_DIST_TIMEOUT.")
         return "\n".join(lines)
 
-    def _diverged(self, seq: int, st: _Static, got: dict, loc):
+    def _diverged(self, seq: int, st: _Static, got: dict, loc, scalars=()):
         c = self.client
         summary = st.summary
         if st.kind != "graph" and summary is not None:  # one op: its line is this run's
             summary = summary._replace(ops=tuple(o._replace(src=loc) for o in summary.ops))
         groups: dict = {}
         for j in sorted(got):
-            groups.setdefault(tuple(got[j][1:4]), []).append(j)
-        # the majority is right; on a tie, the group of the lowest process (process 0)
-        ref_group = max(groups.values(), key=lambda g: (len(g), -g[0]))
+            groups.setdefault(_agreed(got[j]), []).append(j)
+        # the majority is right, among processes that go on; on a tie, the group of the
+        # lowest process (process 0)
+        ref_group = max(groups.values(), key=lambda g: (not _ended(got[g[0]]), len(g), -g[0]))
         ref = ref_group[0]
         odd = sorted(j for j in got if j not in ref_group)
-        # under the run's block: deleted with it (_exchange), at no cost of its own
+        # under the run's block: deleted with it (_exchange), at no cost of its own.
+        # The scalars' values too: only now are they worth sending
         sum_key = f"xlanb/agree/{seq >> 6}/{seq}/sum/"
         try:
-            c.key_value_set(sum_key + str(self.me), json.dumps(_summary_json(summary)))
+            c.key_value_set(sum_key + str(self.me),
+                            json.dumps([_summary_json(summary), [_plain(v) for v in scalars]]))
         except Exception:
             pass
         summaries = {self.me: summary}
+        values = {self.me: [_plain(v) for v in scalars]}
         for j in [ref] + odd:
-            if j in summaries or got[j][1] == "exit":
+            if j in summaries or _ended(got[j]):
                 continue
             try:
-                summaries[j] = _summary_of(json.loads(c.blocking_key_value_get(sum_key + str(j), 10_000)))
+                sj, vj = json.loads(c.blocking_key_value_get(sum_key + str(j), 10_000))
+                summaries[j], values[j] = _summary_of(sj), vj
             except Exception:
-                summaries[j] = None
+                summaries[j] = values[j] = None
         s = "es" if len(odd) > 1 else ""
         who = ", ".join(map(str, odd))
         others = [j for j in ref_group if j != ref]
-        ended = all(got[j][1] == "exit" for j in odd)
-        lines = [f"the processes disagree about multi-process run #{seq}: process{s} {who} "
-                 + (f"ended {'their' if s else 'its'} program where process {ref} goes on"
-                    if ended else f"would run something else than process {ref}")
+        crashed = [j for j in odd if got[j][1] == "crash"]
+        same = all(got[j][1:4] == got[ref][1:4] for j in odd)  # only the numbers differ
+        thing = "graph" if st.kind == "graph" else "op" if st.kind == "op" else "read"
+        if crashed and len(crashed) == len(odd):
+            how = f"crashed where process {ref} goes on"
+        elif all(_ended(got[j]) for j in odd):
+            how = f"ended {'their' if s else 'its'} program where process {ref} goes on"
+        elif same:
+            how = f"would run the same {thing} as process {ref} with other Python numbers"
+        else:
+            how = f"would run something else than process {ref}"
+        lines = [f"the processes disagree about multi-process run #{seq}: process{s} {who} {how}"
                  + (f" (and {', '.join(map(str, others))}, which agree with it)" if others else "")
                  + ":"]
         for j in [ref] + odd:
             e = got[j]
             if e[1] == "exit":
                 lines.append(f"  process {j}: ended its program ({e[4]})")
+            elif e[1] == "crash":
+                lines.append(f"  process {j}: crashed with {e[4]} at {e[5] or '?'} "
+                             f"(after {e[0]} multi-process runs)")
             else:
                 colls = f" ({e[3].split(' #')[0]})" if e[3] else " (no collectives)"
                 lines.append(f"  process {j}: {e[4]} {e[2][:12]}{colls} at {e[5] or '?'} [{e[6]}]")
@@ -550,16 +675,19 @@ class _Agreement:
             a, b = summaries.get(ref), summaries.get(j)
             if a is None or b is None:
                 continue
-            if got[j][1:3] == got[ref][1:3]:
+            if got[j][1:4] == got[ref][1:4]:
+                diff = _scalars_diff(a, st, values.get(ref), values.get(j), ref, j)
+            elif got[j][1:3] == got[ref][1:3]:
                 diff = "the same graph, but its collectives differ: " + \
                     f"{got[ref][3].split(' #')[0] or 'none'} -> {got[j][3].split(' #')[0] or 'none'}"
             else:
-                diff = explain(a, b)
+                diff = explain(a, b, sides=(f"process {ref}", f"process {j}"))
             lines.append(f"  process {j} against process {ref}: {diff}")
         lines.append("Nothing ran: every process raised this error before the run (each "
                      "one's last runs: xlanb.distributed.recent(), printed to stderr).")
         print(format_recent(), file=sys.stderr, flush=True)
-        raise DivergenceError("\n".join(lines), odd, seq)
+        error = ProcessCrashError if crashed else DivergenceError
+        raise error("\n".join(lines), odd, seq)
 
     # -- where is a process: its watcher answers ------------------------------------
     def _send(self, k: int, msg: str) -> int:
@@ -621,7 +749,10 @@ class _Agreement:
             os._exit(1)
         try:
             seq = self.seq
-            end = [seq, "exit", "", "", f"after {seq} multi-process runs", "", ""]
+            if self.crash is not None:  # the others say it crashed, with what and where
+                end = [seq, "crash", "", "", *self.crash, "", ""]
+            else:
+                end = [seq, "exit", "", "", f"after {seq} multi-process runs", "", "", ""]
             self.client.key_value_set(f"xlanb/agree/{seq >> 6}/{seq}/{self.me}", json.dumps(end))
         except Exception:
             pass
@@ -629,6 +760,27 @@ class _Agreement:
             self._send(self.me, "stop")
         except Exception:
             pass
+
+
+def _crash_of(exc: BaseException) -> tuple:
+    """``("ZeroDivisionError: division by zero", "train.py:12 step")``: an uncaught
+    exception and the innermost line of the user's in its traceback."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    what = type(exc).__name__ + (f": {first[:300]}" if first else "")
+    tb = traceback.extract_tb(exc.__traceback__)
+    user = next((fs for fs in reversed(tb) if _is_user(fs)), tb[-1] if tb else None)
+    return what, (format_loc(SourceLoc(user.filename, user.lineno, user.name)) if user else "")
+
+
+def _note_crash(agree: _Agreement, previous):
+    """``sys.excepthook``: notes the exception that ends the program, for ``at_exit``."""
+    def hook(tp, value, tb):
+        try:
+            agree.crash = _crash_of(value)
+        except Exception:  # never in the way of the traceback
+            pass
+        previous(tp, value, tb)
+    return hook
 
 
 def _on_sigusr1(signum, frame) -> None:
@@ -643,6 +795,7 @@ def _install() -> None:
         agree = _Agreement()
         threading.Thread(target=agree.watch, name="xlanb-dist-watcher", daemon=True).start()
         atexit.register(agree.at_exit)  # before jax's client goes (atexit runs last-in first)
+        sys.excepthook = _note_crash(agree, sys.excepthook)
         session.agree = agree
     # not over the user's own handler. Ignored is not the user's: the launcher starts its
     # children so, lest a SIGUSR1 kill one before this runs

@@ -3,8 +3,9 @@
 
 Each case prints ``CASE <process> <name> <json>``: its value, or the DivergenceError it
 raised. The cases run in order in the same two processes (a DivergenceError is raised
-before anything runs, so both go on); "stop" or "end" comes last: process 1 stops
-arriving, or ends its program, and both processes end. Lines the test looks for are
+before anything runs, so both go on); "stop", "end", "crash" or "busy" comes last:
+process 1 stops arriving (asleep, or busy in torch), ends its program or crashes, and
+both processes end. Lines the test looks for are
 marked ``# LINE:<name>``."""
 from __future__ import annotations
 
@@ -56,6 +57,47 @@ def extra_collective():
         y = y + (x * 3).sum()  # LINE:extra_collective
     xlanb.sync()
     return [y.item(), fence()]
+
+
+def scalar():
+    """Issue 46, item 5: the same graph, but another Python number in process 1."""
+    lr = 0.1 if rank == 0 else 0.2
+    y = (x @ w).sum() * lr  # LINE:scalar
+    xlanb.sync()
+    return [y.item(), fence()]
+
+
+def key():
+    """Dropout over the sharded batch with another seed in process 1: the same graph,
+    another random key."""
+    torch.manual_seed(rank)
+    try:
+        y = (torch.nn.functional.dropout(x, 0.5) @ w).sum()  # LINE:key
+        xlanb.sync()
+        return [y.item(), fence()]
+    finally:
+        torch.manual_seed(0)
+
+
+def crash():
+    """Process 1 ends with an uncaught error where process 0 runs on (issue 46, 17)."""
+    if rank == 1:
+        return {}["no such key"]  # LINE:crash
+    y = (x @ w).sum() + 2
+    xlanb.sync()  # LINE:crash_sync
+    return [y.item()]
+
+
+def busy():
+    """Process 1 spins in torch's own functions (on the CPU) and never arrives (issue 46,
+    item 8): it is waited for a bounded number of times, and named at its line."""
+    if rank == 1:
+        z = torch.randn(4, 200)
+        while True:
+            z = torch.nn.functional.normalize(torch.nn.functional.layer_norm(z, (200,)))  # LINE:busy
+    y = (x @ w).sum()
+    xlanb.sync()
+    return [y.item()]
 
 
 def replicas():
@@ -146,7 +188,7 @@ for case in cases:  # MODE:NAME
         out = {"value": globals()[name]()}
     except xlanb.distributed.DivergenceError as e:
         out = {"error": str(e), "type": type(e).__name__, "processes": list(e.processes)}
-        if name in ("stop", "end"):
+        if name in ("stop", "end", "crash", "busy"):
             say(case, out)
             raise
     say(case, out)

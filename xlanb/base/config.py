@@ -219,8 +219,11 @@ def optional(check):
 def _check_environment() -> None:
     """The variables read elsewhere, when they are read (xlanb.distributed, the launcher),
     checked here at import so a bad one is named before anything runs."""
-    env_count("XLANB_NUM_PROCESSES", 1, 1)
-    env_count("XLANB_PROCESS_ID", 0, 0)
+    n = env_count("XLANB_NUM_PROCESSES", 1, 1)
+    pid = env_count("XLANB_PROCESS_ID", 0, 0)
+    if pid >= n and os.environ.get("XLANB_NUM_PROCESSES"):  # JAX's own error names neither
+        _refuse("XLANB_PROCESS_ID", os.environ["XLANB_PROCESS_ID"],
+                f"a process number below XLANB_NUM_PROCESSES={n} (0 to {n - 1})")
     address = os.environ.get("XLANB_COORDINATOR_ADDRESS")
     if address:
         host, _, port = address.rpartition(":")

@@ -523,7 +523,7 @@ def run_compiled(rec: CompiledGraph, arrays, scalars, what: str, src) -> list:
     if config.memory_limit_target:
         check_target_fit(rec, what)
     if session.agree is not None:  # several processes: all about to run the same one
-        session.agree(rec, src)
+        session.agree(rec, src, scalars=scalars)
     t0 = time.perf_counter()
     with jax.enable_x64(True):  # lifted Python floats are float64, as when it was lowered
         try:

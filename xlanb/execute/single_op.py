@@ -80,7 +80,7 @@ def run_op(info: OpInfo, arrays: list, scalars, src=None) -> object:
             arrays = [on_mesh(a, mesh) for a in arrays]
             exe = sharded_executable(info, arrays, mesh)
             if session.agree is not None:  # several processes: all about to run the same op
-                session.agree(exe, info, arrays, src)
+                session.agree(exe, info, arrays, src, scalars)
             return exe(*arrays, *scalars)
     return op_executable(info)(*arrays, *scalars)
 

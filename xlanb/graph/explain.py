@@ -126,40 +126,115 @@ def _core(text):
     return text.split(" (marked at")[0] if text else text
 
 
-def explain(prev: GraphSummary, new: GraphSummary, label: Label = format_loc) -> str:
+class _Recompile:
+    """How ``explain`` words a difference: a graph against the previous one from its
+    place (a recompile)."""
+
+    def header(self, n_a, n_b):
+        return f"graph changed ({n_a} -> {n_b} ops): "
+
+    def shape(self, op, where, a, b):
+        return f"shape change: {op}{where}: {a} -> {b}"
+
+    def input(self, i, a, b):
+        return f"input %{i} changed: {a} -> {b}"
+
+    def inputs(self, n_a, n_b):
+        return f"inputs changed: {n_a} -> {n_b} inputs"
+
+    def sharding(self, i, aval, a, b):
+        return f"sharding changed: input %{i} {aval}: {a} -> {b}"
+
+    def static(self, op, where, a, b):
+        return f"static arguments of {op}{where}: ({b}) now, ({a}) before"
+
+    def outputs(self, n_a, n_b):
+        return f"outputs changed: {n_a} -> {n_b} live tensors"
+
+    def added(self, n, op):
+        return f"{n} op(s) added, first {op}"
+
+    def removed(self, n, op):
+        return f"{n} op(s) removed, first {op}"
+
+    def replaced(self, b, a):
+        return f"{b} where the previous graph had {a}"
+
+
+class _Sides(_Recompile):
+    """The same differences between two processes' graphs of one run (``a``, ``b``:
+    "process 0", "process 1"): neither is the newer."""
+
+    def __init__(self, a: str, b: str):
+        self.a, self.b = a, b
+
+    def header(self, n_a, n_b):
+        return f"the graphs differ ({n_a} ops in {self.a}, {n_b} in {self.b}): "
+
+    def shape(self, op, where, a, b):
+        return f"shapes differ: {op}{where}: {a} in {self.a}, {b} in {self.b}"
+
+    def input(self, i, a, b):
+        return f"input %{i} differs: {a} in {self.a}, {b} in {self.b}"
+
+    def inputs(self, n_a, n_b):
+        return f"inputs differ: {n_a} in {self.a}, {n_b} in {self.b}"
+
+    def sharding(self, i, aval, a, b):
+        return f"shardings differ: input %{i} {aval}: {a} in {self.a}, {b} in {self.b}"
+
+    def static(self, op, where, a, b):
+        return f"static arguments of {op}{where}: ({a}) in {self.a}, ({b}) in {self.b}"
+
+    def outputs(self, n_a, n_b):
+        return f"outputs differ: {n_a} live tensors in {self.a}, {n_b} in {self.b}"
+
+    def added(self, n, op):
+        return f"{n} op(s) only in {self.b}, first {op}"
+
+    def removed(self, n, op):
+        return f"{n} op(s) only in {self.a}, first {op}"
+
+    def replaced(self, b, a):
+        return f"{b} in {self.b} where {self.a} has {a}"
+
+
+def explain(prev: GraphSummary, new: GraphSummary, label: Label = format_loc,
+            sides: tuple[str, str] | None = None) -> str:
     """One line (or a few) saying how ``new`` differs from ``prev``: the first thing
     that differs (an op's result shape, an input, static arguments, an op added or
-    removed) and the source line it came from."""
+    removed) and the source line it came from. ``sides``: the two graphs are the same
+    run in two processes (``("process 0", "process 1")``), worded so, not as a recompile."""
+    w = _Sides(*sides) if sides else _Recompile()
     d = diff_summaries(prev, new, label)
     reasons: list[str] = []
     if all(tag == "equal" for tag, *_ in d.op_blocks):  # the same ops, in order
         for a, b in zip(prev.ops, new.ops):
             if a.aval != b.aval:
-                reasons.append(f"shape change: {b.name}{_where(b, label)}: {a.aval} -> {b.aval}")
+                reasons.append(w.shape(b.name, _where(b, label), a.aval, b.aval))
                 break
         if not reasons and prev.inputs != new.inputs:
             for i, (a, b) in enumerate(zip(prev.inputs, new.inputs)):
                 if a != b:
-                    reasons.append(f"input %{i} changed: {a} -> {b}")
+                    reasons.append(w.input(i, a, b))
                     break
             else:
-                reasons.append(f"inputs changed: {len(prev.inputs)} -> {len(new.inputs)} inputs")
+                reasons.append(w.inputs(len(prev.inputs), len(new.inputs)))
         if not reasons:  # SPMD: the same graph over inputs sharded otherwise
             sa = {p: t for p, t in prev.shardings if p < len(prev.inputs)}
             sb = {p: t for p, t in new.shardings if p < len(new.inputs)}
             for i in range(len(new.inputs)):
                 if _core(sa.get(i)) != _core(sb.get(i)):
-                    reasons.append(f"sharding changed: input %{i} {new.inputs[i]}: "
-                                   f"{sa.get(i) or 'unsharded'} -> {sb.get(i) or 'unsharded'}")
+                    reasons.append(w.sharding(i, new.inputs[i], sa.get(i) or 'unsharded',
+                                              sb.get(i) or 'unsharded'))
                     break
         if not reasons:
             for a, b in zip(prev.ops, new.ops):
                 if a.static != b.static:
-                    reasons.append(f"static arguments of {b.name}{_where(b, label)}: "
-                                   f"({b.static}) now, ({a.static}) before")
+                    reasons.append(w.static(b.name, _where(b, label), a.static, b.static))
                     break
         if not reasons and prev.outputs != new.outputs:
-            reasons.append(f"outputs changed: {len(prev.outputs)} -> {len(new.outputs)} live tensors")
+            reasons.append(w.outputs(len(prev.outputs), len(new.outputs)))
         if not reasons:
             reasons.append("same ops, shapes and arguments; the wiring between ops differs")
         return "; ".join(reasons)
@@ -168,14 +243,13 @@ def explain(prev: GraphSummary, new: GraphSummary, label: Label = format_loc) ->
             continue
         if tag == "insert":
             op = new.ops[j1]
-            reasons.append(f"{j2 - j1} op(s) added, first {op.name}{_where(op, label)}")
+            reasons.append(w.added(j2 - j1, f"{op.name}{_where(op, label)}"))
         elif tag == "delete":
             op = prev.ops[i1]
-            reasons.append(f"{i2 - i1} op(s) removed, first {op.name}{_where(op, label)}")
+            reasons.append(w.removed(i2 - i1, f"{op.name}{_where(op, label)}"))
         else:
             a, b = prev.ops[i1], new.ops[j1]
-            reasons.append(f"{b.name}{_where(b, label)} where the previous graph had "
-                           f"{a.name}{_where(a, label)}")
+            reasons.append(w.replaced(f"{b.name}{_where(b, label)}", f"{a.name}{_where(a, label)}"))
         if len(reasons) == 2:
             break
-    return f"graph changed ({len(prev.ops)} -> {len(new.ops)} ops): " + "; ".join(reasons)
+    return w.header(len(prev.ops), len(new.ops)) + "; ".join(reasons)

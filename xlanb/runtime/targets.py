@@ -186,12 +186,16 @@ def _mesh_on(t: Target, mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
     ids = [index.get(d, -1) for d in mesh.devices.flat]
     if len(ids) != t.num_devices or min(ids) < 0 or max(ids) >= t.num_devices:
         raise TargetError(
-            f"xlanb: the mesh {dict(mesh.shape)} holds {len(ids)} devices (ids {ids}), but the "
-            f"target {t.name} has {t.num_devices}; a mesh maps onto a topology's devices in "
-            f"order, so pick a topology with {len(ids)} chips (e.g. "
-            f"{_suggest(t.generation, len(ids))}) or a mesh of {t.num_devices} devices")
+            f"xlanb: the mesh {dict(mesh.shape)} holds {_count(len(ids), 'device')} (ids {ids}), "
+            f"but the target {t.name} has {t.num_devices}; a mesh maps onto a topology's devices "
+            f"in order, so pick a topology with {_count(len(ids), 'chip')} (e.g. "
+            f"{_suggest(t.generation, len(ids))}) or a mesh of {_count(t.num_devices, 'device')}")
     devs = np.array([t.devices[i] for i in ids], dtype=object).reshape(mesh.devices.shape)
     return jax.sharding.Mesh(devs, mesh.axis_names)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
 
 
 def _suggest(gen: str, n: int) -> str:
