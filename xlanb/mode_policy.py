@@ -17,7 +17,7 @@ from .base.frames import user_frame
 from .base.scopes import current_scope, scope_stack
 from .base.session import ModeState, session, set_policies
 from .execute.background import compile_op_ahead, compiles_in_flight, lower_soon
-from .execute.checks import checked, integer_division
+from .execute.checks import checked, integer_division, without_failed
 from .execute.compile import Build, add_op_note
 from .execute.fills import settled_if_empty
 from .execute.graphs import cached_graph, run_graph
@@ -26,6 +26,7 @@ from .execute.opbyop import run_op_by_op
 from .execute.prefix import missing_ops
 from .execute.single_op import direct_call, op_executable, run_op
 from .ir import GraphPlan, Node, OpInfo
+from .live import end_waiting, pending_roots
 from .realize import node_array, sync
 from .record import _x64, run_cached
 
@@ -37,8 +38,6 @@ class ModePolicy:
     """A mode. ``recording``: its ops become nodes that a sync runs later."""
     name = ""
     recording = False
-    # eager only: ops may wait, recorded, on executables compiling in the background
-    waits_on_compiles = False
 
     def op(self, state: ModeState, info: OpInfo, inputs: tuple, scalars: tuple,
            depth: int = 3) -> Node:
@@ -49,6 +48,22 @@ class ModePolicy:
     def run_plan(self, plan: GraphPlan, device: int, cause: str, src, placed) -> list:
         """A sync's pending graph ``plan`` on ``device``, run; the roots' arrays."""
         raise NotImplementedError
+
+    # What a sync and a mode switch ask of the mode (realize.py, modes.py), so that they
+    # read no mode's state themselves.
+
+    def switch_syncs(self, state: ModeState, to: str) -> bool:
+        """Whether leaving this mode for ``to`` syncs the pending work first: a recording
+        mode's, when eager ops would otherwise see pending values; ops this mode left
+        recorded (``state.deferred``), always, so no other mode's graph depends on them."""
+        return bool(state.deferred) or (self.recording and to == "eager")
+
+    def roots_to_run(self, state: ModeState, roots: list) -> list:
+        """The nodes a read of ``roots`` runs."""
+        return roots
+
+    def synced(self, state: ModeState) -> None:
+        """After a sync (or a sync that found nothing to run)."""
 
     def __repr__(self) -> str:
         return f"<mode policy {self.name}>"
@@ -83,7 +98,17 @@ class Eager(ModePolicy):
     executable on the compile threads. With runs off, each new op compiles alone on the
     compile threads, and the ops recorded meanwhile run in order once it is ready."""
     name = "eager"
-    waits_on_compiles = True
+
+    def roots_to_run(self, state, roots):
+        # a read runs the whole open run (or every op waiting on a compile): the run is
+        # one graph, and what was recorded after the value read would otherwise wait on
+        if state.deferred:
+            return list(roots) + without_failed(pending_roots())
+        return roots
+
+    def synced(self, state):
+        if state.deferred:  # the open run ran (or its ops were never needed)
+            end_waiting()
 
     def op(self, state, info, inputs, scalars, depth=3):
         call = info.call

@@ -29,7 +29,7 @@ def _switch(state: ModeState, name: str) -> int:
     recording mode for eager syncs the pending work first, so that eager ops only ever
     see device data (cause "mode switch"); so does leaving eager with an open run (or ops
     waiting on background compiles), so that no lazy graph depends on what eager left."""
-    if name != state.mode and ((state.recording and name == "eager") or state.deferred):
+    if name != state.mode and state.policy.switch_syncs(state, name):
         n = len(plan_graph(pending_roots()).steps)
         sync(cause="mode switch")  # in eager, this also ends the waiting state
         return n

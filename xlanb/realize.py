@@ -24,7 +24,7 @@ from .execute.prefix import prefix_value
 from .ir import Node, plan_graph
 from .runtime.jit import later_held
 from .execute.peeks import peek_values
-from .live import (clear_peeks, compact, end_waiting, live_storages,
+from .live import (clear_peeks, compact, live_storages,
                    pending_roots)
 
 
@@ -32,9 +32,7 @@ def materialize(roots: list[Node], cause: str) -> None:
     """Compute ``roots`` (pending nodes) and swap them for device data, in the calling
     thread's mode."""
     state = mode_state()
-    if state.deferred and state.policy.waits_on_compiles:
-        # eager: a value read runs every op that waited on a background compile
-        roots = list(roots) + without_failed(pending_roots())
+    roots = state.policy.roots_to_run(state, roots)
     roots = list({id(r): r for r in roots if r.data is None}.values())
     if not roots and not pending_index_checks:
         return
@@ -60,8 +58,7 @@ def materialize(roots: list[Node], cause: str) -> None:
     for nodes, arrays in results:
         for node, arr in zip(nodes, arrays):
             node.materialize(arr)
-    if state.deferred and state.policy.waits_on_compiles:
-        end_waiting()
+    state.policy.synced(state)
     clear_peeks()
 
 
@@ -124,8 +121,8 @@ def sync(cause: str = "user sync") -> None:
         materialize(roots, cause)
     else:
         clear_peeks()
-        if mode_state().deferred:  # the ops that waited on compiles were never needed
-            end_waiting()
+        state = mode_state()
+        state.policy.synced(state)
     compact()
     sample(cause)  # device bytes after each sync: the peak and xlanb.memory_timeline()
     if observers:  # a profiler: a user sync ends a step
