@@ -128,3 +128,22 @@ def test_layers_script_runs_clean():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "base" in proc.stdout and "dispatch" in proc.stdout
+
+
+def test_xlanb_settings_are_read_in_config_only():
+    """Every ``XLANB_*`` variable is read in ``xlanb/base/config.py`` (issue 44), where it
+    is checked once; elsewhere they are only set, for the processes a launcher starts."""
+    import re
+    read = re.compile(r"""(environ\.get\(|getenv\(|environ\[)\s*["']XLANB_\w+["']\s*(?!\]\s*=[^=])""")
+    offenders = []
+    for top in ("xlanb", "extensions", "kernel"):
+        for dirpath, _, files in os.walk(os.path.join(ROOT, top)):
+            for f in files:
+                path = os.path.join(dirpath, f)
+                if not f.endswith(".py") or path.endswith(os.path.join("base", "config.py")):
+                    continue
+                with open(path, encoding="utf-8") as fh:
+                    for i, line in enumerate(fh, 1):
+                        if read.search(line):
+                            offenders.append(f"{os.path.relpath(path, ROOT)}:{i}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)

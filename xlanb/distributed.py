@@ -49,7 +49,7 @@ import jax
 import numpy as np
 import torch
 
-from .base.config import config
+from .base.config import config, launch_settings
 from .base.frames import _SKIP_PREFIXES, _SKIP_SUFFIXES, SourceLoc, format_loc, user_frame
 from .base.session import mode_state, session
 from .execute.graphs import CompiledGraph
@@ -84,12 +84,12 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     tensor is made on the xla device."""
     if _state["initialized"]:
         return
-    env = os.environ
-    coordinator_address = coordinator_address or env.get(ENV_COORDINATOR)
-    if num_processes is None and env.get(ENV_NUM_PROCESSES):
-        num_processes = int(env[ENV_NUM_PROCESSES])
-    if process_id is None and env.get(ENV_PROCESS_ID):
-        process_id = int(env[ENV_PROCESS_ID])
+    launched = launch_settings()
+    coordinator_address = coordinator_address or launched.coordinator
+    if num_processes is None:
+        num_processes = launched.num_processes
+    if process_id is None:
+        process_id = launched.process_id
     if num_processes is not None and process_id is not None and not 0 <= process_id < num_processes:
         # JAX's own error names neither argument nor the variables they came from
         raise ValueError(f"xlanb.distributed.initialize: process_id={process_id} is not one of "

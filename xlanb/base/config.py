@@ -38,6 +38,7 @@
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 INSPECT_CHOICES = ("peek", "sync", "meta")
 MODES = ("lazy", "eager", "opbyop")
@@ -214,6 +215,22 @@ def optional(check):
     def check_or_none(name, value, *args):
         return None if value is None else check(name, value, *args)
     return check_or_none
+
+
+class LaunchSettings(NamedTuple):
+    """What ``python -m xlanb.launch`` (or another launcher) tells each process."""
+    coordinator: str | None    # XLANB_COORDINATOR_ADDRESS, host:port
+    num_processes: int | None  # XLANB_NUM_PROCESSES
+    process_id: int | None     # XLANB_PROCESS_ID
+
+
+def launch_settings() -> LaunchSettings:
+    """The launcher's variables, read now (a program may set them before it calls
+    ``xlanb.distributed.initialize``); checked at import by ``_check_environment``."""
+    env = os.environ
+    n, pid = env.get("XLANB_NUM_PROCESSES"), env.get("XLANB_PROCESS_ID")
+    return LaunchSettings(env.get("XLANB_COORDINATOR_ADDRESS") or None,
+                          int(n) if n else None, int(pid) if pid else None)
 
 
 def _check_environment() -> None:
