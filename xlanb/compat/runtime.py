@@ -7,6 +7,7 @@ import sys
 
 import xlanb
 from xlanb import distributed
+from xlanb.base.config import launch_settings
 from xlanb.runtime.devices import global_devices, jax_device, platform_name
 
 from .missing import module_getattr
@@ -108,9 +109,10 @@ def global_ordinal() -> int:
 def _launched_here() -> bool:
     """Whether this process's fellows all run on this host: ``python -m xlanb.launch``
     starts them, on one machine, around a coordinator on the loopback address."""
+    launched = launch_settings()
     return (distributed.process_count() > 1
-            and os.environ.get("XLANB_COORDINATOR_ADDRESS", "").startswith(_LOOPBACK)
-            and os.environ.get("XLANB_NUM_PROCESSES", "") == str(distributed.process_count()))
+            and (launched.coordinator or "").startswith(_LOOPBACK)
+            and launched.num_processes == distributed.process_count())
 
 
 def local_ordinal() -> int:
