@@ -153,11 +153,8 @@ def tiny_bert_mlm():
 
 
 def _child_env(extra: dict | None) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("XLANB_") and not k.startswith("JAX_COMPILATION_CACHE")}
-    env.setdefault("PYTHONWARNINGS", "ignore")
-    env.update(extra or {})
-    return env
+    from support import child_env  # the one policy (tests/support.py)
+    return child_env(extra)
 
 
 def run_python(code: str, env: dict | None = None, *, timeout: float = 180) -> str:

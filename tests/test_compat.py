@@ -26,6 +26,7 @@ import torch
 import xlanb
 import xlanb.compat as compat
 from xlanb.compat.missing import CompatImportError, CompatNotImplementedError
+from support import child_env  # noqa: E402
 
 # --------------------------------------------------------------------------- programs
 
@@ -212,11 +213,9 @@ EAGER_XLANB = _EAGER.format(
 
 
 def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("XLANB_") and not k.startswith("JAX_COMPILATION_CACHE")}
-    # No executable store: each child compiles what it runs, so compile counts compare.
-    env.update(XLANB_CACHE_DIR="", PYTHONWARNINGS="ignore", **extra)
-    return env
+    # No executable store (the policy's default): each child compiles what it runs, so
+    # compile counts compare.
+    return child_env(extra)
 
 
 def _start(args, tmp_path, env=None) -> subprocess.Popen:

@@ -25,6 +25,7 @@ import torch
 import xlanb
 import xlanb.compat as compat
 from xlanb.compat import debug_env
+from support import child_env  # noqa: E402
 
 SCRIPT = r'''
 import sys
@@ -106,13 +107,10 @@ print(met.short_metrics_report())
 
 
 def _env(tmp, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("XLANB_", "JAX_COMPILATION_CACHE", "PT_XLA", "XLA_"))}
-    # the xlanb this test imported, in the child too
-    root = os.path.dirname(os.path.dirname(os.path.abspath(xlanb.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
-    env.update(XLANB_CACHE_DIR="", PYTHONWARNINGS="ignore", **extra)
-    return env
+    # torch_xla's own debugging variables are this test's subject: none inherited
+    env = child_env(extra)
+    return {k: v for k, v in env.items()
+            if not k.startswith(("PT_XLA", "XLA_")) or k in extra}
 
 
 @pytest.fixture(scope="module")

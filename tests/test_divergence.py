@@ -16,6 +16,7 @@ import sys
 import time
 
 import pytest
+from support import child_env  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "divergence_cases.py")
@@ -29,12 +30,10 @@ ENDS = {"lazy:stop": "lazy:fence,lazy:stop", "opbyop:stop": "opbyop:fence,opbyop
 
 
 def _env(**extra) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("XLANB_MODE", None)
-    env.pop("XLA_FLAGS", None)
-    env.update(extra)
-    return env
+    # the session's store (conftest) is shared with the processes: they compile the same
+    # graphs many times over; XLA_FLAGS off: each case says how many devices it has
+    return child_env({"XLANB_CACHE_DIR": os.environ.get("XLANB_CACHE_DIR", ""),
+                      "XLA_FLAGS": None, **extra})
 
 
 def _line(tag: str) -> str:

@@ -22,6 +22,7 @@ from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from IPython.utils.capture import capture_output  # noqa: E402
 
 from xlanb.extensions import display as xd  # noqa: E402
+from support import loaded_shell  # noqa: E402
 from xlanb.extensions.ipython import XlaMagics  # noqa: E402
 
 HAVE_DOT = shutil.which("dot") is not None
@@ -51,19 +52,7 @@ def shell():
 
 
 def _loaded(shell, kind: str):
-    """The shell with the extension loaded, in a notebook-like (every mime type) or
-    terminal-like (text/plain only) display set-up; unloaded and restored afterwards."""
-    fmt = shell.display_formatter
-    saved = list(fmt.active_types)
-    fmt.active_types = list(fmt.format_types) if kind == "notebook" else ["text/plain"]
-    shell.run_line_magic("load_ext", "xlanb")
-    shell.run_cell("import torch, xlanb", store_history=True)
-    shell.display_kind = kind
-    yield shell
-    shell.run_line_magic("unload_ext", "xlanb")
-    fmt.active_types = saved
-    for name in ("x", "y", "z", "w", "acc", "out", "v", "ts"):
-        shell.user_ns.pop(name, None)
+    yield from loaded_shell(shell, kind, ("x", "y", "z", "w", "acc", "out", "v", "ts"))
 
 
 @pytest.fixture

@@ -21,12 +21,11 @@ from jupyter_client.manager import KernelManager  # noqa: E402
 
 from xlanb.kernel import spec  # noqa: E402
 from xlanb.kernel.__main__ import main as kernel_main  # noqa: E402
+from support import child_env  # noqa: E402
 
 
 def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("XLANB_")}
-    env.update(extra)
-    return env
+    return child_env(extra)
 
 
 def cli(*args, env: dict | None = None) -> subprocess.CompletedProcess:

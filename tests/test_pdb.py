@@ -26,6 +26,7 @@ import torch
 
 import xlanb
 from xlanb.extensions.pdb import XlaPdb
+from support import child_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "pdb_seed003.py"
@@ -36,11 +37,8 @@ HELP_COMMANDS = ("xla", "xpeek", "xpending", "xhlo", "xsync", "xmode", "xgraphs"
 
 
 def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("XLANB_", "JAX_COMPILATION_CACHE")) and k != "PYTHONBREAKPOINT"}
-    env.update(PYTHONWARNINGS="ignore", XLANB_CACHE_DIR="", PYTHONIOENCODING="utf-8")
-    env.update({k: v for k, v in extra.items() if v is not None})
-    return env
+    return child_env({k: v for k, v in extra.items() if v is not None},
+                     PYTHONIOENCODING="utf-8")
 
 
 class Session:

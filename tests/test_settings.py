@@ -5,6 +5,7 @@ with "generator raised StopIteration", and XLANB_MAX_EXECUTABLES=abc failed ``im
 xlanb`` with "invalid literal for int() with base 10: 'abc'"."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -153,3 +154,22 @@ def test_a_process_id_past_the_process_count_names_both_variables(monkeypatch):
     with pytest.raises(ValueError, match=r"process_id=5 is not one of the 2 processes \(0 to 1;"):
         distributed.initialize("127.0.0.1:1", num_processes=2, process_id=5)
     assert not distributed.is_initialized()
+
+
+def test_processes_a_test_starts_inherit_no_xlanb_setting(monkeypatch):
+    """One policy for every child process (tests/support.py): a setting a test sets for
+    itself never reaches the programs it starts, which import this checkout's xlanb
+    with the store off."""
+    from support import ROOT, child_env
+    monkeypatch.setenv("XLANB_MODE", "opbyop")
+    monkeypatch.setenv("XLANB_DEBUG", "1")
+    monkeypatch.setenv("PYTHONBREAKPOINT", "xlanb.set_trace")
+    code = ("import os, xlanb; print(xlanb.get_mode(), xlanb.config.debug, "
+            "repr(xlanb.config.cache_dir), os.environ.get('PYTHONBREAKPOINT'), xlanb.__file__)")
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
+                         text=True, timeout=180, cwd="/")
+    assert out.returncode == 0, out.stderr[-2000:]
+    mode, debug, cache, hook, where = out.stdout.split()
+    assert (mode, debug, cache, hook) == ("lazy", "False", "None", "None")  # store off
+    assert where.startswith(os.path.join(ROOT, "xlanb"))
+    assert child_env({"XLANB_MODE": "eager"})["XLANB_MODE"] == "eager"  # given, not inherited

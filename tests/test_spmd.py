@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from support import child_env  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "spmd_script.py")
@@ -19,12 +20,9 @@ MODES = ("lazy", "eager", "opbyop")
 
 
 def _env(**extra) -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("XLANB_MODE", None)
-    env.update(extra)
-    return env
+    flags = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+    return child_env({"XLANB_CACHE_DIR": os.environ.get("XLANB_CACHE_DIR", ""),
+                      "XLA_FLAGS": flags, **extra})
 
 
 @pytest.fixture(scope="module")

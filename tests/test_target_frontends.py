@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +28,7 @@ from IPython.utils.capture import capture_output  # noqa: E402
 from xlanb.extensions import display as xd  # noqa: E402
 from xlanb.extensions import ipython as xipy  # noqa: E402
 from xlanb.extensions import pdb as xpdb  # noqa: E402
+from support import child_env, loaded_shell  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = "v5e:1x1"
@@ -55,17 +55,7 @@ def shell():
 
 
 def _loaded(shell, kind: str):
-    fmt = shell.display_formatter
-    saved = list(fmt.active_types)
-    fmt.active_types = list(fmt.format_types) if kind == "notebook" else ["text/plain"]
-    shell.run_line_magic("load_ext", "xlanb")
-    shell.run_cell("import torch, xlanb", store_history=True)
-    yield shell
-    with capture_output():
-        shell.run_line_magic("unload_ext", "xlanb")
-    fmt.active_types = saved
-    for name in ("x", "y", "z", "w", "ran"):
-        shell.user_ns.pop(name, None)
+    yield from loaded_shell(shell, kind, ("x", "y", "z", "w", "ran"))
 
 
 @pytest.fixture
@@ -329,10 +319,7 @@ print("value", float(z.cpu()))
 
 
 def _run_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("XLANB_", "JAX_COMPILATION_CACHE")) and k != "PYTHONBREAKPOINT"}
-    env.update(XLANB_CACHE_DIR="", PYTHONWARNINGS="ignore", **extra)
-    return env
+    return child_env(extra)
 
 
 @needs_libtpu
