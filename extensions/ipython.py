@@ -495,6 +495,32 @@ class XlaMagics(Magics):
                                    title=f"graph #{index % len(gs)} {g.hash[:12]} ({why})",
                                    compiled=True))
 
+    # ------------------------------------------------------------------ %xla_compile_time
+
+    @magic_arguments()
+    @argument("graph", nargs="?", type=int, default=-1,
+              help="graph #I of %%xla_graphs (default: the latest; negative counts from the end)")
+    @argument("--target", default=None, metavar="TOPOLOGY",
+              help="compile that graph for this TPU topology now (e.g. v5e:1x1) and show "
+                   "where libtpu's compile time went")
+    @line_magic
+    def xla_compile_time(self, line: str = ""):
+        """Where a graph's compile time went: by compiler phase (xlanb's lowering, XLA's
+        HLO passes, the backend, loading; each measured by the compiler's own spans or
+        logs), by source line and by module scope (a repeated layer stack as one row)."""
+        args = parse_argstring(self.xla_compile_time, line)
+        gs = list(xlanb.graphs())
+        if not gs:
+            raise UsageError("no graph was compiled yet (see %xla_graphs)")
+        if not -len(gs) <= args.graph < len(gs):
+            raise UsageError(f"there is no graph #{args.graph}: {len(gs)} graphs were compiled "
+                             "(see %xla_graphs)")
+        g = gs[args.graph]
+        if args.target is not None:
+            self._show(self._compile_for(self._target(args.target), g).compile_profile)
+            return
+        self._show(g.compile_profile)
+
     # ------------------------------------------------------------------ %xla_memory
 
     @magic_arguments()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import html
 import re
+import time
 from collections import defaultdict
 from typing import NamedTuple
 
@@ -222,7 +223,8 @@ def cpu_parts(raw) -> tuple[list[CompilePart], float, dict, str]:
 
 _STAGE = re.compile(r"\b(HLO_PASSES|BACKEND_PASSES|CODE_GENERATION|END_TO_END) stage duration: "
                     r"([\d.hmsuµn]+)")
-_START = re.compile(r"running hlo passes for \d+ instructions, module: (\S+)")
+_MODULE = re.compile(r"module:? (jit_[\w.\-]+)")
+_STAMP = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d(?:\.\d+)?) ")
 _UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
 
@@ -231,42 +233,75 @@ def parse_duration(text: str) -> float:
     return sum(float(n) * _UNITS[u] for n, u in re.findall(r"([\d.]+)(ms|us|µs|ns|h|m|s)", text))
 
 
-def tpu_stages(log: str, module: str) -> dict[str, float]:
-    """libtpu's stage durations for ``module`` in its log (its first compile there)."""
+def _stamp(line: str, near: float) -> float | None:
+    """A glog line's local time (``I1127 09:39:32.222587``) as ``time.time()`` seconds,
+    in the year of ``near``."""
+    m = _STAMP.match(line)
+    if m is None:
+        return None
+    year = time.localtime(near).tm_year
+    month, day, hour, minute = (int(m.group(i)) for i in range(1, 5))
+    secs = float(m.group(5))
+    whole = time.mktime((year, month, day, hour, minute, int(secs), 0, 0, -1))
+    return whole + secs - int(secs)
+
+
+def tpu_stages(log: str, module: str, near: float = 0.0) -> tuple[dict, float | None]:
+    """libtpu's stages in what it logged from a compile's start (target compiles run one
+    at a time): stage -> ``(seconds, time it ended)`` (None where the line has no time),
+    each stage's first line, and when its HLO passes began. libtpu does not always name
+    the module at the start (its "running hlo passes" line is missing from some
+    compiles), so the stages are the first after the compile's start; ``module`` is
+    checked where a line names one: a line naming another module before the first stage
+    means the log is not this compile's, and nothing is returned."""
     out: dict = {}
-    inside = False
     for line in log.splitlines():
-        m = _START.search(line)
-        if m is not None:
-            if inside:
-                break  # the next compile
-            inside = not module or m.group(1) == module
-            continue
         m = _STAGE.search(line)
-        if inside and m is not None and m.group(1) not in out:
-            out[m.group(1)] = parse_duration(m.group(2))
-    return out
+        if m is not None:
+            if m.group(1) not in out:
+                out[m.group(1)] = (parse_duration(m.group(2)), _stamp(line, near))
+            if len(out) == 4:
+                break
+            continue
+        named = _MODULE.search(line)
+        if named is not None and module and named.group(1) != module and not out:
+            return {}, None
+    hlo = out.get("HLO_PASSES")
+    began = hlo[1] - hlo[0] if hlo is not None and hlo[1] is not None else None
+    return out, began
 
 
 def tpu_parts(raw, log: str) -> tuple[list[CompilePart], float, str]:
-    stages = tpu_stages(log, raw.module)
+    """libtpu's stages, and the gaps between them from its log lines' times."""
+    stages, began = tpu_stages(log, raw.module, raw.started)
     if not stages:
         return [], 0.0, "libtpu logged no stage durations for this module"
     how = "libtpu's logged stage duration"
-    parts = [CompilePart("hlo passes", "TPU HLO passes", stages.get("HLO_PASSES", 0.0), how),
-             CompilePart("backend", "TPU backend passes", stages.get("BACKEND_PASSES", 0.0), how)]
-    if "CODE_GENERATION" in stages:
-        parts.append(CompilePart("backend", "TPU code generation", stages["CODE_GENERATION"], how))
+    gap = "libtpu's log line times"
+    parts = []
+    if began is not None:
+        parts.append(CompilePart("other", "JAX and PJRT before libtpu's passes",
+                                 began - raw.started, gap))
+    prev_end = None
+    for key, phase, name in (("HLO_PASSES", "hlo passes", "TPU HLO passes"),
+                             ("BACKEND_PASSES", "backend", "TPU backend passes"),
+                             ("CODE_GENERATION", "backend", "TPU code generation")):
+        if key not in stages:
+            continue
+        secs, end = stages[key]
+        if prev_end is not None and end is not None and end - secs > prev_end:
+            parts.append(CompilePart("other", f"libtpu before its {name[4:]} (untimed by it)",
+                                     end - secs - prev_end, gap))
+        parts.append(CompilePart(phase, name, secs, how))
+        prev_end = end
     note = ""
     e2e = stages.get("END_TO_END")
-    if e2e is not None:
-        parts.append(CompilePart("other", "libtpu, between its timed stages",
-                                 e2e - sum(p.seconds for p in parts), "END_TO_END − its stages"))
-        parts.append(CompilePart("other", "JAX and PJRT around libtpu", raw.compile_s - e2e,
-                                 "lowered.compile() − END_TO_END"))
+    if e2e is not None and e2e[1] is not None and prev_end is not None:
+        parts.append(CompilePart("other", "libtpu after its code generation", e2e[1] - prev_end, gap))
+        parts.append(CompilePart("other", "JAX and PJRT after libtpu", raw.ended - e2e[1], gap))
     else:
         note = ("libtpu's last stage lines (CODE_GENERATION, END_TO_END) were not in its log "
-                "yet: the time outside its HLO and backend passes is unattributed")
+                "yet: the time after its backend passes is unattributed")
     return parts, raw.compile_s - sum(p.seconds for p in parts), note
 
 

@@ -207,14 +207,20 @@ def _read_from(path: str, offset: int) -> tuple[str, int]:
     return data.decode(errors="replace"), offset + len(data)
 
 
-def tpu_log_since(raw: RawCompile) -> str:
-    """What libtpu logged from the compile's start until now: its last stages
-    (``CODE_GENERATION``, ``END_TO_END``) reach the file only when libtpu next writes."""
+def tpu_log_since(raw: RawCompile, wait_s: float = 3.0) -> str:
+    """What libtpu logged from the compile's start until now. Its last stage lines
+    (``CODE_GENERATION``, ``END_TO_END``) reach the file up to a second after the
+    compile returned (libtpu logs from a thread of its own): waited for, ``wait_s`` at
+    most, once."""
     if not raw.tpu_log_at:
         return raw.tpu_log
-    path, offset = raw.tpu_log_at
-    more, end = _read_from(path, offset)
-    if more:
-        raw.tpu_log += more
-        raw.tpu_log_at = (path, end)
-    return raw.tpu_log
+    deadline = time.perf_counter() + wait_s
+    while True:
+        path, offset = raw.tpu_log_at
+        more, end = _read_from(path, offset)
+        if more:
+            raw.tpu_log += more
+            raw.tpu_log_at = (path, end)
+        if "END_TO_END" in raw.tpu_log or time.perf_counter() >= deadline:
+            return raw.tpu_log
+        time.sleep(0.02)
