@@ -81,7 +81,7 @@ class CompiledGraph:
         if self._compile_profile is None:
             self._compile_profile = compile_time.build(
                 self._compile_raw, self.executable.as_text(), f"graph {self.hash[:12]}",
-                self.compile_time)
+                self.compile_time, recorded=compile_time.recorded_lines(self.summary))
         return self._compile_profile
 
     @property

@@ -132,7 +132,8 @@ class TargetReport:
 
     def __init__(self, target: Target, graph_hash: str, *, memory=None, fits=None, cost=None,
                  padding=None, collectives=None, compile_seconds=0.0, error=None,
-                 available_bytes=None, notes=(), executable=None, compile_raw=None):
+                 available_bytes=None, notes=(), executable=None, compile_raw=None,
+                 recorded=None):
         self.target = target
         self.graph_hash = graph_hash or ""
         self.memory: GraphMemory | None = memory
@@ -146,6 +147,7 @@ class TargetReport:
         self.notes: tuple = tuple(notes)
         self._exe = executable
         self._compile_raw = compile_raw  # runtime/compile_profile.py's measurements
+        self._recorded = recorded or {}  # (aten op, scope) -> the line it was recorded at
         self._compile_profile = None
 
     @property
@@ -163,7 +165,7 @@ class TargetReport:
                                               self.compile_seconds, "xlanb's timer")],
                     0.0, [], [], "", [self.error or "not compiled"])
             self._compile_profile = compile_time.build(
-                raw, self.hlo(), what, None, tpu_log_since(raw))
+                raw, self.hlo(), what, None, tpu_log_since(raw), self._recorded)
         return self._compile_profile
 
     def hlo(self) -> str:
@@ -356,6 +358,17 @@ def _notes(lowering: GraphLowering) -> list[str]:
     return notes
 
 
+def _recorded_lines(lowering: GraphLowering) -> dict:
+    """(aten op, scope) -> the line its op was recorded at, from the lowering's recipe."""
+    steps, _, places = lowering.recipe
+    out: dict = {}
+    for (info, _), place in zip(steps, places):
+        src, scope = _where(place)
+        if src:
+            out.setdefault((info.name, scope.replace(".", "/")), src)
+    return out
+
+
 def compile_for_target(lowering: GraphLowering, target, lowered=None,
                        lower_s: float = 0.0) -> TargetReport:
     """Lower (unless ``lowered`` is given) and compile ``lowering`` for ``target`` (a
@@ -415,7 +428,7 @@ def compile_for_target(lowering: GraphLowering, target, lowered=None,
         cost=cost, padding=_padding(lowering, text),
         collectives=CollectiveList(parse_collectives(text, axes), lowering.hash or ""),
         compile_seconds=secs, notes=_notes(lowering), executable=exe,
-        compile_raw=raw_profile(exe))
+        compile_raw=raw_profile(exe), recorded=_recorded_lines(lowering))
 
 
 def loop_flops(lowered) -> float:

@@ -313,10 +313,12 @@ class _Op(NamedTuple):
     scope: str
 
 
-def module_ops(text: str) -> tuple[list[_Op], dict[str, list[int]]]:
+def module_ops(text: str, recorded: dict | None = None) -> tuple[list[_Op], dict[str, list[int]]]:
     """The optimized module's instructions that compute something (``_Op``: the user's
     line and scope from their metadata), and each fusion's (by instruction name: the
-    indices of the ops of the computation it calls)."""
+    indices of the ops of the computation it calls). An instruction whose metadata
+    keeps no line (JAX kept the lowering's own frames) takes the line ``recorded`` holds
+    for its aten op and scope (``(op, "a/b")`` -> ``"file:line"``), where it has one."""
     tables = stack_tables(text)
     ops: list[_Op] = []
     in_comp: dict[str, list[int]] = defaultdict(list)
@@ -334,8 +336,12 @@ def module_ops(text: str) -> tuple[list[_Op], dict[str, list[int]]]:
             if opcode in _TRIVIAL or opcode in _CONTAINERS:
                 continue
             op_type, op_name, source = origin(line, tables)
+            op = op_type or aten_of(op_name)
+            scope = scope_of(op_name, op)
+            if not source and recorded:
+                source = recorded.get((op, scope), "")
             in_comp[comp].append(len(ops))
-            ops.append(_Op(source, scope_of(op_name, op_type or aten_of(op_name))))
+            ops.append(_Op(source, scope))
     return ops, {f: in_comp.get(c, []) for f, c in calls.items()}
 
 
@@ -349,11 +355,11 @@ def _scope_key(scope: str) -> tuple[str, str]:
     return ".".join(parts) or "(no scope)", ""
 
 
-def attribute(text: str, total_s: float, fusion_pool_s: float, fusion_weights: dict
-              ) -> tuple[list[CompileRow], list[CompileRow], str]:
+def attribute(text: str, total_s: float, fusion_pool_s: float, fusion_weights: dict,
+              recorded: dict | None = None) -> tuple[list[CompileRow], list[CompileRow], str]:
     """Spread ``total_s`` over the module's ops: ``fusion_pool_s`` by ``fusion_weights``
     (fusion name -> measured seconds, split evenly among its ops), the rest evenly."""
-    ops, fusions = module_ops(text)
+    ops, fusions = module_ops(text, recorded)
     if not ops:
         return [], [], "no instructions"
     share = [0.0] * len(ops)
@@ -390,12 +396,22 @@ def attribute(text: str, total_s: float, fusion_pool_s: float, fusion_weights: d
     return lines, scopes, method
 
 
-def build(raw, text: str, what: str, total_s: float | None = None, tpu_log: str = ""
-          ) -> CompileProfile:
+def recorded_lines(summary) -> dict:
+    """``(aten op, "scope/path") -> "file:line"``: the line each op of a graph's summary
+    was recorded at (the first, where several were)."""
+    out: dict = {}
+    for o in getattr(summary, "ops", ()):
+        if o.src is not None:
+            out.setdefault((o.name, o.scope.replace(".", "/")), f"{o.src.file}:{o.src.line}")
+    return out
+
+
+def build(raw, text: str, what: str, total_s: float | None = None, tpu_log: str = "",
+          recorded: dict | None = None) -> CompileProfile:
     """The profile of one compile: ``raw`` (a ``RawCompile``, None if the executable
     was loaded from the store) and the optimized module's ``text``. ``total_s``: the
     time the caller measured around it all (its extra part is xlanb's own
-    bookkeeping)."""
+    bookkeeping). ``recorded``: see ``module_ops``."""
     notes: list[str] = []
     if raw is None:
         secs = total_s or 0.0
@@ -428,6 +444,7 @@ def build(raw, text: str, what: str, total_s: float | None = None, tpu_log: str 
         parts.append(CompilePart("other", "xlanb (store, summary)", total_s - measured,
                                  "xlanb's timer − the compile"))
         total = total_s
-    lines, scopes, method = attribute(text, total, fusion_pool, weights) if text else ([], [], "")
+    lines, scopes, method = (attribute(text, total, fusion_pool, weights, recorded) if text
+                             else ([], [], ""))
     return CompileProfile(what, raw.platform, total, parts, unattributed, lines, scopes,
                           method, notes)
