@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from ..base.config import config
 from . import libtpu
 
-# the compiles whose phases are traced: graphs, for xlanb's devices or a target (a
-# single op's compile is one op at one line: its time says all)
-TRACED_METRICS = frozenset(("CompileTime", "EagerRunCompileTime", "TargetCompileTime",
-                            "GraphTierUpCompileTime"))
+# the compiles whose phases are traced: graphs, for xlanb's devices or a target. Not a
+# single op's (one op at one line: its time says all), nor a tier-up's (in the
+# background, and its graph's profile is the compile someone waited for)
+TRACED_METRICS = frozenset(("CompileTime", "EagerRunCompileTime", "TargetCompileTime"))
 
 # the spans kept from a trace (the rest, MLIR's and XLA's single passes, are not needed)
 _KEPT = frozenset(("backend_compile_and_load", "PjRtCpuClient::Compile",
