@@ -152,6 +152,12 @@ def test_xla_compile_time_magic(graph):
         assert "xlanb-compile-profile" in bundle["text/html"]
         with pytest.raises(UsageError, match="there is no graph #99"):
             shell.run_line_magic("xla_compile_time", "99")
+        with capture_output() as c:
+            shell.run_line_magic("xla_compile_time", "--last 1")
+        (bundle,) = [o.data for o in c.outputs]
+        assert bundle["text/plain"].startswith("1 graph (")
+        with pytest.raises(UsageError, match="--last must be a positive integer"):
+            shell.run_line_magic("xla_compile_time", "--last 0")
     finally:
         shell.run_line_magic("unload_ext", "xlanb")
         fmt.active_types = saved
@@ -166,3 +172,27 @@ def test_pdb_xcompile(graph):
     assert "compile of graph" in text and "by line" in text, text
     d.onecmd("xcompile 99")
     assert "there is no graph #99" in d.stdout.getvalue()
+
+
+def test_eager_runs_are_summed_by_line():
+    """Eager mode compiles runs of new ops as graphs: their compiles sum by line."""
+    before = len(xlanb.graphs())
+    with xlanb.mode("eager"):
+        a = torch.randn(5, 7).to("xla")
+        b = (a.exp() * 3 + a).tanh()            # a run of new ops at this line
+        c = torch.softmax(b, dim=-1).sum(dim=0)  # and at this one
+        c.cpu()
+    new = list(xlanb.graphs())[before:]
+    assert new, "eager mode compiled no run"
+    s = xlanb.compile_summary(new)
+    assert s.total_s == pytest.approx(sum(g.compile_profile.total_s for g in new))
+    here = {f"test_compile_profile.py:{n}" for n in _lines_of("b = (a.exp()", "c = torch.softmax")}
+    top = [r.key for r in s.by_line() if r.key != compile_time.NO_LINE]
+    assert top and set(top) <= here, (top, here)
+    assert s.headline().startswith(f"{len(new)} graph") and "% at test_compile_profile.py:" in s.headline()
+    assert xlanb.compile_summary([]).total_s == 0 and str(xlanb.compile_summary([])) == "no compiles"
+
+
+def _lines_of(*starts) -> list[int]:
+    text = open(__file__).read().splitlines()
+    return [next(i for i, t in enumerate(text, 1) if t.strip().startswith(s)) for s in starts]

@@ -564,6 +564,17 @@ def run_graph(plan: GraphPlan, device: int, cause: str, src, placed=None,
     return outs
 
 
+def compile_summary(gs=None) -> compile_time.CompileSummary:
+    """The compile profiles of ``gs`` (compiled graphs; default: every graph) summed by
+    phase, line and scope: what a cell, an eager run or a script spent compiling, and
+    where. Graphs loaded from the store count their loading; a dropped graph's profile
+    is read only if it was built before (reading its module would load it again)."""
+    gs = list(graph_log if gs is None else gs)
+    kept = [g for g in gs if g._compile_profile is not None or g._exe is not None]
+    return compile_time.CompileSummary([g.compile_profile for g in kept],
+                                       sum(g.n_nodes for g in kept))
+
+
 def graphs() -> GraphList:
     """Every compiled graph with its cause, source line, times, hits and explanation."""
     __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
