@@ -81,7 +81,8 @@ class CompiledGraph:
         if self._compile_profile is None:
             self._compile_profile = compile_time.build(
                 self._compile_raw, self.executable.as_text(), f"graph {self.hash[:12]}",
-                self.compile_time, recorded=compile_time.recorded_lines(self.summary))
+                self.compile_time, recorded=compile_time.recorded_lines(self.summary),
+                loops=compile_time.loop_layers(self.lowering.repeats if self.lowering else None))
         return self._compile_profile
 
     @property

@@ -133,7 +133,7 @@ class TargetReport:
     def __init__(self, target: Target, graph_hash: str, *, memory=None, fits=None, cost=None,
                  padding=None, collectives=None, compile_seconds=0.0, error=None,
                  available_bytes=None, notes=(), executable=None, compile_raw=None,
-                 recorded=None):
+                 recorded=None, loops=None):
         self.target = target
         self.graph_hash = graph_hash or ""
         self.memory: GraphMemory | None = memory
@@ -148,6 +148,7 @@ class TargetReport:
         self._exe = executable
         self._compile_raw = compile_raw  # runtime/compile_profile.py's measurements
         self._recorded = recorded or {}  # (aten op, scope) -> the line it was recorded at
+        self._loops = loops or {}  # layer stacks compiled as loops: name -> layers
         self._compile_profile = None
 
     @property
@@ -165,7 +166,7 @@ class TargetReport:
                                               self.compile_seconds, "xlanb's timer")],
                     0.0, [], [], "", [self.error or "not compiled"])
             self._compile_profile = compile_time.build(
-                raw, self.hlo(), what, None, tpu_log_since(raw), self._recorded)
+                raw, self.hlo(), what, None, tpu_log_since(raw), self._recorded, self._loops)
         return self._compile_profile
 
     def hlo(self) -> str:
@@ -428,7 +429,8 @@ def compile_for_target(lowering: GraphLowering, target, lowered=None,
         cost=cost, padding=_padding(lowering, text),
         collectives=CollectiveList(parse_collectives(text, axes), lowering.hash or ""),
         compile_seconds=secs, notes=_notes(lowering), executable=exe,
-        compile_raw=raw_profile(exe), recorded=_recorded_lines(lowering))
+        compile_raw=raw_profile(exe), recorded=_recorded_lines(lowering),
+        loops=compile_time.loop_layers(lowering.repeats_for("tpu")))
 
 
 def loop_flops(lowered) -> float:

@@ -337,12 +337,26 @@ def module_ops(text: str, recorded: dict | None = None) -> tuple[list[_Op], dict
                 continue
             op_type, op_name, source = origin(line, tables)
             op = op_type or aten_of(op_name)
-            scope = scope_of(op_name, op)
+            scope = _user_scope(scope_of(op_name, op))
             if not source and recorded:
                 source = recorded.get((op, scope), "")
             in_comp[comp].append(len(ops))
             ops.append(_Op(source, scope))
     return ops, {f: in_comp.get(c, []) for f, c in calls.items()}
+
+
+# name-stack segments JAX adds around a traced body: a repeated layer stack lowered as
+# one lax.scan (graph/repeats.py) puts its ops under ``while/body/closed_call/...``
+_JAX_SEGMENTS = frozenset(("while", "body", "cond", "closed_call", "scan", "remat",
+                           "checkpoint", "pjit", "while.body", "while.cond"))
+
+
+def _user_scope(scope: str) -> str:
+    """The module scope without JAX's segments (``while/body/closed_call/bert/...`` ->
+    ``bert/...``)."""
+    parts = [p for p in scope.split("/") if p and p not in _JAX_SEGMENTS
+             and not p.startswith("jit(")]
+    return "/".join(parts)
 
 
 def _scope_key(scope: str) -> tuple[str, str]:
@@ -356,7 +370,8 @@ def _scope_key(scope: str) -> tuple[str, str]:
 
 
 def attribute(text: str, total_s: float, fusion_pool_s: float, fusion_weights: dict,
-              recorded: dict | None = None) -> tuple[list[CompileRow], list[CompileRow], str]:
+              recorded: dict | None = None, loops: dict | None = None
+              ) -> tuple[list[CompileRow], list[CompileRow], str]:
     """Spread ``total_s`` over the module's ops: ``fusion_pool_s`` by ``fusion_weights``
     (fusion name -> measured seconds, split evenly among its ops), the rest evenly."""
     ops, fusions = module_ops(text, recorded)
@@ -391,9 +406,26 @@ def attribute(text: str, total_s: float, fusion_pool_s: float, fusion_weights: d
     t = total_s or 1.0
     lines = sorted((CompileRow(k, v[0], v[0] / t, v[1]) for k, v in by_line.items()),
                    key=lambda r: -r.seconds)
-    scopes = sorted((CompileRow(f"{len(v[2])} × {k}" if len(v[2]) > 1 else k, v[0], v[0] / t, v[1])
+    def label(key: str, layers: set) -> str:
+        # a stack lowered as one loop compiles one layer's body (its ops carry layer 0's
+        # scope): named by the loop's layer count
+        n = next((n for name, n in (loops or {}).items()
+                  if key == name or key.endswith("." + name)), 0)
+        if n:
+            return f"{n} × {key} (one loop)"
+        return f"{len(layers)} × {key}" if len(layers) > 1 else key
+
+    scopes = sorted((CompileRow(label(k, v[2]), v[0], v[0] / t, v[1])
                      for k, v in by_scope.items()), key=lambda r: -r.seconds)
     return lines, scopes, method
+
+
+def loop_layers(repeats) -> dict:
+    """``{"bert.encoder.layer": 24}``: the stacks a ``graph.repeats`` plan lowers as loops."""
+    out: dict = {}
+    for run in getattr(repeats, "runs", ()) or ():
+        out[run.name] = max(out.get(run.name, 0), len(run.layers))
+    return out
 
 
 def recorded_lines(summary) -> dict:
@@ -407,11 +439,12 @@ def recorded_lines(summary) -> dict:
 
 
 def build(raw, text: str, what: str, total_s: float | None = None, tpu_log: str = "",
-          recorded: dict | None = None) -> CompileProfile:
+          recorded: dict | None = None, loops: dict | None = None) -> CompileProfile:
     """The profile of one compile: ``raw`` (a ``RawCompile``, None if the executable
     was loaded from the store) and the optimized module's ``text``. ``total_s``: the
     time the caller measured around it all (its extra part is xlanb's own
-    bookkeeping). ``recorded``: see ``module_ops``."""
+    bookkeeping). ``recorded``: see ``module_ops``; ``loops``: the layer stacks lowered
+    as loops, ``{"bert.encoder.layer": 24}``."""
     notes: list[str] = []
     if raw is None:
         secs = total_s or 0.0
@@ -444,8 +477,8 @@ def build(raw, text: str, what: str, total_s: float | None = None, tpu_log: str 
         parts.append(CompilePart("other", "xlanb (store, summary)", total_s - measured,
                                  "xlanb's timer − the compile"))
         total = total_s
-    lines, scopes, method = (attribute(text, total, fusion_pool, weights, recorded) if text
-                             else ([], [], ""))
+    lines, scopes, method = (attribute(text, total, fusion_pool, weights, recorded, loops)
+                             if text else ([], [], ""))
     return CompileProfile(what, raw.platform, total, parts, unattributed, lines, scopes,
                           method, notes)
 
