@@ -187,7 +187,7 @@ def test_eager_runs_are_summed_by_line():
     s = xlanb.compile_summary(new)
     assert s.total_s == pytest.approx(sum(g.compile_profile.total_s for g in new))
     here = {f"test_compile_profile.py:{n}" for n in _lines_of("b = (a.exp()", "c = torch.softmax")}
-    top = [r.key for r in s.by_line() if r.key != compile_time.NO_LINE]
+    top = [r.key for r in s.by_line() if not r.key.startswith("(")]
     assert top and set(top) <= here, (top, here)
     assert s.headline().startswith(f"{len(new)} graph") and "% at test_compile_profile.py:" in s.headline()
     assert xlanb.compile_summary([]).total_s == 0 and str(xlanb.compile_summary([])) == "no compiles"

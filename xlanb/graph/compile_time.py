@@ -51,6 +51,11 @@ _TRIVIAL = frozenset(("parameter", "constant", "get-tuple-element", "tuple", "bi
 _CONTAINERS = frozenset(("fusion", "call", "while", "conditional", "async-start",
                          "async-done", "async-update"))
 NO_LINE = "(no line: XLA's own instructions)"
+# instructions JAX made for xlanb's own code, outside any aten op: a layer stack lowered
+# as a loop stacks each layer's weights and slices its results (graph/repeats.py)
+LOOPS = "(no line: the layer loops' stacking and slicing)"
+OWN = "(no line: xlanb's own ops, outside any aten op)"
+_LOOP_PARTS = ("while/", "/stack", "dynamic_index_in_dim", "dynamic_update_index_in_dim")
 
 
 class CompileProfile:
@@ -92,7 +97,7 @@ class CompileProfile:
     @property
     def top_line(self) -> CompileRow | None:
         """The line whose ops took the most compile time (not XLA's own instructions)."""
-        return next((r for r in self._lines if r.key != NO_LINE), None)
+        return next((r for r in self._lines if not r.key.startswith("(")), None)
 
     def short(self) -> str:
         """``model.py:42 61%``: the slowest line to compile, for a table's cell."""
@@ -340,6 +345,8 @@ def module_ops(text: str, recorded: dict | None = None) -> tuple[list[_Op], dict
             scope = _user_scope(scope_of(op_name, op))
             if not source and recorded:
                 source = recorded.get((op, scope), "")
+            if not source and op_name and not op:  # JAX's ops for xlanb's own code
+                source = LOOPS if any(k in op_name for k in _LOOP_PARTS) else OWN
             in_comp[comp].append(len(ops))
             ops.append(_Op(source, scope))
     return ops, {f: in_comp.get(c, []) for f, c in calls.items()}
@@ -394,7 +401,8 @@ def attribute(text: str, total_s: float, fusion_pool_s: float, fusion_weights: d
     by_line: dict = defaultdict(lambda: [0.0, 0])
     by_scope: dict = defaultdict(lambda: [0.0, 0, set()])
     for op, s in zip(ops, share):
-        row = by_line[source_text(op.source) if op.source else NO_LINE]
+        row = by_line[source_text(op.source) if op.source and op.source[0] != "(" else
+                      op.source or NO_LINE]
         row[0] += s
         row[1] += 1
         key, layer = _scope_key(op.scope)
@@ -521,7 +529,7 @@ class CompileSummary:
         head = (f"{n} graph{'s' if n != 1 else ''}"
                 + (f" ({self.n_ops} ops)" if self.n_ops else "")
                 + f" compiled in {format_duration(self.total_s)}")
-        top = next((r for r in self._lines if r.key != NO_LINE), None)
+        top = next((r for r in self._lines if not r.key.startswith("(")), None)
         return head + (f"; {100 * top.share:.0f}% at {top.key}" if top is not None else "")
 
     def __str__(self) -> str:
