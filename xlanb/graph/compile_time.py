@@ -460,7 +460,7 @@ def build(raw, text: str, what: str, total_s: float | None = None, tpu_log: str 
                              "xlanb's timer")]
         return CompileProfile(what, "?", secs, parts, 0.0, [], [],
                               "nothing compiled", ["loaded, not compiled: nothing to attribute"])
-    measured = raw.lower_s + raw.compile_s
+    measured = raw.lower_s + raw.compile_s + raw.trace_s
     parts = [CompilePart("lowering", "xlanb's trace and lowering", raw.lower_s, "xlanb's timer")]
     fusion_pool, weights = 0.0, {}
     if raw.spans:
@@ -478,6 +478,9 @@ def build(raw, text: str, what: str, total_s: float | None = None, tpu_log: str 
         more = [CompilePart("other", "the compile, not split", raw.compile_s, "xlanb's timer")]
         unattributed = 0.0
     parts += more
+    if raw.trace_s:
+        parts.append(CompilePart("other", "this profile (starting, reading the trace)",
+                                 raw.trace_s, "xlanb's timer"))
     if note:
         notes.append(note)
     total = measured

@@ -74,6 +74,7 @@ class RawCompile:
     started: float = 0.0    # time.time() at the compile's start and end (libtpu's log
     ended: float = 0.0      # has wall-clock timestamps)
     note: str = ""          # why the phases were not measured, where they were not
+    trace_s: float = 0.0    # what measuring cost: starting, stopping and reading the trace
 
 
 _raw: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -159,15 +160,18 @@ def recording(lowered, platform: str, metric: str, lower_s: float):
     measured for ``exe``."""
     rec = _Recording(lowered, platform, metric, lower_s)
     exe_box: list = []
-    rec.raw.started = time.time()
     t0 = time.perf_counter()
     rec.start()
+    rec.raw.started = time.time()
+    t1 = time.perf_counter()
     try:
         yield exe_box.append
     finally:
-        rec.raw.compile_s = time.perf_counter() - t0
+        t2 = time.perf_counter()
+        rec.raw.compile_s = t2 - t1
         rec.raw.ended = time.time()
         rec.stop()
+        rec.raw.trace_s = (t1 - t0) + (time.perf_counter() - t2)
         if exe_box and exe_box[0] is not None:
             with _raw_lock, contextlib.suppress(TypeError):  # not weak-referenceable
                 _raw[exe_box[0]] = rec.raw
