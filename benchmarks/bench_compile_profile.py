@@ -47,8 +47,9 @@ def main() -> None:
     ap.add_argument("--bert-rounds", type=int, default=3)
     args = ap.parse_args()
     import torch
-    import xlanb
     from bench_modes import _cpu_model
+
+    import xlanb
     res = {"cpu": _cpu_model()}
     m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).to("xla")
     with torch.no_grad():

@@ -30,6 +30,7 @@ def main() -> None:
     args = ap.parse_args()
     from bench_modes import _cpu_model
     from scenarios import Backend, make_bert
+
     import xlanb
     b = Backend("xlanb")
     model, opt, ids, labels = make_bert(b, args.layers)

@@ -28,7 +28,8 @@ SCRIPT = os.path.join(HERE, "scripts", "compile_profile_script.py")
 def measured():
     args = [sys.executable, SCRIPT] + (["--tpu"] if libtpu.installed() else [])
     env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE), XLANB_CACHE_DIR="")
-    out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600,
+                         check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.split("JSON", 1)[1])
 
@@ -53,7 +54,7 @@ def test_parts_are_measured_and_add_up(measured):
 
 def test_a_loop_unrolled_at_one_line_is_named_first(measured):
     p = measured["slow"]
-    key, secs, share, ops = p["lines"][0]
+    key, _, share, ops = p["lines"][0]
     assert key.endswith(f"compile_profile_script.py:{measured['loop_line']}"), p["text"]
     assert share > 0.5 and ops > 100, p["text"]
     # the graph table's column names that line
@@ -194,5 +195,6 @@ def test_eager_runs_are_summed_by_line():
 
 
 def _lines_of(*starts) -> list[int]:
-    text = open(__file__).read().splitlines()
+    with open(__file__) as f:
+        text = f.read().splitlines()
     return [next(i for i, t in enumerate(text, 1) if t.strip().startswith(s)) for s in starts]

@@ -10,7 +10,6 @@ import torch
 import xlanb
 
 
-
 class Slow(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -19,7 +18,8 @@ class Slow(torch.nn.Module):
 
     def forward(self, x):
         x = torch.relu(self.fc1(x))
-        for i in range(60): x = torch.relu(x * 1.01 + i)  # noqa: E701
+        # one line on purpose: 60 unrolled iterations, every op at this line
+        for i in range(60): x = torch.relu(x * 1.01 + i)
         return self.fc2(x)
 
 
@@ -48,7 +48,8 @@ def profile_dict(p) -> dict:
 
 
 def main() -> None:
-    source = open(__file__).read().splitlines()
+    with open(__file__) as f:
+        source = f.read().splitlines()
     # the loop unrolled at one line, and the two lines of two_lines
     out = {"loop_line": next(i for i, t in enumerate(source, 1) if "for i in range(60)" in t),
            "two_lines": [two_lines.__code__.co_firstlineno + 1,

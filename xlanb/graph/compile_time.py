@@ -26,7 +26,15 @@ from typing import NamedTuple
 
 from ..base.frames import source_text
 from ..base.tables import format_duration, format_table
-from .hlo_text import _INSTR, aten_of, attr, computations, origin, scope_of, stack_tables
+from .hlo_text import (
+    _INSTR,
+    aten_of,
+    attr,
+    computations,
+    origin,
+    scope_of,
+    stack_tables,
+)
 
 
 class CompilePart(NamedTuple):
@@ -148,8 +156,8 @@ class CompileProfile:
             b = "".join("<tr>" + "".join(f"<td>{e(v)}</td>" for v in r) + "</tr>" for r in rows)
             return f"<table class='xlanb-compile-time'><tr>{h}</tr>{b}</table>"
 
-        parts = [f"<div><b>compile of {e(self.what)}</b> on {e(self.platform)}: "
-                 f"{e(format_duration(self.total_s))}</div>",
+        parts = [(f"<div><b>compile of {e(self.what)}</b> on {e(self.platform)}: "
+                  f"{e(format_duration(self.total_s))}</div>"),
                  f"<div style='width:480px;border:1px solid #888'>{bars}</div>",
                  table(("phase", "part", "seconds", "share", "measured by"), self._part_rows())]
         if self._lines:

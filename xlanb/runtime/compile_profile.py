@@ -77,7 +77,7 @@ class RawCompile:
     trace_s: float = 0.0    # what measuring cost: starting, stopping and reading the trace
 
 
-_raw: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_raw: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _raw_lock = threading.Lock()
 _session_lock = threading.Lock()  # one profiler session at a time
 
