@@ -24,6 +24,7 @@ from ..graph.summary import summarize
 from ..ir import GraphPlan
 from ..runtime import store
 from ..runtime.compile_profile import raw_profile
+from ..runtime.devices import jax_device
 from ..runtime.jit import background, compile_lowered
 from ..runtime.mesh import sharding_text
 from .background import drain_lowerings, lowerings_waiting
@@ -82,7 +83,8 @@ class CompiledGraph:
             self._compile_profile = compile_time.build(
                 self._compile_raw, self.executable.as_text(), f"graph {self.hash[:12]}",
                 self.compile_time, recorded=compile_time.recorded_lines(self.summary),
-                loops=compile_time.loop_layers(self.lowering.repeats if self.lowering else None))
+                loops=compile_time.loop_layers(self.lowering.repeats if self.lowering else None),
+                platform=jax_device(self.device).platform)
         return self._compile_profile
 
     @property

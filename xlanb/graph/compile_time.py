@@ -455,7 +455,8 @@ def recorded_lines(summary) -> dict:
 
 
 def build(raw, text: str, what: str, total_s: float | None = None, tpu_log: str = "",
-          recorded: dict | None = None, loops: dict | None = None) -> CompileProfile:
+          recorded: dict | None = None, loops: dict | None = None,
+          platform: str = "?") -> CompileProfile:
     """The profile of one compile: ``raw`` (a ``RawCompile``, None if the executable
     was loaded from the store) and the optimized module's ``text``. ``total_s``: the
     time the caller measured around it all (its extra part is xlanb's own
@@ -466,7 +467,7 @@ def build(raw, text: str, what: str, total_s: float | None = None, tpu_log: str 
         secs = total_s or 0.0
         parts = [CompilePart("loading", "loaded from the executable store", secs,
                              "xlanb's timer")]
-        return CompileProfile(what, "?", secs, parts, 0.0, [], [],
+        return CompileProfile(what, platform, secs, parts, 0.0, [], [],
                               "nothing compiled", ["loaded, not compiled: nothing to attribute"])
     measured = raw.lower_s + raw.compile_s + raw.trace_s
     parts = [CompilePart("lowering", "xlanb's trace and lowering", raw.lower_s, "xlanb's timer")]
