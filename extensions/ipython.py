@@ -469,6 +469,43 @@ class XlaMagics(Magics):
                                    title=f"graph #{index % len(gs)} {g.hash[:12]} ({why})",
                                    compiled=True))
 
+    # ------------------------------------------------------------------ %xla_compile_time
+
+    @magic_arguments()
+    @argument("graph", nargs="?", type=int, default=-1,
+              help="graph #I of %%xla_graphs (default: the latest; negative counts from the end)")
+    @argument("--target", default=None, metavar="TOPOLOGY",
+              help="compile that graph for this TPU topology now (e.g. v5e:1x1) and show "
+                   "where libtpu's compile time went")
+    @argument("--last", type=int, default=None, metavar="N",
+              help="the last N graphs summed (an eager cell's runs, a loop's recompiles)")
+    @argument("--all", action="store_true", help="every graph compiled so far, summed")
+    @line_magic
+    def xla_compile_time(self, line: str = ""):
+        """Where a graph's compile time went: by compiler phase (xlanb's lowering, XLA's
+        HLO passes, the backend, loading; each measured by the compiler's own spans or
+        logs), by source line and by module scope (a repeated layer stack as one row).
+        --last N / --all: several graphs summed by phase, line and scope."""
+        args = parse_argstring(self.xla_compile_time, line)
+        gs = list(xlanb.graphs())
+        if not gs:
+            raise UsageError("no graph was compiled yet (see %xla_graphs)")
+        if args.last is not None or args.all:
+            if args.target is not None:
+                raise UsageError("--target takes one graph, not --last or --all")
+            if args.last is not None and args.last < 1:
+                raise UsageError(f"--last must be a positive integer, got {args.last}")
+            self._show(xlanb.compile_summary(gs if args.all else gs[-args.last:]))
+            return
+        if not -len(gs) <= args.graph < len(gs):
+            raise UsageError(f"there is no graph #{args.graph}: {len(gs)} graphs were compiled "
+                             "(see %xla_graphs)")
+        g = gs[args.graph]
+        if args.target is not None:
+            self._show(self._compile_for(self._target(args.target), g).compile_profile)
+            return
+        self._show(g.compile_profile)
+
     # ------------------------------------------------------------------ %xla_memory
 
     @magic_arguments()

@@ -14,6 +14,7 @@
     xgraphs                    every compiled graph: hash, size, cause, source, times
     xnans [EXPR]               the frame's (or EXPR's) xla tensors holding NaN/Inf, and where made
     xmem [--by-line | --graph I]   device memory: what holds it, from which line
+    xcompile [I] [--target NAME]   where graph #I's compile time went: phase, line, scope
     xtarget [NAME|off] [--now [EXPR] | --graph I]
                                compile for a TPU topology (v5e:2x2...) too; --now: the
                                TPU compiler's report on the pending graph
@@ -402,6 +403,40 @@ class XlaPdb(pdb.Pdb):
             raise _BadInput("takes no arguments")
         gs = xlanb.graphs()
         self.message(str(gs) if gs else "no compiled graphs yet")
+
+    @_command
+    def do_xcompile(self, arg):
+        """xcompile [I] [--target NAME]
+        Where graph #I's compile time went (default: the latest graph): by compiler phase,
+        by source line and by module scope. --target NAME compiles it for a TPU topology
+        (v5e:1x1...) now and shows where libtpu's time went.
+        """
+        words = arg.split()
+        target = None
+        if "--target" in words:
+            k = words.index("--target")
+            if k + 1 >= len(words):
+                raise _BadInput("--target takes a topology (e.g. v5e:1x1)")
+            target = self._topology(words[k + 1])
+            del words[k:k + 2]
+        if len(words) > 1:
+            raise _BadInput("usage: xcompile [I] [--target NAME]")
+        try:
+            i = int(words[0]) if words else -1
+        except ValueError:
+            raise _BadInput(f"xcompile takes a graph number, got {words[0]!r}") from None
+        gs = list(xlanb.graphs())
+        if not -len(gs) <= i < len(gs):
+            raise _BadInput(f"there is no graph #{i}: {len(gs)} graphs were compiled")
+        g = gs[i]
+        if target is not None:
+            try:
+                profile = xlanb.compile_for(target, g).compile_profile
+            except (ValueError, ImportError) as e:
+                raise _BadInput(str(e).strip().splitlines()[0]) from None
+        else:
+            profile = g.compile_profile
+        self.message(str(profile))
 
     @_command
     def do_xmem(self, arg):

@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     ("runtime", "memory-mapping headroom, libtpu without a TPU, JAX devices and meshes, TPU "
      "targets, lowering and compiling, the executable store, array transfers",
      ("xlanb.runtime.maps", "xlanb.runtime.libtpu", "xlanb.runtime.devices", "xlanb.runtime.mesh",
-      "xlanb.runtime.targets", "xlanb.runtime.jit",
+      "xlanb.runtime.targets", "xlanb.runtime.compile_profile", "xlanb.runtime.jit",
       "xlanb.runtime.store", "xlanb.runtime.transfer")),
     ("lowering", "aten op -> JAX function, one registry",
      ("xlanb.lowering.*",)),
@@ -40,7 +40,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
      "its repeated layers",
      ("xlanb.graph.summary", "xlanb.graph.explain", "xlanb.graph.render",
       "xlanb.graph.hlo_text", "xlanb.graph.layouts", "xlanb.graph.collectives",
-      "xlanb.graph.repeats")),
+      "xlanb.graph.repeats", "xlanb.graph.compile_time")),
     ("tensor", "XlaTensor, storages, signature keys",
      ("xlanb.tensor",)),
     ("ops", "op plans, view records, leaves, signatures, op infos",

@@ -39,7 +39,8 @@ from .execute.memory import (DeviceMemoryError, GraphBuffer, GraphMemory, Memory
                              set_memory_line_bytes)
 memory_lines = set_memory_line_bytes  # its first name, kept for code that calls it
 from .execute.graphs import (Column, CompiledGraph, GraphList, RecompileWarning,
-                             graph_columns, graphs)
+                             compile_summary, graph_columns, graphs)
+from .graph.compile_time import CompilePart, CompileProfile, CompileRow, CompileSummary
 from .execute.target import (PaddingList, PaddingRow, TargetCost, TargetReport, get_target,
                              set_target, target)
 from .graph.explain import SummaryDiff, diff_summaries, explain
@@ -88,7 +89,8 @@ __all__ = ["device", "device_count", "set_mode", "switch_mode", "get_mode", "mod
            "MemoryByLine", "MemoryRow", "MemoryLimit", "MemorySample", "MemoryTimeline",
            "compile_for", "target", "set_target", "get_target", "Target", "TargetError",
            "TargetReport", "TargetCost", "PaddingList", "PaddingRow", "CHIPS",
-           "graph_columns", "Column",
+           "graph_columns", "Column", "compile_summary", "CompileProfile", "CompilePart",
+           "CompileRow", "CompileSummary",
            "load_ipython_extension", "unload_ipython_extension"]
 
 __version__ = "0.1.0"

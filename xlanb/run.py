@@ -17,6 +17,9 @@ With a TPU target (``XLANB_TARGET=v5e:2x2``, or ``--target v5e:2x2``, which sets
 every graph the program compiles is also compiled for that TPU topology with libtpu, in
 the background, and at exit one line per graph goes to stderr: its per-chip HBM peak,
 whether it fits, the estimated step time and the TPU compile time.
+
+``--compile-profile`` prints, at exit, where the program's compile time went: every
+graph's compile summed by phase, source line and scope (``xlanb.compile_summary``).
 """
 from __future__ import annotations
 
@@ -25,11 +28,12 @@ import os
 import runpy
 import sys
 
-USAGE = ("usage: python -m xlanb.run [--shadow] [--target T] script.py [args ...]\n"
-         "       python -m xlanb.run [--shadow] [--target T] -m module [args ...]\n"
+USAGE = ("usage: python -m xlanb.run [--shadow] [--target T] [--compile-profile] script.py [args ...]\n"
+         "       python -m xlanb.run [--shadow] [--target T] [--compile-profile] -m module [args ...]\n"
          "Runs a torch_xla program unchanged on xlanb; --shadow runs it on xlanb even "
          "when the real torch_xla is installed; --target v5e:2x2 (or XLANB_TARGET) also "
-         "compiles every graph for that TPU topology and prints one line per graph at exit.")
+         "compiles every graph for that TPU topology and prints one line per graph at exit; "
+         "--compile-profile prints where the compile time went, by phase, line and scope.")
 
 
 def target_summary(file=None) -> None:
@@ -79,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     shadow = False
     target_name = None
+    compile_profile = False
     while argv and argv[0].startswith("-") and argv[0] != "-m":
         opt = argv.pop(0)
         if opt == "--shadow":
@@ -88,6 +93,8 @@ def main(argv: list[str] | None = None) -> None:
             if not name:
                 sys.exit(f"xlanb.run: --target needs a TPU topology, e.g. v5e:2x2\n{USAGE}")
             target_name = name
+        elif opt == "--compile-profile":
+            compile_profile = True
         elif opt in ("-h", "--help"):
             print(USAGE)
             return
@@ -143,6 +150,13 @@ def main(argv: list[str] | None = None) -> None:
                 target_summary()
             except Exception as e:  # noqa: BLE001 - the summary never hides the program's end
                 print(f"xlanb.run: no target summary ({type(e).__name__}: {e})", file=sys.stderr)
+            if compile_profile:
+                try:
+                    print("xlanb.run: " + str(xlanb.compile_summary()).replace(
+                        "\n", "\nxlanb.run: "), file=sys.stderr)
+                except Exception as e:  # noqa: BLE001 - as above
+                    print(f"xlanb.run: no compile profile ({type(e).__name__}: {e})",
+                          file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@
                      stage's) as one loop each, so XLA compiles one layer's body; 0:
                      unrolled; auto (the default): loops in TPU compiles of 8 or more
                      layers (on XLA:CPU the loop did not compile faster)
+``XLANB_COMPILE_PROFILE``  0: graph compiles are timed only, without XLA's own phase
+                     spans (``graphs()[i].compile_profile``; default on)
 ``XLANB_PEEK_CACHE_BYTES``  how many bytes of values peeks keep until the next sync
                      (default 256 MiB); past that the least recently used are recomputed
 ``XLANB_DIST_CHECK``  0: several processes do not check that they agree before each run
@@ -299,6 +301,7 @@ class Config:
     eager_runs = _Checked(check_count, 0, "0: off")
     tier_up = _Checked(check_count, 0, "0: never")
     quick_compiles = _Checked(check_flag)
+    compile_profile = _Checked(check_flag)
 
     def __init__(self) -> None:
         # the execution mode a new session starts in (base/session.py)
@@ -338,6 +341,10 @@ class Config:
         # Peeks (a look in pdb) first compile missing single-op executables quickly, with
         # LLVM's optimizations off, and the optimized ones after, in the background.
         self.quick_peeks = env_flag("XLANB_QUICK_PEEKS", True)
+        # Graph compiles collect the compiler's own phase times (an in-memory profiler
+        # session around XLA:CPU's compile, libtpu's logged stages): where the compile
+        # time went, by phase and by line (runtime/compile_profile.py)
+        self.compile_profile = env_flag("XLANB_COMPILE_PROFILE", True)
         # Warn when one source line compiles this many graphs in at most twice as many syncs.
         self.frequent_compiles = 3
         # Check every sync (and every eager op) for NaN/Inf and name the first op that

@@ -87,10 +87,10 @@ class _Lowering:
     counted once, with the first compile."""
     __slots__ = ("make", "lowered", "seconds")
 
-    def __init__(self, make, lowered=None):
+    def __init__(self, make, lowered=None, seconds: float = 0.0):
         self.make = make
         self.lowered = lowered
-        self.seconds = 0.0
+        self.seconds = seconds
 
     def get(self):
         if self.lowered is None:
@@ -126,9 +126,11 @@ class Build:
     __slots__ = ("device", "lowering", "description", "tier", "metric")
 
     def __init__(self, device: int | None, lower, *, description: bytes | None = None,
-                 tier: str = "full", metric: str = "CompileTime", lowered=None):
+                 tier: str = "full", metric: str = "CompileTime", lowered=None,
+                 lower_s: float = 0.0):
         self.device = device
-        self.lowering = lower if isinstance(lower, _Lowering) else _Lowering(lower, lowered)
+        self.lowering = (lower if isinstance(lower, _Lowering)
+                         else _Lowering(lower, lowered, lower_s if lowered is not None else 0.0))
         self.description = description
         self.tier = tier
         self.metric = metric

@@ -16,11 +16,14 @@ from ..base.config import config
 from ..base.frames import SourceLoc, format_loc, warn_at
 from ..base.session import session
 from ..base.tables import format_bytes, format_duration, format_table
+from ..graph import compile_time
 from ..graph.collectives import CollectiveList, parse_collectives
 from ..graph.explain import explain
 from ..graph.render import render_dot, render_text
 from ..graph.summary import summarize
 from ..ir import GraphPlan
+from ..runtime.compile_profile import raw_profile
+from ..runtime.devices import jax_device
 from ..runtime.jit import background
 from ..runtime.mesh import sharding_text
 from .background import drain_lowerings, lowerings_waiting
@@ -66,6 +69,22 @@ class CompiledGraph:
     # replaces it (``tier_up``)
     quick: bool = False
     _tiering: object = field(default=None, repr=False)
+    # what runtime/compile_profile.py measured while it compiled (None: loaded from the
+    # store), and the profile built from it when first asked for
+    _compile_raw: object = field(default=None, repr=False)
+    _compile_profile: object = field(default=None, repr=False)
+
+    @property
+    def compile_profile(self) -> compile_time.CompileProfile:
+        """Where its compile time went: by phase (XLA's own spans), by line and by
+        scope (``graph/compile_time.py``). For an eager run's graph: its quick compile."""
+        if self._compile_profile is None:
+            self._compile_profile = compile_time.build(
+                self._compile_raw, self.executable.as_text(), f"graph {self.hash[:12]}",
+                self.compile_time, recorded=compile_time.recorded_lines(self.summary),
+                loops=compile_time.loop_layers(self.lowering.repeats if self.lowering else None),
+                platform=jax_device(self.device).platform)
+        return self._compile_profile
 
     @property
     def module(self) -> str:
@@ -235,7 +254,16 @@ GRAPH_COLUMNS = (
     Column("peak mem", True, lambda g: format_bytes(g.memory.peak_bytes) if g.memory else "?"),
     Column("cause", False, lambda g: g.cause),
     Column("source", False, lambda g: format_loc(g.src)),
+    Column("slowest to compile", False, lambda g: _slowest_cell(g)),
 )
+
+
+def _slowest_cell(g: CompiledGraph) -> str:
+    """The line whose ops took most of its compile (``model.py:42 61%``); "" where that
+    would mean loading a dropped executable again just to read its module."""
+    if g._compile_profile is None and (g._exe is None or g._compile_raw is None):
+        return ""
+    return g.compile_profile.short()
 # shown once a graph was compiled for a target (xlanb.target): per chip
 TARGET_COLUMNS = (
     Column("target", False, lambda g: _target_cell(g, lambda r: r.target.name)),
@@ -369,7 +397,8 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
                         len(plan.roots), cause, src, time.perf_counter() - t0, exe,
                         lowering=lowering,
                         explanation=explain(prev.summary, summary) if prev else "",
-                        summary=summary, lowered=lowered, quick=quick)
+                        summary=summary, lowered=lowered, quick=quick,
+                        _compile_raw=raw_profile(exe) if lowered is not None else None)
     admit_graph(rec)
     if shardings is not None:
         _note_partitioning(rec, plan, exe, mesh)
@@ -543,6 +572,17 @@ def run_compiled(rec: CompiledGraph, arrays, scalars, what: str, src) -> list:
         metrics.counter("CollectiveOps", len(rec.collectives))
         metrics.counter("CollectiveBytes", rec.collectives.total_bytes)
     return outs
+
+
+def compile_summary(gs=None) -> compile_time.CompileSummary:
+    """The compile profiles of ``gs`` (compiled graphs; default: every graph) summed by
+    phase, line and scope: what a cell, an eager run or a script spent compiling, and
+    where. Graphs loaded from the store count their loading; a dropped graph's profile
+    is read only if it was built before (reading its module would load it again)."""
+    gs = list(graph_log if gs is None else gs)
+    kept = [g for g in gs if g._compile_profile is not None or g._exe is not None]
+    return compile_time.CompileSummary([g.compile_profile for g in kept],
+                                       sum(g.n_nodes for g in kept))
 
 
 def graphs() -> GraphList:

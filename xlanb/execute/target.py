@@ -28,9 +28,11 @@ from ..base import metrics
 from ..base.frames import SourceLoc, source_text
 from ..base.session import session
 from ..base.tables import format_bytes, format_duration, format_table
+from ..graph import compile_time
 from ..graph.collectives import CollectiveList, parse_collectives
 from ..graph.hlo_text import counted_loops, entry_buffers, with_entry
 from ..graph.layouts import array_layouts, entry_layouts
+from ..runtime.compile_profile import raw_profile, tpu_log_since
 from ..runtime.jit import background
 from ..runtime.targets import Target, TargetError, target as resolve_target
 from .compile import Build
@@ -131,7 +133,8 @@ class TargetReport:
 
     def __init__(self, target: Target, graph_hash: str, *, memory=None, fits=None, cost=None,
                  padding=None, collectives=None, compile_seconds=0.0, error=None,
-                 available_bytes=None, notes=(), executable=None):
+                 available_bytes=None, notes=(), executable=None, compile_raw=None,
+                 recorded=None, loops=None):
         self.target = target
         self.graph_hash = graph_hash or ""
         self.memory: GraphMemory | None = memory
@@ -144,6 +147,28 @@ class TargetReport:
         self.available_bytes = available_bytes  # the HBM the compiler said it had, if it did
         self.notes: tuple = tuple(notes)
         self._exe = executable
+        self._compile_raw = compile_raw  # runtime/compile_profile.py's measurements
+        self._recorded = recorded or {}  # (aten op, scope) -> the line it was recorded at
+        self._loops = loops or {}  # layer stacks compiled as loops: name -> layers
+        self._compile_profile = None
+
+    @property
+    def compile_profile(self) -> compile_time.CompileProfile:
+        """Where the TPU compile's time went: by phase (libtpu's logged stages), by
+        line and scope (evenly over the TPU module's instructions: libtpu times no
+        fusion); see ``graph/compile_time.py``."""
+        if self._compile_profile is None:
+            raw = self._compile_raw
+            what = f"graph {self.graph_hash[:12]} for {self.target.name}"
+            if raw is None:  # refused, or not compiled: the time is all there is
+                return compile_time.CompileProfile(
+                    what, "tpu", self.compile_seconds,
+                    [compile_time.CompilePart("other", "the compile, not split",
+                                              self.compile_seconds, "xlanb's timer")],
+                    0.0, [], [], "", [self.error or "not compiled"])
+            self._compile_profile = compile_time.build(
+                raw, self.hlo(), what, None, tpu_log_since(raw), self._recorded, self._loops)
+        return self._compile_profile
 
     def hlo(self) -> str:
         """The optimized TPU module ("" if the compiler refused)."""
@@ -335,16 +360,28 @@ def _notes(lowering: GraphLowering) -> list[str]:
     return notes
 
 
-def compile_for_target(lowering: GraphLowering, target, lowered=None) -> TargetReport:
+def _recorded_lines(lowering: GraphLowering) -> dict:
+    """(aten op, scope) -> the line its op was recorded at, from the lowering's recipe."""
+    steps, _, places = lowering.recipe
+    out: dict = {}
+    for (info, _), place in zip(steps, places):
+        src, scope = _where(place)
+        if src:
+            out.setdefault((info.name, scope.replace(".", "/")), src)
+    return out
+
+
+def compile_for_target(lowering: GraphLowering, target, lowered=None,
+                       lower_s: float = 0.0) -> TargetReport:
     """Lower (unless ``lowered`` is given) and compile ``lowering`` for ``target`` (a
     name or a ``Target``); runs nothing. The compiler's refusal is in the report
     (``error``; ``fits=False`` for lack of HBM); a mesh that does not fit the topology
     raises ``TargetError``."""
     t = resolve_target(target)
-    build = Build(None, lambda: lowering.lower_for(t), lowered=lowered,
+    build = Build(None, lambda: lowering.lower_for(t), lowered=lowered, lower_s=lower_s,
                   metric="TargetCompileTime")  # not stored, no room taken here
     lowered = build.lower()
-    t0 = time.perf_counter()
+    t0 = time.perf_counter()  # compile_seconds: the compile alone, as before
     try:
         exe = build.compile()
     except TargetError:
@@ -391,7 +428,9 @@ def compile_for_target(lowering: GraphLowering, target, lowered=None) -> TargetR
         fits=None if memory is None else memory.peak_bytes <= t.hbm_bytes,
         cost=cost, padding=_padding(lowering, text),
         collectives=CollectiveList(parse_collectives(text, axes), lowering.hash or ""),
-        compile_seconds=secs, notes=_notes(lowering), executable=exe)
+        compile_seconds=secs, notes=_notes(lowering), executable=exe,
+        compile_raw=raw_profile(exe), recorded=_recorded_lines(lowering),
+        loops=compile_time.loop_layers(lowering.repeats_for("tpu")))
 
 
 def loop_flops(lowered) -> float:
@@ -423,9 +462,9 @@ def _shardings_of(exe) -> list:
         return []
 
 
-def _compile_quietly(lowering, target, lowered=None):
+def _compile_quietly(lowering, target, lowered=None, lower_s=0.0):
     try:
-        return compile_for_target(lowering, target, lowered)
+        return compile_for_target(lowering, target, lowered, lower_s)
     except Exception as e:  # a graph that cannot go to the target (a mesh that does not fit)
         return TargetReport(resolve_target(target), lowering.hash, error=_first_line(e))
 
@@ -515,7 +554,9 @@ def _lower_then_queue(future, lowering: GraphLowering, target) -> None:
         future.set_result(_not_compiled(lowering, target))
         return
     try:
+        t0 = time.perf_counter()
         lowered = lowering.lower_for(resolve_target(target))
+        lower_s = time.perf_counter() - t0
     except Exception as e:  # a graph that cannot go to the target (a mesh that does not fit)
         future.set_result(TargetReport(resolve_target(target), lowering.hash,
                                        error=_first_line(e)))
@@ -526,7 +567,7 @@ def _lower_then_queue(future, lowering: GraphLowering, target) -> None:
             _worker.append(threading.Thread(target=_work, name="xlanb-target-compile",
                                             daemon=True))
             _worker[0].start()
-    _queue.put((future, (lowering, target, lowered)))
+    _queue.put((future, (lowering, target, lowered, lower_s)))
 
 
 def compile_in_background(lowering: GraphLowering, target) -> concurrent.futures.Future:

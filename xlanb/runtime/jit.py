@@ -21,6 +21,7 @@ from jax._src import config as jax_config
 from jax._src.interpreters import mlir as _jax_mlir
 
 from ..base import metrics
+from . import compile_profile
 
 _local = threading.local()
 
@@ -91,11 +92,17 @@ def compile_lowered(lowered, *, metric: str, compiler_options=None, lower_s: flo
     _local.compiling = True
     try:
         options = compiler_options
-        if platform_of(lowered) == "cpu" and sums_a_broadcast(lowered):
+        platform = platform_of(lowered)
+        if platform == "cpu" and sums_a_broadcast(lowered):
             metrics.counter("YnnDotsOnly")
             options = {**(options or {}), **YNN_DOTS_ONLY}
-        with jax_context():  # thread-local: the cache settings must be set on this thread
-            return lowered.compile(options)
+        # the compiler's own phase times, kept per executable (compile_profile.py)
+        with jax_context(), compile_profile.recording(lowered, platform, metric,
+                                                      lower_s) as keep:
+            # jax_context is thread-local: the cache settings must be set on this thread
+            exe = lowered.compile(options)
+            keep(exe)
+            return exe
     finally:
         _local.compiling = False
         metrics.record(metric, lower_s + time.perf_counter() - t0)

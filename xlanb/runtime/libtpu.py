@@ -19,6 +19,8 @@ import sys
 import tempfile
 import threading
 
+from ..base.config import config
+
 # What libtpu prints when it starts on a machine with no TPU: expected, and no help.
 _NOISE = re.compile(
     r"TPU_ACCELERATOR_TYPE|TPU_WORKER_HOSTNAMES|Logging before InitGoogle|"
@@ -55,8 +57,17 @@ def prepare() -> None:
     from loading it. JAX would try the TPU, fail, and go on with the CPU, but with the
     plugin loaded its profiler crashes the process. With no GPU plugin either, the CPU
     is the only platform there is, so JAX is told so (``jax_platforms="cpu"``: what the
-    user's own JAX code gets is unchanged). The user's own settings win."""
-    if not installed() or has_tpu():
+    user's own JAX code gets is unchanged). The user's own settings win.
+
+    libtpu logs each compile's stage durations, and holds its log lines back for up to
+    30 s: ``--logbufsecs=0`` writes them at once, for the compile profile
+    (``compile_profile.py``), unless the user set it or turned the profile off."""
+    if not installed():
+        return
+    flags = os.environ.get("LIBTPU_INIT_ARGS", "")
+    if config.compile_profile and "logbufsecs" not in flags:
+        os.environ["LIBTPU_INIT_ARGS"] = (flags + " --logbufsecs=0").strip()
+    if has_tpu():
         return
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     if "JAX_PLATFORMS" in os.environ or _gpu_plugin_installed():

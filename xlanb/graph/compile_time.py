@@ -1,0 +1,566 @@
+"""Where a compile's time went: by compiler phase, and by the user's line and module scope
+(issue 48). Built from what ``runtime/compile_profile.py`` measured while the compile ran
+and from the optimized module's text.
+
+Phases are the compiler's own measurements: XLA:CPU's spans (the HLO pass pipelines,
+``CpuCompiler::RunBackend`` and inside it the fusion emitters and LLVM's ``Codegen``,
+``backend_compile_and_load`` around it all), libtpu's logged stage durations. A part
+that is the difference of two measured spans says so; what no span covers is reported
+as unattributed, never spread over the named parts.
+
+By line: the backend's fusion emitters and LLVM codegen go to each fusion in proportion
+to its own ``FusionCompiler::Compile`` time (XLA:CPU measures every fusion), then evenly
+to the ops it holds; everything else (lowering, HLO passes, the rest of the backend,
+loading) goes evenly to every instruction of the optimized module, which is all that is
+known of it. Each instruction's metadata names its aten op, scope and the user's line
+(``execute/stages.py``). libtpu times no fusion: a TPU compile's time goes evenly to its
+instructions, and the profile says so.
+"""
+from __future__ import annotations
+
+import html
+import re
+import time
+from collections import defaultdict
+from typing import NamedTuple
+
+from ..base.frames import source_text
+from ..base.tables import format_duration, format_table
+from .hlo_text import (
+    _INSTR,
+    aten_of,
+    attr,
+    computations,
+    origin,
+    scope_of,
+    stack_tables,
+)
+
+
+class CompilePart(NamedTuple):
+    """One phase of a compile: ``phase`` is lowering / hlo passes / backend / loading /
+    other; ``how`` says what measured it."""
+    phase: str
+    name: str
+    seconds: float
+    how: str
+
+
+class CompileRow(NamedTuple):
+    """One line or scope: the compile seconds its ops got, their share, how many ops."""
+    key: str
+    seconds: float
+    share: float
+    ops: int
+
+
+_TRIVIAL = frozenset(("parameter", "constant", "get-tuple-element", "tuple", "bitcast",
+                      "after-all", "partition-id", "replica-id"))
+_CONTAINERS = frozenset(("fusion", "call", "while", "conditional", "async-start",
+                         "async-done", "async-update"))
+NO_LINE = "(no line: XLA's own instructions)"
+# instructions JAX made for xlanb's own code, outside any aten op: a layer stack lowered
+# as a loop stacks each layer's weights and slices its results (graph/repeats.py)
+LOOPS = "(no line: the layer loops' stacking and slicing)"
+OWN = "(no line: xlanb's own ops, outside any aten op)"
+_LOOP_PARTS = ("while/", "/stack", "dynamic_index_in_dim", "dynamic_update_index_in_dim")
+
+
+class CompileProfile:
+    """``graphs()[i].compile_profile`` / ``TargetReport.compile_profile``: the compile's
+    seconds by phase (``parts``, ``unattributed_s``), by line (``by_line()``) and by
+    scope (``by_scope()``, a repeated layer stack as one row, ``24 × encoder.layer``)."""
+
+    def __init__(self, what: str, platform: str, total_s: float, parts, unattributed_s: float,
+                 lines, scopes, method: str, notes=()):
+        self.what = what
+        self.platform = platform
+        self.total_s = total_s
+        self.parts: tuple[CompilePart, ...] = tuple(parts)
+        self.unattributed_s = unattributed_s
+        self._lines: list[CompileRow] = lines
+        self._scopes: list[CompileRow] = scopes
+        self.method = method
+        self.notes: tuple[str, ...] = tuple(notes)
+
+    def phases(self) -> dict[str, float]:
+        """Seconds per phase (lowering, hlo passes, backend, loading, other,
+        unattributed)."""
+        out: dict = defaultdict(float)
+        for p in self.parts:
+            out[p.phase] += p.seconds
+        out["unattributed"] += self.unattributed_s
+        return dict(out)
+
+    @property
+    def attributed_s(self) -> float:
+        return sum(p.seconds for p in self.parts)
+
+    def by_line(self, n: int | None = 10) -> list[CompileRow]:
+        return self._lines[:n]
+
+    def by_scope(self, n: int | None = 10) -> list[CompileRow]:
+        return self._scopes[:n]
+
+    @property
+    def top_line(self) -> CompileRow | None:
+        """The line whose ops took the most compile time (not XLA's own instructions)."""
+        return next((r for r in self._lines if not r.key.startswith("(")), None)
+
+    def short(self) -> str:
+        """``model.py:42 61%``: the slowest line to compile, for a table's cell."""
+        r = self.top_line
+        return f"{r.key} {100 * r.share:.0f}%" if r is not None else ""
+
+    def _part_rows(self) -> list[tuple]:
+        t = self.total_s or 1.0
+        rows = [(p.phase, p.name, format_duration(p.seconds), f"{100 * p.seconds / t:.1f}%", p.how)
+                for p in self.parts]
+        rows.append(("unattributed", "no span covers it", format_duration(self.unattributed_s),
+                     f"{100 * self.unattributed_s / t:.1f}%", "total − the parts above"))
+        return rows
+
+    @staticmethod
+    def _rows(rows: list[CompileRow]) -> list[tuple]:
+        return [(r.key, format_duration(r.seconds), f"{100 * r.share:.1f}%", str(r.ops))
+                for r in rows]
+
+    def __str__(self) -> str:
+        out = [f"compile of {self.what} on {self.platform}: {format_duration(self.total_s)}"]
+        out.append(format_table(("phase", "part", "seconds", "share", "measured by"),
+                                self._part_rows(), right=(2, 3), indent="  "))
+        if self._lines:
+            out.append(f"  by line ({self.method}):")
+            out.append(format_table(("line", "seconds", "share", "ops"),
+                                    self._rows(self.by_line()), right=(1, 2, 3), indent="    "))
+            out.append("  by scope:")
+            out.append(format_table(("scope", "seconds", "share", "ops"),
+                                    self._rows(self.by_scope()), right=(1, 2, 3), indent="    "))
+        out += [f"  note: {n}" for n in self.notes]
+        return "\n".join(out)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        e = html.escape
+        t = self.total_s or 1.0
+        colours = {"lowering": "#69c", "hlo passes": "#9c6", "backend": "#e94",
+                   "loading": "#c9c", "other": "#bbb"}
+        bars = "".join(
+            f"<div title='{e(p.name)} {e(format_duration(p.seconds))}' style='display:inline-block;"
+            f"height:14px;width:{100 * max(p.seconds, 0) / t:.2f}%;"
+            f"background:{colours.get(p.phase, '#bbb')}'></div>" for p in self.parts)
+
+        def table(head, rows):
+            h = "".join(f"<th>{e(c)}</th>" for c in head)
+            b = "".join("<tr>" + "".join(f"<td>{e(v)}</td>" for v in r) + "</tr>" for r in rows)
+            return f"<table class='xlanb-compile-time'><tr>{h}</tr>{b}</table>"
+
+        parts = [(f"<div><b>compile of {e(self.what)}</b> on {e(self.platform)}: "
+                  f"{e(format_duration(self.total_s))}</div>"),
+                 f"<div style='width:480px;border:1px solid #888'>{bars}</div>",
+                 table(("phase", "part", "seconds", "share", "measured by"), self._part_rows())]
+        if self._lines:
+            parts.append(f"<div>by line ({e(self.method)})</div>")
+            parts.append(table(("line", "seconds", "share", "ops"), self._rows(self.by_line())))
+            parts.append(table(("scope", "seconds", "share", "ops"), self._rows(self.by_scope())))
+        parts += [f"<div><i>note: {e(n)}</i></div>" for n in self.notes]
+        return "<div class='xlanb-compile-profile'>" + "\n".join(parts) + "</div>"
+
+
+# ---------------------------------------------------------------------------------------
+# Phases
+
+def _within(s, outer) -> bool:
+    return s.start >= outer.start and s.end <= outer.end
+
+
+def cpu_parts(raw) -> tuple[list[CompilePart], float, dict, str]:
+    """XLA:CPU's phases from its spans: ``(parts, unattributed seconds, fusion name ->
+    its FusionCompiler seconds, note)``. ``parts`` is empty where the spans do not hold
+    this compile."""
+    spans = raw.spans
+    backends = [s for s in spans if s.name == "CpuCompiler::RunBackend"]
+    ours = [s for s in backends if raw.module and s.args.get("name") == raw.module]
+    if not ours and len(backends) == 1:
+        ours = backends
+    if not ours:
+        return [], 0.0, {}, "the trace holds no backend span of this module"
+    rb = ours[0]
+    compile_ = next((s for s in spans if s.line == rb.line and s.name == "PjRtCpuClient::Compile"
+                     and _within(rb, s)), None)
+    if compile_ is None:
+        return [], 0.0, {}, "the trace holds no PjRtCpuClient::Compile span"
+    suffix = f"({raw.module})" if raw.module else ")"
+    pipes = sorted((s for s in spans if s.line == rb.line and s.name.endswith(suffix)
+                    and " (" in s.name and _within(s, compile_) and not _within(s, rb)),
+                   key=lambda s: (s.start, -s.dur))
+    hlo_ns, last_end = 0, -1
+    for s in pipes:  # the outermost pipelines only
+        if s.start >= last_end:
+            hlo_ns += s.dur
+            last_end = s.end
+    inside = [s for s in spans if s.line == rb.line and _within(s, rb)]
+    emit_ns = sum(s.dur for s in inside if s.name in ("ThunkEmitter::EmitEntryComputation",
+                                                      "ThunkEmitter::ConsumeKernels"))
+    llvm_ns = sum(s.dur for s in inside if s.name == "Codegen")
+    bcl = next((s for s in spans if s.name == "backend_compile_and_load"
+                and _within(compile_, s)), None)
+    ns = 1e-9
+    parts = [CompilePart("hlo passes", "XLA's HLO pass pipelines", hlo_ns * ns,
+                         "XLA's pipeline spans (… (module))"),
+             CompilePart("backend", "fusion emitters and thunks (MLIR)", emit_ns * ns,
+                         "ThunkEmitter spans"),
+             CompilePart("backend", "LLVM codegen", llvm_ns * ns, "Codegen span"),
+             CompilePart("backend", "rest of the backend (scheduling, buffers)",
+                         (rb.dur - emit_ns - llvm_ns) * ns, "RunBackend − the two above")]
+    if bcl is not None:
+        parts.append(CompilePart("loading", "loading the executable (PJRT)",
+                                 (bcl.dur - compile_.dur) * ns,
+                                 "backend_compile_and_load − PjRtCpuClient::Compile"))
+        parts.append(CompilePart("other", "JAX (compile options, Python)",
+                                 raw.compile_s - bcl.dur * ns,
+                                 "lowered.compile() − backend_compile_and_load"))
+    else:
+        parts.append(CompilePart("other", "JAX and loading", raw.compile_s - compile_.dur * ns,
+                                 "lowered.compile() − PjRtCpuClient::Compile"))
+    unattributed = (compile_.dur - hlo_ns - rb.dur) * ns
+    fusions: dict = defaultdict(float)
+    for s in spans:
+        if s.name == "FusionCompiler::Compile" and s.start >= rb.start and s.end <= rb.end:
+            name = str(s.args.get("module", ""))
+            name = name.removeprefix("__compute_module_").removesuffix("_kernel_module")
+            fusions[name] += s.dur * ns
+    return parts, unattributed, dict(fusions), ""
+
+
+_STAGE = re.compile(r"\b(HLO_PASSES|BACKEND_PASSES|CODE_GENERATION|END_TO_END) stage duration: "
+                    r"([\d.hmsuµn]+)")
+_MODULE = re.compile(r"module:? (jit_[\w.\-]+)")
+_STAMP = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d(?:\.\d+)?) ")
+_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def parse_duration(text: str) -> float:
+    """absl's duration text (``1m2.5s``, ``13.1ms``, ``350us``) in seconds."""
+    return sum(float(n) * _UNITS[u] for n, u in re.findall(r"([\d.]+)(ms|us|µs|ns|h|m|s)", text))
+
+
+def _stamp(line: str, near: float) -> float | None:
+    """A glog line's local time (``I1127 09:39:32.222587``) as ``time.time()`` seconds,
+    in the year of ``near``."""
+    m = _STAMP.match(line)
+    if m is None:
+        return None
+    year = time.localtime(near).tm_year
+    month, day, hour, minute = (int(m.group(i)) for i in range(1, 5))
+    secs = float(m.group(5))
+    whole = time.mktime((year, month, day, hour, minute, int(secs), 0, 0, -1))
+    return whole + secs - int(secs)
+
+
+def tpu_stages(log: str, module: str, near: float = 0.0) -> tuple[dict, float | None]:
+    """libtpu's stages in what it logged from a compile's start (target compiles run one
+    at a time): stage -> ``(seconds, time it ended)`` (None where the line has no time),
+    each stage's first line, and when its HLO passes began. libtpu does not always name
+    the module at the start (its "running hlo passes" line is missing from some
+    compiles), so the stages are the first after the compile's start; ``module`` is
+    checked where a line names one: a line naming another module before the first stage
+    means the log is not this compile's, and nothing is returned."""
+    out: dict = {}
+    for line in log.splitlines():
+        m = _STAGE.search(line)
+        if m is not None:
+            if m.group(1) not in out:
+                out[m.group(1)] = (parse_duration(m.group(2)), _stamp(line, near))
+            if len(out) == 4:
+                break
+            continue
+        named = _MODULE.search(line)
+        if named is not None and module and named.group(1) != module and not out:
+            return {}, None
+    hlo = out.get("HLO_PASSES")
+    began = hlo[1] - hlo[0] if hlo is not None and hlo[1] is not None else None
+    return out, began
+
+
+def tpu_parts(raw, log: str) -> tuple[list[CompilePart], float, str]:
+    """libtpu's stages, and the gaps between them from its log lines' times."""
+    stages, began = tpu_stages(log, raw.module, raw.started)
+    if not stages:
+        return [], 0.0, "libtpu logged no stage durations for this module"
+    how = "libtpu's logged stage duration"
+    gap = "libtpu's log line times"
+    parts = []
+    if began is not None:
+        parts.append(CompilePart("other", "JAX and PJRT before libtpu's passes",
+                                 began - raw.started, gap))
+    prev_end = None
+    for key, phase, name in (("HLO_PASSES", "hlo passes", "TPU HLO passes"),
+                             ("BACKEND_PASSES", "backend", "TPU backend passes"),
+                             ("CODE_GENERATION", "backend", "TPU code generation")):
+        if key not in stages:
+            continue
+        secs, end = stages[key]
+        if prev_end is not None and end is not None and end - secs > prev_end:
+            parts.append(CompilePart("other", f"libtpu before its {name[4:]} (untimed by it)",
+                                     end - secs - prev_end, gap))
+        parts.append(CompilePart(phase, name, secs, how))
+        prev_end = end
+    note = ""
+    e2e = stages.get("END_TO_END")
+    if e2e is not None and e2e[1] is not None and prev_end is not None:
+        parts.append(CompilePart("other", "libtpu after its code generation", e2e[1] - prev_end, gap))
+        parts.append(CompilePart("other", "JAX and PJRT after libtpu", raw.ended - e2e[1], gap))
+    else:
+        note = ("libtpu's last stage lines (CODE_GENERATION, END_TO_END) were not in its log "
+                "yet: the time after its backend passes is unattributed")
+    return parts, raw.compile_s - sum(p.seconds for p in parts), note
+
+
+# ---------------------------------------------------------------------------------------
+# By line and scope
+
+class _Op(NamedTuple):
+    source: str
+    scope: str
+
+
+def module_ops(text: str, recorded: dict | None = None) -> tuple[list[_Op], dict[str, list[int]]]:
+    """The optimized module's instructions that compute something (``_Op``: the user's
+    line and scope from their metadata), and each fusion's (by instruction name: the
+    indices of the ops of the computation it calls). An instruction whose metadata
+    keeps no line (JAX kept the lowering's own frames) takes the line ``recorded`` holds
+    for its aten op and scope (``(op, "a/b")`` -> ``"file:line"``), where it has one."""
+    tables = stack_tables(text)
+    ops: list[_Op] = []
+    in_comp: dict[str, list[int]] = defaultdict(list)
+    calls: dict[str, str] = {}
+    for comp, (_, body) in computations(text).items():
+        for line in body.splitlines():
+            m = _INSTR.match(line)
+            if m is None:
+                continue
+            opcode = m.group("opcode")
+            if opcode == "fusion":
+                called = attr(line, "calls").lstrip("%")
+                if called:
+                    calls[m.group("name")] = called
+            if opcode in _TRIVIAL or opcode in _CONTAINERS:
+                continue
+            op_type, op_name, source = origin(line, tables)
+            op = op_type or aten_of(op_name)
+            scope = _user_scope(scope_of(op_name, op))
+            if not source and recorded:
+                source = recorded.get((op, scope), "")
+            if not source and op_name and not op:  # JAX's ops for xlanb's own code
+                source = LOOPS if any(k in op_name for k in _LOOP_PARTS) else OWN
+            in_comp[comp].append(len(ops))
+            ops.append(_Op(source, scope))
+    return ops, {f: in_comp.get(c, []) for f, c in calls.items()}
+
+
+# name-stack segments JAX adds around a traced body: a repeated layer stack lowered as
+# one lax.scan (graph/repeats.py) puts its ops under ``while/body/closed_call/...``
+_JAX_SEGMENTS = frozenset(("while", "body", "cond", "closed_call", "scan", "remat",
+                           "checkpoint", "pjit", "while.body", "while.cond"))
+
+
+def _user_scope(scope: str) -> str:
+    """The module scope without JAX's segments (``while/body/closed_call/bert/...`` ->
+    ``bert/...``)."""
+    parts = [p for p in scope.split("/") if p and p not in _JAX_SEGMENTS
+             and not p.startswith("jit(")]
+    return "/".join(parts)
+
+
+def _scope_key(scope: str) -> tuple[str, str]:
+    """``BertModel/encoder/layer/3/attention`` -> (``BertModel.encoder.layer``, ``3``):
+    a numbered layer collapses into its stack; else the scope itself."""
+    parts = scope.split("/") if scope else []
+    for i, p in enumerate(parts):
+        if p.isdigit() and i:
+            return ".".join(parts[:i]), p
+    return ".".join(parts) or "(no scope)", ""
+
+
+def attribute(text: str, total_s: float, fusion_pool_s: float, fusion_weights: dict,
+              recorded: dict | None = None, loops: dict | None = None
+              ) -> tuple[list[CompileRow], list[CompileRow], str]:
+    """Spread ``total_s`` over the module's ops: ``fusion_pool_s`` by ``fusion_weights``
+    (fusion name -> measured seconds, split evenly among its ops), the rest evenly."""
+    ops, fusions = module_ops(text, recorded)
+    if not ops:
+        return [], [], "no instructions"
+    share = [0.0] * len(ops)
+    weights = {f: w for f, w in fusion_weights.items() if fusions.get(f)}
+    wsum = sum(weights.values())
+    pooled = fusion_pool_s if wsum > 0 else 0.0
+    for f, w in weights.items():
+        members = fusions[f]
+        for i in members:
+            share[i] += pooled * w / wsum / len(members)
+    even = (total_s - pooled) / len(ops)
+    for i in range(len(ops)):
+        share[i] += even
+    method = (f"fusion emitters and LLVM ({format_duration(pooled)}) by each fusion's measured "
+              f"emitter time, the rest evenly over {len(ops)} instructions"
+              if pooled else f"evenly over {len(ops)} instructions")
+    by_line: dict = defaultdict(lambda: [0.0, 0])
+    by_scope: dict = defaultdict(lambda: [0.0, 0, set()])
+    for op, s in zip(ops, share):
+        row = by_line[source_text(op.source) if op.source and op.source[0] != "(" else
+                      op.source or NO_LINE]
+        row[0] += s
+        row[1] += 1
+        key, layer = _scope_key(op.scope)
+        srow = by_scope[key]
+        srow[0] += s
+        srow[1] += 1
+        if layer:
+            srow[2].add(layer)
+    t = total_s or 1.0
+    lines = sorted((CompileRow(k, v[0], v[0] / t, v[1]) for k, v in by_line.items()),
+                   key=lambda r: -r.seconds)
+    def label(key: str, layers: set) -> str:
+        # a stack lowered as one loop compiles one layer's body (its ops carry layer 0's
+        # scope): named by the loop's layer count
+        n = next((n for name, n in (loops or {}).items()
+                  if key == name or key.endswith("." + name)), 0)
+        if n:
+            return f"{n} × {key} (one loop)"
+        return f"{len(layers)} × {key}" if len(layers) > 1 else key
+
+    scopes = sorted((CompileRow(label(k, v[2]), v[0], v[0] / t, v[1])
+                     for k, v in by_scope.items()), key=lambda r: -r.seconds)
+    return lines, scopes, method
+
+
+def loop_layers(repeats) -> dict:
+    """``{"bert.encoder.layer": 24}``: the stacks a ``graph.repeats`` plan lowers as loops."""
+    out: dict = {}
+    for run in getattr(repeats, "runs", ()) or ():
+        out[run.name] = max(out.get(run.name, 0), len(run.layers))
+    return out
+
+
+def recorded_lines(summary) -> dict:
+    """``(aten op, "scope/path") -> "file:line"``: the line each op of a graph's summary
+    was recorded at (the first, where several were)."""
+    out: dict = {}
+    for o in getattr(summary, "ops", ()):
+        if o.src is not None:
+            out.setdefault((o.name, o.scope.replace(".", "/")), f"{o.src.file}:{o.src.line}")
+    return out
+
+
+def build(raw, text: str, what: str, total_s: float | None = None, tpu_log: str = "",
+          recorded: dict | None = None, loops: dict | None = None,
+          platform: str = "?") -> CompileProfile:
+    """The profile of one compile: ``raw`` (a ``RawCompile``, None if the executable
+    was loaded from the store) and the optimized module's ``text``. ``total_s``: the
+    time the caller measured around it all (its extra part is xlanb's own
+    bookkeeping). ``recorded``: see ``module_ops``; ``loops``: the layer stacks lowered
+    as loops, ``{"bert.encoder.layer": 24}``."""
+    notes: list[str] = []
+    if raw is None:
+        secs = total_s or 0.0
+        parts = [CompilePart("loading", "loaded from the executable store", secs,
+                             "xlanb's timer")]
+        return CompileProfile(what, platform, secs, parts, 0.0, [], [],
+                              "nothing compiled", ["loaded, not compiled: nothing to attribute"])
+    measured = raw.lower_s + raw.compile_s + raw.trace_s
+    parts = [CompilePart("lowering", "xlanb's trace and lowering", raw.lower_s, "xlanb's timer")]
+    fusion_pool, weights = 0.0, {}
+    if raw.spans:
+        more, unattributed, weights, note = cpu_parts(raw)
+        fusion_pool = sum(p.seconds for p in more if p.name in (
+            "fusion emitters and thunks (MLIR)", "LLVM codegen"))
+    elif raw.platform == "tpu" and tpu_log:
+        more, unattributed, note = tpu_parts(raw, tpu_log)
+        if more:
+            notes.append("libtpu times its stages, not its fusions: by line, evenly over "
+                         "the instructions of the TPU module")
+    else:
+        more, unattributed, note = [], 0.0, raw.note or "not traced"
+    if not more:
+        more = [CompilePart("other", "the compile, not split", raw.compile_s, "xlanb's timer")]
+        unattributed = 0.0
+    parts += more
+    if raw.trace_s:
+        parts.append(CompilePart("other", "this profile (starting, reading the trace)",
+                                 raw.trace_s, "xlanb's timer"))
+    if note:
+        notes.append(note)
+    total = measured
+    if total_s is not None and total_s > measured:
+        parts.append(CompilePart("other", "xlanb (store, summary)", total_s - measured,
+                                 "xlanb's timer − the compile"))
+        total = total_s
+    lines, scopes, method = (attribute(text, total, fusion_pool, weights, recorded, loops)
+                             if text else ([], [], ""))
+    return CompileProfile(what, raw.platform, total, parts, unattributed, lines, scopes,
+                          method, notes)
+
+
+# ---------------------------------------------------------------------------------------
+# Several compiles at once: a cell's, an eager run's, a script's
+
+class CompileSummary:
+    """``xlanb.compile_summary(graphs)``: several compiles' profiles summed, by phase,
+    line and scope: "4 graphs (812 ops) compiled in 4.8 s; 60% at model.py:42"."""
+
+    def __init__(self, profiles, n_ops: int = 0):
+        self.profiles = list(profiles)
+        self.n_ops = n_ops
+        self.total_s = sum(p.total_s for p in self.profiles)
+        self.phases: dict = defaultdict(float)
+        lines: dict = defaultdict(lambda: [0.0, 0])
+        scopes: dict = defaultdict(lambda: [0.0, 0])
+        for p in self.profiles:
+            for k, v in p.phases().items():
+                self.phases[k] += v
+            for rows, into in ((p.by_line(None), lines), (p.by_scope(None), scopes)):
+                for r in rows:
+                    into[r.key][0] += r.seconds
+                    into[r.key][1] += r.ops
+        t = self.total_s or 1.0
+        self._lines = sorted((CompileRow(k, v[0], v[0] / t, v[1]) for k, v in lines.items()),
+                             key=lambda r: -r.seconds)
+        self._scopes = sorted((CompileRow(k, v[0], v[0] / t, v[1]) for k, v in scopes.items()),
+                              key=lambda r: -r.seconds)
+
+    def by_line(self, n: int | None = 10) -> list[CompileRow]:
+        return self._lines[:n]
+
+    def by_scope(self, n: int | None = 10) -> list[CompileRow]:
+        return self._scopes[:n]
+
+    def headline(self) -> str:
+        n = len(self.profiles)
+        head = (f"{n} graph{'s' if n != 1 else ''}"
+                + (f" ({self.n_ops} ops)" if self.n_ops else "")
+                + f" compiled in {format_duration(self.total_s)}")
+        top = next((r for r in self._lines if not r.key.startswith("(")), None)
+        return head + (f"; {100 * top.share:.0f}% at {top.key}" if top is not None else "")
+
+    def __str__(self) -> str:
+        if not self.profiles:
+            return "no compiles"
+        t = self.total_s or 1.0
+        out = [self.headline()]
+        out.append(format_table(("phase", "seconds", "share"),
+                                [(k, format_duration(v), f"{100 * v / t:.1f}%")
+                                 for k, v in self.phases.items()], right=(1, 2), indent="  "))
+        out.append("  by line:")
+        out.append(format_table(("line", "seconds", "share", "ops"),
+                                CompileProfile._rows(self.by_line()), right=(1, 2, 3), indent="    "))
+        out.append("  by scope:")
+        out.append(format_table(("scope", "seconds", "share", "ops"),
+                                CompileProfile._rows(self.by_scope()), right=(1, 2, 3), indent="    "))
+        return "\n".join(out)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        return f"<pre class='xlanb-compile-summary'>{html.escape(str(self))}</pre>"
