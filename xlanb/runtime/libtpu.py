@@ -87,10 +87,10 @@ def plugin_loaded() -> None:
 def profiler_safe() -> bool:
     """Whether JAX's profiler can start here without crashing (see ``_plugin_loaded``):
     not where libtpu is loaded (by a target, or by anything else) with no TPU here."""
+    if _plugin_loaded[0]:  # first: whatever installed() says now, it is loaded
+        return False
     if not installed() or has_tpu():
         return True
-    if _plugin_loaded[0]:
-        return False
     try:
         with open("/proc/self/maps") as f:
             return "libtpu" not in f.read()
