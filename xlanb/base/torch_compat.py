@@ -1,0 +1,90 @@
+"""Where torch versions differ, in one place: which torch xlanb runs on, and what each
+version lacks.
+
+Supported: torch 2.11 to 2.14 (each one is tested: docs/compat.md, ``.ci/run``).
+
+- The floor is the device guard. xlanb registers the ``xla`` device in pure Python through
+  ``torch._C._acc`` (a Python ``DeviceGuard`` and ``PrivateUse1Hooks``); torch 2.10 is
+  the first release that has it (pytorch#157859). 2.10 itself imports xlanb and runs its
+  demo but is not tested in CI, so the declared floor is 2.11 (docs/compat.md says why).
+- Ops one version has and another lacks are looked up by name (``aten_op``): a lowering of
+  an op this torch lacks is skipped at registration, not an ``AttributeError`` at import.
+  ``OP_VERSIONS`` lists the known ones, with the versions checked.
+
+Only this module reads ``torch.__version__`` to decide anything.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+
+import torch
+
+__all__ = ["FLOOR", "NEWEST", "PIP_SPEC", "version", "supported", "check", "aten_op",
+           "missing", "OP_VERSIONS", "UnsupportedTorchError"]
+
+# The tested range: the oldest and the newest torch (major, minor) CI runs.
+FLOOR = (2, 11)
+NEWEST = (2, 14)
+PIP_SPEC = f"torch>={FLOOR[0]}.{FLOOR[1]},<{NEWEST[0]}.{NEWEST[1] + 1}"
+
+# aten ops that only some supported versions have (checked on 2.11.0, 2.12.1, 2.13.0,
+# 2.14.1). Their lowerings register where the op exists.
+OP_VERSIONS = {
+    "_foreach_clone": "added in torch 2.12 (2.11 has no aten._foreach_clone)",
+    "cholesky": "removed in torch 2.14 (torch.cholesky now decomposes to linalg_cholesky_ex)",
+}
+
+
+class UnsupportedTorchError(ImportError):
+    """``import xlanb`` on a torch that cannot run it: one line, with the fix."""
+
+
+def version(text: str | None = None) -> tuple[int, int]:
+    """(major, minor) of ``text`` (default: this torch's version), e.g. ``2.11.0+cu130``."""
+    text = torch.__version__ if text is None else text
+    m = re.match(r"(\d+)\.(\d+)", str(text))
+    if m is None:
+        raise ValueError(f"not a torch version: {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def supported(text: str | None = None) -> bool:
+    """Whether ``text`` (default: this torch) is in the tested range."""
+    return FLOOR <= version(text) <= NEWEST
+
+
+def _message(found: str) -> str:
+    return (f"xlanb supports torch {FLOOR[0]}.{FLOOR[1]} to {NEWEST[0]}.{NEWEST[1]}; "
+            f"found torch {found}. Fix: pip install '{PIP_SPEC}'")
+
+
+def check() -> None:
+    """Called first by ``import xlanb``. A torch older than the floor (or one without the
+    Python device guard) raises ``UnsupportedTorchError``; a newer, untested one warns once
+    and goes on (ops it lacks are skipped, as for any version)."""
+    found = str(torch.__version__)
+    if version(found) < FLOOR or not hasattr(torch._C, "_acc"):
+        raise UnsupportedTorchError(_message(found))
+    if version(found) > NEWEST:
+        warnings.warn(_message(found) + " (untested: going on)", stacklevel=3)
+
+
+_missing: list[str] = []
+
+
+def aten_op(name: str):
+    """``torch.ops.aten.<name>``, e.g. ``"cholesky.default"`` or ``"_foreach_clone"`` (the
+    packet), or None where this torch has no such op or overload (``missing()`` names it)."""
+    packet_name, _, overload = name.partition(".")
+    packet = getattr(torch.ops.aten, packet_name, None)  # _OpNamespace raises AttributeError
+    op = getattr(packet, overload, None) if packet is not None and overload else packet
+    if op is None and name not in _missing:
+        _missing.append(name)
+    return op
+
+
+def missing() -> list[str]:
+    """The ops asked for through ``aten_op`` that this torch lacks (their lowerings were
+    skipped)."""
+    return list(_missing)
