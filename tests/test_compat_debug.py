@@ -26,6 +26,8 @@ import xlanb
 import xlanb.compat as compat
 from xlanb.compat import debug_env
 
+pytestmark = pytest.mark.slow  # -m "not slow" leaves it out (tests/conftest.py)
+
 SCRIPT = r'''
 import sys
 

@@ -17,6 +17,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.slow  # -m "not slow" leaves it out (tests/conftest.py)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "divergence_cases.py")
 MODES = ("lazy", "eager", "opbyop")

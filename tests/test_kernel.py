@@ -22,6 +22,8 @@ from jupyter_client.manager import KernelManager  # noqa: E402
 from xlanb.kernel import spec  # noqa: E402
 from xlanb.kernel.__main__ import main as kernel_main  # noqa: E402
 
+pytestmark = pytest.mark.slow  # -m "not slow" leaves it out (tests/conftest.py)
+
 
 def _env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("XLANB_")}
