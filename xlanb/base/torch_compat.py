@@ -21,19 +21,29 @@ import warnings
 import torch
 
 __all__ = ["FLOOR", "NEWEST", "PIP_SPEC", "version", "supported", "check", "aten_op",
-           "missing", "OP_VERSIONS", "UnsupportedTorchError"]
+           "missing", "has_op", "OP_VERSIONS", "UnsupportedTorchError"]
 
 # The tested range: the oldest and the newest torch (major, minor) CI runs.
 FLOOR = (2, 11)
 NEWEST = (2, 14)
 PIP_SPEC = f"torch>={FLOOR[0]}.{FLOOR[1]},<{NEWEST[0]}.{NEWEST[1] + 1}"
 
-# aten ops that only some supported versions have (checked on 2.11.0, 2.12.1, 2.13.0,
-# 2.14.1). Their lowerings register where the op exists.
-OP_VERSIONS = {
-    "_foreach_clone": "added in torch 2.12 (2.11 has no aten._foreach_clone)",
-    "cholesky": "removed in torch 2.14 (torch.cholesky now decomposes to linalg_cholesky_ex)",
+# aten ops that only some supported versions have: name -> (the first torch that has it,
+# the first that no longer does, why). None: every supported version. Checked on 2.11.0,
+# 2.12.1, 2.13.0 and 2.14.1; their lowerings register only where the op exists.
+OP_VERSIONS: dict[str, tuple[tuple[int, int] | None, tuple[int, int] | None, str]] = {
+    "_foreach_clone": ((2, 12), None, "new in torch 2.12"),
+    "cholesky": (None, (2, 14), "removed in torch 2.14: torch.cholesky raises there, "
+                 "torch.linalg.cholesky (linalg_cholesky_ex) remains"),
 }
+
+
+def has_op(name: str, text: str | None = None) -> bool:
+    """Whether torch ``text`` (default: this one) has aten op ``name``, by ``OP_VERSIONS``
+    (an op not listed there is in every supported version)."""
+    first, gone, _ = OP_VERSIONS.get(name, (None, None, ""))
+    v = version(text)
+    return (first is None or v >= first) and (gone is None or v < gone)
 
 
 class UnsupportedTorchError(ImportError):
