@@ -27,6 +27,8 @@ import xlanb
 import xlanb.compat as compat
 from xlanb.compat.missing import CompatImportError, CompatNotImplementedError
 
+pytestmark = pytest.mark.versions  # also run on the oldest and newest torch (.ci/run)
+
 # --------------------------------------------------------------------------- programs
 
 # The same MNIST-like program twice: against torch_xla (run with python -m xlanb.run)

@@ -10,6 +10,8 @@ from torch import nn
 
 import xlanb
 
+pytestmark = pytest.mark.versions  # also run on the oldest and newest torch (.ci/run)
+
 TOL = dict(atol=1e-4, rtol=1e-4)
 
 

@@ -11,6 +11,8 @@ from torch import nn
 
 import xlanb
 
+pytestmark = pytest.mark.versions  # also run on the oldest and newest torch (.ci/run)
+
 
 def test_modes_listed():
     assert tuple(xlanb.MODES) == ("lazy", "eager", "opbyop")
