@@ -27,8 +27,6 @@ import xlanb
 import xlanb.compat as compat
 from xlanb.compat.missing import CompatImportError, CompatNotImplementedError
 
-pytestmark = pytest.mark.versions  # also run on the oldest and newest torch (.ci/run)
-
 # --------------------------------------------------------------------------- programs
 
 # The same MNIST-like program twice: against torch_xla (run with python -m xlanb.run)
@@ -316,6 +314,7 @@ def test_run_usage():
 
 # --------------------------------------------------------------------------- the surface
 
+@pytest.mark.versions
 def test_install_resolves_the_modules_and_uninstall_removes_them(tx):
     import torch_xla._XLAC
     import torch_xla.core.xla_model as xm
@@ -348,6 +347,7 @@ def test_submodules_load_from_the_top_module(tx):
     assert tx.__version__.startswith("0+xlanb")
 
 
+@pytest.mark.versions
 def test_devices(tx):
     import torch_xla.core.xla_model as xm
     import torch_xla.runtime as xr
@@ -440,6 +440,7 @@ def test_metrics_in_torch_xla_formats(tx):
     assert met.metric_names() == [] and met.counter_names() == []
 
 
+@pytest.mark.versions
 def test_eager_mode_and_compile(tx):
     import torch_xla.experimental as exp
     exp.eager_mode(True)
@@ -578,6 +579,7 @@ def test_graph_saver_writes_the_pending_graph(tx, tmp_path, monkeypatch):
         gs.save_tensors_graph(str(tmp_path), "g", [y])
 
 
+@pytest.mark.versions
 def test_torch_compile_openxla_backends_run_on_xlanb(tx):
     import torch._dynamo
     torch._dynamo.reset()

@@ -10,8 +10,6 @@ from torch import nn
 
 import xlanb
 
-pytestmark = pytest.mark.versions  # also run on the oldest and newest torch (.ci/run)
-
 TOL = dict(atol=1e-4, rtol=1e-4)
 
 
@@ -103,6 +101,7 @@ def test_cnn_forward_eval(mode, same):
     same(mx(x.to("xla")), want.detach(), **TOL)
 
 
+@pytest.mark.versions
 def test_transformer_encoder_layer_forward(mode, same):
     model = transformer().eval()
     torch.manual_seed(2)
@@ -186,6 +185,7 @@ def _three_step_losses(device, which):
     return [float(v.item()) for v in losses], {k: v.cpu() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.versions
 @pytest.mark.parametrize("which", ["mlp", "cnn"])
 def test_three_training_steps_same_losses_in_all_modes(which):
     cpu_losses, cpu_state = _three_step_losses("cpu", which)
