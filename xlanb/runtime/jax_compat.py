@@ -1,8 +1,8 @@
 """The private JAX APIs xlanb uses, each named once here, with the versions checked.
 
 Everything else in xlanb uses JAX's public API (``jax``, ``jax.config``, ``jax.stages``,
-``jax.extend``). These have no public equivalent; each was checked on jax/jaxlib 0.9.0,
-0.9.2, 0.10.0 and 0.10.2 (docs/compat.md). Where one moves in another JAX, the callers
+``jax.extend``). These have no public equivalent. Checked: jax/jaxlib 0.10.2 (the whole
+suite) and 0.10.1 (the demo; docs/compat.md). Where one moves in another JAX, the callers
 that can go on without it (source-mapped HLO, loop FLOPs) catch the error and lose only
 that feature; the others fail loudly.
 
