@@ -4,6 +4,7 @@ decided in xlanb/base/torch_compat.py. This file runs in the ``versions`` tier, 
 "this torch" is checked on each of them."""
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -20,6 +21,7 @@ def test_versions_parse_and_range():
     assert torch_compat.version("2.15.0a0+git1234") == (2, 15)
     assert torch_compat.supported("2.11.0") and torch_compat.supported("2.14.1")
     assert not torch_compat.supported("2.10.0") and not torch_compat.supported("2.15.0")
+    assert torch_compat.GUARD == (2, 10)  # the first torch with torch._C._acc
     assert torch_compat.PIP_SPEC == "torch>=2.11,<2.15"
     with pytest.raises(ValueError, match="not a torch version"):
         torch_compat.version("nightly")
@@ -74,9 +76,11 @@ def test_an_old_torch_gets_one_line_with_the_fix(monkeypatch):
     assert isinstance(e.value, ImportError)
 
 
-def test_a_newer_torch_warns_and_goes_on(monkeypatch):
-    monkeypatch.setattr(torch, "__version__", "2.15.0")
-    with pytest.warns(UserWarning, match=r"found torch 2\.15\.0.*untested: going on"):
+@pytest.mark.parametrize("found", ["2.15.0", "2.10.0+cu128"])
+def test_an_untested_torch_with_the_guard_warns_and_goes_on(monkeypatch, found):
+    """2.10 has the device guard (and runs the demo), 2.15 is newer than CI's newest."""
+    monkeypatch.setattr(torch, "__version__", found)
+    with pytest.warns(UserWarning, match=rf"found torch {re.escape(found)}.*untested: going on"):
         torch_compat.check()
 
 

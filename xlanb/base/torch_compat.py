@@ -5,8 +5,9 @@ Supported: torch 2.11 to 2.14 (each one is tested: docs/compat.md, ``.ci/run``).
 
 - The floor is the device guard. xlanb registers the ``xla`` device in pure Python through
   ``torch._C._acc`` (a Python ``DeviceGuard`` and ``PrivateUse1Hooks``); torch 2.10 is
-  the first release that has it (pytorch#157859). 2.10 itself imports xlanb and runs its
-  demo but is not tested in CI, so the declared floor is 2.11 (docs/compat.md says why).
+  the first release that has it (pytorch#157859), so an older torch cannot work
+  (``GUARD``). 2.10 runs the demo but is not tested: the tested range starts at 2.11, the
+  oldest CI installs (PyPI's 2.10 is a CUDA 12 build, 2.11-2.14 share CUDA 13 libraries).
 - Ops one version has and another lacks are looked up by name (``aten_op``): a lowering of
   an op this torch lacks is skipped at registration, not an ``AttributeError`` at import.
   ``OP_VERSIONS`` lists the known ones, with the versions checked.
@@ -20,10 +21,12 @@ import warnings
 
 import torch
 
-__all__ = ["FLOOR", "NEWEST", "PIP_SPEC", "version", "supported", "check", "aten_op",
+__all__ = ["GUARD", "FLOOR", "NEWEST", "PIP_SPEC", "version", "supported", "check", "aten_op",
            "missing", "has_op", "OP_VERSIONS", "UnsupportedTorchError"]
 
-# The tested range: the oldest and the newest torch (major, minor) CI runs.
+# The oldest torch that can work (the device guard), and the tested range: the oldest and
+# the newest torch (major, minor) CI runs.
+GUARD = (2, 10)
 FLOOR = (2, 11)
 NEWEST = (2, 14)
 PIP_SPEC = f"torch>={FLOOR[0]}.{FLOOR[1]},<{NEWEST[0]}.{NEWEST[1] + 1}"
@@ -70,13 +73,14 @@ def _message(found: str) -> str:
 
 
 def check() -> None:
-    """Called first by ``import xlanb``. A torch older than the floor (or one without the
-    Python device guard) raises ``UnsupportedTorchError``; a newer, untested one warns once
-    and goes on (ops it lacks are skipped, as for any version)."""
+    """Called first by ``import xlanb``. A torch without the Python device guard (older
+    than ``GUARD``) raises ``UnsupportedTorchError``; one that has it but is outside the
+    tested range (2.10, or newer than ``NEWEST``) warns and goes on (ops it lacks are
+    skipped, as for any version)."""
     found = str(torch.__version__)
-    if version(found) < FLOOR or not hasattr(torch._C, "_acc"):
+    if version(found) < GUARD or not hasattr(torch._C, "_acc"):
         raise UnsupportedTorchError(_message(found))
-    if version(found) > NEWEST:
+    if not supported(found):
         warnings.warn(_message(found) + " (untested: going on)", stacklevel=3)
 
 
