@@ -125,3 +125,13 @@ def test_foreach_clone_where_it_exists(same, count):
     for g, x in zip(got, xs):
         same(g, x.clone())
     assert count("aten::_foreach_clone") == 0  # lowered, not run on CPU torch
+
+
+def test_an_xla_tensor_is_not_fake_on_every_torch():
+    """torch.compile asks ``is_fake`` of its inputs; torch 2.11 raised for an XlaTensor (a
+    wrapper subclass with no inner tensors), which torch_compat.patch() answers as 2.12 does."""
+    from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
+    assert is_fake(torch.zeros(2, device="xla")) is False
+    with FakeTensorMode() as mode:
+        assert is_fake(mode.from_tensor(torch.zeros(2)))
+

@@ -21,7 +21,7 @@ import warnings
 
 import torch
 
-__all__ = ["GUARD", "FLOOR", "NEWEST", "PIP_SPEC", "version", "supported", "check", "aten_op",
+__all__ = ["GUARD", "FLOOR", "NEWEST", "PIP_SPEC", "version", "supported", "check", "patch", "aten_op",
            "missing", "has_op", "OP_VERSIONS", "UnsupportedTorchError"]
 
 # The oldest torch that can work (the device guard), and the tested range: the oldest and
@@ -102,3 +102,45 @@ def missing() -> list[str]:
     """The ops asked for through ``aten_op`` that this torch lacks (their lowerings were
     skipped)."""
     return list(_missing)
+
+
+# Modules of torch 2.11.0 that bind these names of fake_tensor's (``from ... import``).
+_FAKE_USERS = ("torch._subclasses.fake_tensor", "torch._subclasses.meta_utils",
+               "torch._dynamo.utils", "torch._dynamo.variables.builder",
+               "torch._functorch._aot_autograd.schemas", "torch.export.graph_signature",
+               "torch._inductor.cudagraph_utils")
+
+
+def patch() -> None:
+    """Fixes for behaviour of one torch version, applied by ``import xlanb``.
+
+    - torch < 2.12: ``fake_tensor.is_fake`` and ``maybe_get_fake_mode`` fail for a
+      traceable wrapper subclass with no inner tensors ("got mixed fake and real
+      tensors!", ``modes[0]``), which every XlaTensor is: ``torch.compile`` stopped at its
+      inputs. 2.12 answers False and None for it; this gives 2.11 those answers and leaves
+      every other case to torch.
+    """
+    if version() >= (2, 12):
+        return
+    import sys
+    from torch._subclasses import fake_tensor
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+    if getattr(fake_tensor.is_fake, "_xlanb_patched", False):
+        return
+
+    def no_inner(x) -> bool:
+        return is_traceable_wrapper_subclass(x) and not type(x).__tensor_flatten__(x)[0]
+
+    def fixed(orig, empty_answer):
+        def fn(x):
+            return empty_answer if no_inner(x) else orig(x)
+        fn._xlanb_patched = True
+        return fn
+
+    for name, answer in (("is_fake", False), ("maybe_get_fake_mode", None)):
+        orig = getattr(fake_tensor, name)
+        new = fixed(orig, answer)
+        for module_name in _FAKE_USERS:  # later imports read fake_tensor's own
+            module = sys.modules.get(module_name)
+            if module is not None and getattr(module, name, None) is orig:
+                setattr(module, name, new)
