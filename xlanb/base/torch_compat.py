@@ -1,5 +1,5 @@
-"""Where torch versions differ, in one place: which torch xlanb runs on, and what each
-version lacks.
+"""Where torch versions differ, in one place: which torch xlanb runs on, what each version
+lacks, and what one version does differently.
 
 Supported: torch 2.11 to 2.14 (each one is tested: docs/compat.md, ``.ci/run``).
 
@@ -11,6 +11,8 @@ Supported: torch 2.11 to 2.14 (each one is tested: docs/compat.md, ``.ci/run``).
 - Ops one version has and another lacks are looked up by name (``aten_op``): a lowering of
   an op this torch lacks is skipped at registration, not an ``AttributeError`` at import.
   ``OP_VERSIONS`` lists the known ones, with the versions checked.
+- Behaviour that one version gets wrong for xlanb is fixed by ``patch()``, which says
+  which versions (2.11's fake-tensor checks).
 
 Only this module reads ``torch.__version__`` to decide anything.
 """
@@ -21,8 +23,8 @@ import warnings
 
 import torch
 
-__all__ = ["GUARD", "FLOOR", "NEWEST", "PIP_SPEC", "version", "supported", "check", "patch", "aten_op",
-           "missing", "has_op", "OP_VERSIONS", "UnsupportedTorchError"]
+__all__ = ["GUARD", "FLOOR", "NEWEST", "PIP_SPEC", "version", "supported", "check", "patch",
+           "aten_op", "missing", "has_op", "OP_VERSIONS", "UnsupportedTorchError"]
 
 # The oldest torch that can work (the device guard), and the tested range: the oldest and
 # the newest torch (major, minor) CI runs.
