@@ -179,24 +179,13 @@ def python_child():
     return run_python
 
 
-# The files whose tests run real kernels, notebooks, browsers, several processes, TPU
-# compiles, PyTorch's own files or long soaks: ``-m "not slow"`` leaves them out (the
-# README's fast tier, under 10 minutes on 2 cores); CI runs everything.
-SLOW_FILES = frozenset((
-    "test_notebooks.py", "test_pytorch_suite.py", "test_opinfo.py", "test_kernel.py",
-    "test_kernel_cells.py", "test_widgets_browser.py", "test_divergence.py", "test_spmd.py",
-    "test_target.py", "test_target_frontends.py", "test_scan_layers.py", "test_soak.py",
-    "test_stress.py", "test_real_models.py", "test_interrupts.py", "test_compat_debug.py",
-    "test_profile.py", "test_persistent_cache.py", "test_store_security.py", "test_fsdp.py",
-))
-
-
-@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
-def pytest_collection_modifyitems(session, config, items):
-    """Marks the slow files' tests ``slow``."""
-    for item in items:
-        if item.path.name in SLOW_FILES:
-            item.add_marker(pytest.mark.slow)
+# Tiers are markers on the test modules (``pytestmark``), never lists of file names here:
+# - ``slow``: real kernels, notebooks, browsers, several processes, TPU compiles, PyTorch's
+#   own files, long soaks. ``-m "not slow"`` leaves them out (the README's fast tier, under
+#   10 minutes on 2 cores); CI runs everything.
+# - ``versions``: the torch-facing surface (device registration, lowerings, the three
+#   modes, torch_xla's imports, a small model), cheap enough that .ci/run runs it on the
+#   oldest and the newest supported torch as well (``-m "versions and not slow"``).
 
 
 def pytest_collection_finish(session):

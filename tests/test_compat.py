@@ -313,6 +313,7 @@ def test_run_usage():
 
 # --------------------------------------------------------------------------- the surface
 
+@pytest.mark.versions
 def test_install_resolves_the_modules_and_uninstall_removes_them(tx):
     import torch_xla._XLAC
     import torch_xla.core.xla_model as xm
@@ -345,6 +346,7 @@ def test_submodules_load_from_the_top_module(tx):
     assert tx.__version__.startswith("0+xlanb")
 
 
+@pytest.mark.versions
 def test_devices(tx):
     import torch_xla.core.xla_model as xm
     import torch_xla.runtime as xr
@@ -437,6 +439,7 @@ def test_metrics_in_torch_xla_formats(tx):
     assert met.metric_names() == [] and met.counter_names() == []
 
 
+@pytest.mark.versions
 def test_eager_mode_and_compile(tx):
     import torch_xla.experimental as exp
     exp.eager_mode(True)
@@ -575,6 +578,7 @@ def test_graph_saver_writes_the_pending_graph(tx, tmp_path, monkeypatch):
         gs.save_tensors_graph(str(tmp_path), "g", [y])
 
 
+@pytest.mark.versions
 def test_torch_compile_openxla_backends_run_on_xlanb(tx):
     import torch._dynamo
     torch._dynamo.reset()

@@ -27,6 +27,8 @@ import xlanb.compat as compat
 from xlanb.compat import debug_env
 from support import child_env  # noqa: E402
 
+pytestmark = pytest.mark.slow  # -m "not slow" leaves it out (tests/conftest.py)
+
 SCRIPT = r'''
 import sys
 

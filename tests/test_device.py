@@ -16,6 +16,7 @@ XLA0 = torch.device("xla", 0)
 # ---------------------------------------------------------------------------------------
 # Device names
 
+@pytest.mark.versions
 def test_device_names():
     assert torch.device("xla").type == "xla"
     assert torch.device("xla:0") == XLA0
@@ -24,6 +25,7 @@ def test_device_names():
     assert xlanb.device_count() >= 1
 
 
+@pytest.mark.versions
 @pytest.mark.parametrize("target", ["xla", "xla:0", torch.device("xla"), XLA0, "xlanb.device()"])
 def test_to_device_and_back(mode, target, same):
     if target == "xlanb.device()":
@@ -118,6 +120,7 @@ def test_empty_and_empty_like(mode):
 
 @pytest.mark.parametrize("name", ["randn", "rand", "randint", "randn_like", "rand_like",
                                   "randint_like"])
+@pytest.mark.versions
 def test_random_factories(mode, name):
     base = torch.zeros(50, 40, device="xla")
     make = {
@@ -170,6 +173,7 @@ def _tiny_model():
     return nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3), nn.BatchNorm1d(3))
 
 
+@pytest.mark.versions
 def test_model_to_xla(mode, same):
     cpu_model = _tiny_model().eval()
     model = copy.deepcopy(cpu_model).to("xla")
@@ -215,6 +219,7 @@ def _load_into_fresh(loaded, load_to, expected):
     torch.testing.assert_close(out, ref(x), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.versions
 @pytest.mark.parametrize("load_to", ["xla", "cpu"])
 def test_state_dict_round_trip(load_to):
     buf, expected = _saved_state_dict()

@@ -18,6 +18,8 @@ import time
 import pytest
 from support import child_env  # noqa: E402
 
+pytestmark = pytest.mark.slow  # -m "not slow" leaves it out (tests/conftest.py)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "divergence_cases.py")
 MODES = ("lazy", "eager", "opbyop")

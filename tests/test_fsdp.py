@@ -14,9 +14,12 @@ import subprocess
 import sys
 
 import pytest
+
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint
+
+pytestmark = pytest.mark.slow  # two child processes of 4 devices each (conftest: tiers)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")

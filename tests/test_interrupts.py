@@ -15,6 +15,8 @@ import pytest
 
 from conftest import _child_env, last_json_line
 
+pytestmark = pytest.mark.slow  # -m "not slow" leaves it out (tests/conftest.py)
+
 
 def _run(code: str, env: dict | None = None, timeout: float = 300):
     proc = subprocess.run([sys.executable, "-c", code], env=_child_env(env),

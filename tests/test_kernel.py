@@ -23,6 +23,8 @@ from xlanb.kernel import spec  # noqa: E402
 from xlanb.kernel.__main__ import main as kernel_main  # noqa: E402
 from support import child_env  # noqa: E402
 
+pytestmark = pytest.mark.slow  # -m "not slow" leaves it out (tests/conftest.py)
+
 
 def _env(**extra) -> dict:
     return child_env(extra)

@@ -26,6 +26,8 @@ from jupyter_client.manager import KernelManager  # noqa: E402
 
 from xlanb.kernel import spec  # noqa: E402
 
+pytestmark = pytest.mark.slow  # -m "not slow" leaves it out (tests/conftest.py)
+
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 TEMP = re.compile(r"ipykernel_\d+|\b\d{6,}\.py")  # ipykernel's name for a cell's code
 

@@ -13,6 +13,8 @@ import xlanb.lowering  # noqa: F401  (fills the registry)
 from xlanb.base.dtypes import numpy_to_tensor, tensor_to_numpy, to_jax_dtype
 from xlanb.lowering.registry import LOWERINGS, lookup
 
+pytestmark = pytest.mark.versions  # also run on the oldest and newest torch (.ci/run)
+
 aten = torch.ops.aten
 
 

@@ -11,11 +11,17 @@ from torch import nn
 
 import xlanb
 
+# in the versions tier (also run on the oldest and newest torch: .ci/run), all but the
+# XLANB_MODE tests (child processes; settings, not torch)
+VERSIONS = pytest.mark.versions
 
+
+@VERSIONS
 def test_modes_listed():
     assert tuple(xlanb.MODES) == ("lazy", "eager", "opbyop")
 
 
+@VERSIONS
 def test_set_and_get_mode():
     for m in ("eager", "opbyop", "lazy", "opbyop", "eager", "lazy"):
         xlanb.set_mode(m)
@@ -24,6 +30,7 @@ def test_set_and_get_mode():
         assert x.tolist() == [0, 3, 6, 9]
 
 
+@VERSIONS
 def test_switch_mid_forward_matches_cpu():
     torch.manual_seed(0)
     layers = [nn.Linear(6, 10), nn.Linear(10, 8), nn.Linear(8, 3)]
@@ -56,6 +63,7 @@ def test_switch_mid_forward_matches_cpu():
         torch.testing.assert_close(px.grad.cpu(), pc.grad, atol=1e-5, rtol=1e-5)
 
 
+@VERSIONS
 @pytest.mark.parametrize("first,second", [("lazy", "eager"), ("lazy", "opbyop"),
                                           ("opbyop", "lazy"), ("opbyop", "eager"),
                                           ("eager", "lazy"), ("eager", "opbyop")])
@@ -73,6 +81,7 @@ def test_pending_work_stays_correct_after_switch(first, second):
     torch.testing.assert_close(b.cpu(), (ac * ac).sum(1))
 
 
+@VERSIONS
 def test_mode_context_manager_restores():
     xlanb.set_mode("lazy")
     with xlanb.mode("eager"):
@@ -85,6 +94,7 @@ def test_mode_context_manager_restores():
     assert y.tolist() == [2.0, 2.0, 2.0]
 
 
+@VERSIONS
 def test_mode_context_manager_restores_on_error():
     xlanb.set_mode("opbyop")
     with pytest.raises(ZeroDivisionError):
@@ -94,6 +104,7 @@ def test_mode_context_manager_restores_on_error():
     assert xlanb.get_mode() == "opbyop"
 
 
+@VERSIONS
 @pytest.mark.parametrize("bad", ["bogus", "LAZY", "", "eagerly"])
 def test_unknown_mode_is_value_error_listing_valid_ones(bad):
     xlanb.set_mode("eager")
@@ -109,6 +120,7 @@ def test_unknown_mode_is_value_error_listing_valid_ones(bad):
     assert xlanb.get_mode() == "eager"
 
 
+@VERSIONS
 def test_eager_runs_now_and_lazy_waits():
     from xlanb import metrics
 

@@ -24,6 +24,8 @@ pytest.importorskip("ipykernel")
 from jupyter_client.kernelspec import KernelSpecManager  # noqa: E402
 from jupyter_client.manager import KernelManager  # noqa: E402
 
+pytestmark = pytest.mark.slow  # -m "not slow" leaves it out (tests/conftest.py)
+
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 NOTEBOOKS = sorted(EXAMPLES.glob("*.ipynb"))
 HAVE_DOT = shutil.which("dot") is not None

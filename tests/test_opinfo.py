@@ -24,6 +24,8 @@ import torch
 
 from tools import coverage as cov
 
+pytestmark = pytest.mark.slow  # -m "not slow" leaves it out (tests/conftest.py)
+
 FULL = os.environ.get("XLANB_OPINFO", "").strip().lower() == "full"
 
 #: The CI slice: a few ops of every kind (pointwise, reductions, shapes, indexing, nn,

@@ -6,6 +6,10 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
+pytestmark = pytest.mark.slow  # -m "not slow" leaves it out (tests/conftest.py)
+
 SCRIPT = """
 import json, warnings
 warnings.simplefilter("ignore")

@@ -13,6 +13,8 @@ import torch
 import xlanb
 from conftest import tiny_bert_mlm
 
+pytestmark = pytest.mark.slow  # -m "not slow" leaves it out (tests/conftest.py)
+
 transformers = pytest.importorskip("transformers")
 
 _model = tiny_bert_mlm

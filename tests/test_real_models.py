@@ -23,6 +23,8 @@ from torch import nn
 import xlanb
 from conftest import tiny_bert_config
 
+pytestmark = pytest.mark.slow  # -m "not slow" leaves it out (tests/conftest.py)
+
 TOL = dict(atol=1e-4, rtol=1e-4)
 # After a training step: the update is lr * grad, compared with the same tolerance.
 STEP_TOL = dict(atol=2e-4, rtol=2e-4)

@@ -15,6 +15,8 @@ import xlanb
 from xlanb.base.config import Config, SettingError
 from xlanb.execute.graphs import clear_graph_cache
 
+pytestmark = pytest.mark.slow  # -m "not slow" leaves it out (tests/conftest.py)
+
 # Measured difference between the scanned and unrolled graphs (XLA:CPU, float32): none
 # seen on these models; the bound allows for XLA fusing a loop body differently.
 TOL = dict(rtol=1e-5, atol=1e-6)

@@ -29,6 +29,8 @@ from conftest import _child_env, counter
 from xlanb.runtime import store as exe_store
 from xlanb.base.config import Config, config, parse_bytes
 
+pytestmark = pytest.mark.slow  # -m "not slow" leaves it out (tests/conftest.py)
+
 NOBODY = 65534
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEY = "ab" + "0" * 62  # any hex key: the tests write its entry themselves

@@ -21,7 +21,7 @@ import xlanb
 from conftest import _child_env
 from test_persistent_cache import SCRIPT
 
-pytestmark = pytest.mark.stress
+pytestmark = [pytest.mark.slow, pytest.mark.stress]
 
 
 def _spawn(code: str, env: dict) -> subprocess.Popen:

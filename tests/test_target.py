@@ -26,7 +26,7 @@ from xlanb.graph.layouts import entry_layouts
 from xlanb.runtime import libtpu, targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = pytest.mark.filterwarnings("ignore:xlanb. compiles too frequent")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:xlanb. compiles too frequent")]
 
 # what must not move while compile_for works: the CPU's compiles and runs
 _CPU_COUNTERS = ("UncachedCompile", "CachedCompile", "OpCompile", "OpCacheHit")

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGET = "v5e:1x1"
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                   reason='libtpu is not installed (pip install "xlanb[tpu]")')
-pytestmark = pytest.mark.filterwarnings("ignore:xlanb. compiles too frequent")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:xlanb. compiles too frequent")]
 
 
 def counter(name: str) -> int:

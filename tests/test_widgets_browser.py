@@ -40,6 +40,7 @@ CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "goog
                                            "google-chrome-stable") if shutil.which(n)), None)
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed "
                        "(apt-get install chromium)"),
     pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed"),

@@ -24,12 +24,12 @@ DESIGN = os.path.join(ROOT, "docs", "DESIGN.md")
 # before it. ``xlanb.lowering.*`` is one unit: its modules import each other freely
 # (never in a cycle) and only ``xlanb.base`` below them.
 LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
-    ("base", "settings, the cache registry, metrics, dtypes, tables, the session state, source locations, scopes, RNG",
-     ("xlanb.base.config", "xlanb.base.caches", "xlanb.base.metrics", "xlanb.base.dtypes", "xlanb.base.tables",
+    ("base", "torch versions, settings, the cache registry, metrics, dtypes, tables, the session state, source locations, scopes, RNG",
+     ("xlanb.base.torch_compat", "xlanb.base.config", "xlanb.base.caches", "xlanb.base.metrics", "xlanb.base.dtypes", "xlanb.base.tables",
       "xlanb.base.session", "xlanb.base.frames", "xlanb.base.scopes", "xlanb.base.rng")),
-    ("runtime", "memory-mapping headroom, libtpu without a TPU, JAX devices and meshes, TPU "
+    ("runtime", "JAX's private APIs, memory-mapping headroom, libtpu without a TPU, JAX devices and meshes, TPU "
      "targets, lowering and compiling, the executable store, array transfers",
-     ("xlanb.runtime.maps", "xlanb.runtime.libtpu", "xlanb.runtime.devices", "xlanb.runtime.mesh",
+     ("xlanb.runtime.jax_compat", "xlanb.runtime.maps", "xlanb.runtime.libtpu", "xlanb.runtime.devices", "xlanb.runtime.mesh",
       "xlanb.runtime.targets", "xlanb.runtime.compile_profile", "xlanb.runtime.jit",
       "xlanb.runtime.store", "xlanb.runtime.transfer")),
     ("lowering", "aten op -> JAX function, one registry",

@@ -13,6 +13,12 @@ import time
 
 import torch
 
+# First: on a torch that cannot work, one line that says which torch works, before any
+# lowering asks torch for an op it lacks.
+from .base import torch_compat as _torch_compat
+_torch_compat.check()
+_torch_compat.patch()
+
 from . import lowering as _lowering  # noqa: F401  (fills the lowering registry)
 from .backend import register as _register
 from .base import metrics

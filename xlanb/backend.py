@@ -1,4 +1,5 @@
-"""Registers the ``xla`` device with torch, in pure Python (torch >= 2.13).
+"""Registers the ``xla`` device with torch, in pure Python (``torch._C._acc``; the torch
+versions that have it: base/torch_compat.py).
 
 torch's PrivateUse1 backend is renamed to ``xla``; a Python device guard and hooks make
 ``.to("xla")`` and ``device="xla"`` legal; kernels for the few ops that create tensors on
@@ -22,7 +23,7 @@ import types
 
 import torch
 
-from .base import rng
+from .base import rng, torch_compat
 from .dispatch import dispatch
 from .ir import Node, TensorMeta, contiguous_strides
 from .ops.leaves import empty_info
@@ -34,11 +35,6 @@ aten = torch.ops.aten
 
 _registered = False
 _lib = None
-
-
-def _check_torch():
-    if not hasattr(torch._C, "_acc"):
-        raise ImportError(f"xlanb needs torch >= 2.13 (torch._C._acc); found torch {torch.__version__}")
 
 
 # Ctrl-C must never end the process (issue 37). C++ reaches Python from code that cannot
@@ -261,7 +257,7 @@ def register() -> None:
     global _registered, _lib
     if _registered:
         return
-    _check_torch()
+    torch_compat.check()
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())
     torch._C._acc.register_python_privateuseone_hook(_Hooks())
     torch.utils.rename_privateuse1_backend("xla")

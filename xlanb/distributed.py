@@ -224,8 +224,8 @@ def format_recent(title: str = "") -> str:
 
 
 def _kv():
-    from jax._src import distributed as _jd  # the client jax.distributed started
-    return _jd.global_state.client
+    from .runtime.jax_compat import distributed_client
+    return distributed_client()
 
 
 def _timed_out(e: Exception) -> bool:

@@ -35,11 +35,13 @@ from .compile import add_op_note, scalar_spec, tensor_spec
 # frame is a synthetic code object with the user's file, line and function (one per
 # SourceLoc, made once), and the scope path plus aten op as the name. Metadata only: the
 # graph's key never sees it, so the same structure from another line hits the cache.
+from jax.extend.mlir import ir
+
+from ..runtime.jax_compat import source_info
+
 try:
-    from jax._src import source_info_util as _siu
-    _get_traceback = _siu.Traceback.get_traceback
-    _siu_context = _siu._source_info_context
-    from jax._src.lib.mlir import ir
+    _get_traceback, _siu_context = source_info()
+    _siu = True
 except (ImportError, AttributeError):  # another JAX: no metadata, nothing else changes
     _siu = None
 

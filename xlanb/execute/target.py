@@ -444,12 +444,10 @@ def loop_flops(lowered) -> float:
         loops = counted_loops(text)
         if not loops:
             return 0.0
-        from jax._src.lib import _jax
-        from jaxlib import _hlo
+        from ..runtime.jax_compat import hlo_module_cost_analysis
         client = jax.devices("cpu")[0].client
-        return sum((n - 1) * float(_jax.hlo_module_cost_analysis(
-            client, _hlo.hlo_module_from_text(with_entry(text, body))).get("flops", 0.0))
-            for body, n in loops)
+        return sum((n - 1) * float(hlo_module_cost_analysis(
+            client, with_entry(text, body)).get("flops", 0.0)) for body, n in loops)
     except Exception:  # JAX's internals moved: XLA's own figure, as it was
         return 0.0
 

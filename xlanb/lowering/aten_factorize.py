@@ -12,6 +12,7 @@ import jax.scipy.linalg  # noqa: F401  (expm)
 import jax.numpy as jnp
 from jax import lax
 
+from xlanb.base.torch_compat import aten_op
 from xlanb.lowering._util import aten
 from xlanb.lowering.registry import register
 
@@ -47,7 +48,7 @@ def linalg_cholesky_ex(a, *, upper=False, check_errors=False):
     return (_mT(lower).conj() if upper else lower), _info(a)
 
 
-@register(aten.cholesky.default)
+@register(aten_op("cholesky.default"))  # not in torch 2.14 (base/torch_compat.py)
 def cholesky(a, upper=False):
     return linalg_cholesky_ex(a, upper=upper)[0]
 

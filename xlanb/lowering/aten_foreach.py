@@ -6,6 +6,7 @@ import jax.numpy as jnp
 
 # The element lowerings must be registered before they are looked up below.
 from xlanb.lowering import aten_elementwise, aten_factory  # noqa: F401
+from xlanb.base.torch_compat import aten_op
 from xlanb.lowering._util import aten
 from xlanb.lowering.registry import LOWERINGS, register
 
@@ -57,6 +58,7 @@ for _name in ("addcmul", "addcdiv"):
         _foreach(_fn(getattr(aten, _name).default), value_kw="value"))
 
 register(aten._foreach_copy.default)(_foreach(_fn(aten.copy.default)))
-register(aten._foreach_clone.default)(_foreach(lambda x: x))
+register(aten_op("_foreach_clone.default"))(  # torch >= 2.12 (base/torch_compat.py)
+    _foreach(lambda x: x))
 register(aten._foreach_zero.default)(_foreach(jnp.zeros_like))
 register(aten._foreach_max.default)(_foreach(jnp.max))

@@ -44,11 +44,15 @@ LOWERINGS: dict[object, Lowering] = {}
 
 
 def register(*ops, static_floats: bool = False, random: bool = False, may_refuse: bool = False):
-    """Decorator: ``@register(aten.add.Tensor, aten.add.Scalar)``."""
+    """Decorator: ``@register(aten.add.Tensor, aten.add.Scalar)``. An op only some torch
+    versions have is named through ``torch_compat.aten_op("cholesky.default")``; where it
+    is None (this torch lacks it; ``torch_compat.missing()`` names it) that op is skipped."""
 
     def deco(fn):
         low = Lowering(fn, static_floats=static_floats, random=random, may_refuse=may_refuse)
         for op in ops:
+            if op is None:
+                continue
             LOWERINGS[op] = low
         return fn
 

@@ -17,11 +17,10 @@ import threading
 import time
 
 import jax
-from jax._src import config as jax_config
-from jax._src.interpreters import mlir as _jax_mlir
 
 from ..base import metrics
 from . import compile_profile
+from .jax_compat import mlir_module
 
 _local = threading.local()
 
@@ -29,7 +28,7 @@ _local = threading.local()
 def user_cache_dir() -> str | None:
     """JAX's persistent-cache directory, if the user set one globally (it then wins: JAX
     builds its cache object once per process)."""
-    return jax_config.compilation_cache_dir.get_global()
+    return jax.config.jax_compilation_cache_dir
 
 
 @contextlib.contextmanager
@@ -52,6 +51,7 @@ def jax_context():
 # thread starts a new one after _CONTEXT_USES lowerings; the old one lives on only as long
 # as modules lowered in it. The user's own JAX code still gets a fresh context each time.
 _CONTEXT_USES = 256
+_jax_mlir = mlir_module()
 _make_ir_context = getattr(_jax_mlir, "make_ir_context", None)
 
 

@@ -73,8 +73,8 @@ def prepare() -> None:
     if "JAX_PLATFORMS" in os.environ or _gpu_plugin_installed():
         return
     import jax
-    from jax._src import xla_bridge
-    if jax.config.jax_platforms is None and not xla_bridge._backends:
+    from .jax_compat import backends_started
+    if jax.config.jax_platforms is None and not backends_started():
         jax.config.update("jax_platforms", "cpu")
 
 

@@ -314,10 +314,8 @@ def _versions() -> bytes:
 
 
 def _environment() -> bytes:
-    from jax._src import config as jax_config
     import torch
-    settings = tuple((k, getattr(getattr(jax_config, k, None), "value", None))
-                     for k in _LOWERING_SETTINGS)
+    settings = tuple((k, getattr(jax.config, "jax_" + k, None)) for k in _LOWERING_SETTINGS)
     # torch's default dtype can reach inside a decomposition without showing in its result;
     # the mat-mul precisions are read where dots and convolutions are lowered
     precision = (config.mat_mul_precision, torch.get_float32_matmul_precision(),
@@ -459,11 +457,7 @@ def _prepare_backend(platform: str) -> None:
     deserialized. Raises if this JAX has no way to do that (the entry is then a miss)."""
     if platform != "cpu" or _lapack_ready:
         return
-    try:
-        from jax._src.lax.linalg import initialize_lapack
-    except ImportError:
-        from jaxlib.lapack import _lapack  # older layouts
-        initialize_lapack = _lapack.initialize
+    from .jax_compat import initialize_lapack
     initialize_lapack()
     _lapack_ready.append(True)
 

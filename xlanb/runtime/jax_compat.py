@@ -1,0 +1,62 @@
+"""The private JAX APIs xlanb uses, each named once here, with the versions checked.
+
+Everything else in xlanb uses JAX's public API (``jax``, ``jax.config``, ``jax.stages``,
+``jax.extend``). These have no public equivalent. Checked: jax/jaxlib 0.10.2 (the whole
+suite) and 0.10.1 (the demo; docs/compat.md). Where one moves in another JAX, the callers
+that can go on without it (source-mapped HLO, loop FLOPs) catch the error and lose only
+that feature; the others fail loudly.
+
+Imports happen inside each function: runtime/libtpu.py must configure JAX's platform
+before anything asks JAX for a backend.
+"""
+from __future__ import annotations
+
+__all__ = ["mlir_module", "backends_started", "initialize_lapack", "source_info",
+           "hlo_module_cost_analysis", "distributed_client"]
+
+
+def mlir_module():
+    """``jax._src.interpreters.mlir``: its ``make_ir_context`` is replaced so that
+    xlanb's lowerings reuse one MLIR context per thread (runtime/jit.py)."""
+    from jax._src.interpreters import mlir
+    return mlir
+
+
+def backends_started() -> bool:
+    """Whether JAX has made its backends yet (``xla_bridge._backends``): after that,
+    setting ``jax_platforms`` does nothing (runtime/libtpu.py). The public
+    ``jax.extend.backend.backends()`` would make them."""
+    from jax._src import xla_bridge
+    return bool(xla_bridge._backends)
+
+
+def initialize_lapack() -> None:
+    """Fill in jaxlib's LAPACK FFI handlers, as ``jax.export`` does before it runs a
+    module it deserialized (runtime/store.py: a stored CPU executable calls them)."""
+    try:
+        from jax._src.lax.linalg import initialize_lapack as init
+    except ImportError:
+        from jaxlib.lapack import _lapack  # older layouts
+        init = _lapack.initialize
+    init()
+
+
+def source_info():
+    """(``Traceback.get_traceback``, the source-info context) from
+    ``jax._src.source_info_util``: the line and scope xlanb gives each traced op
+    (execute/stages.py). Raises ImportError or AttributeError where JAX moved them."""
+    from jax._src import source_info_util as siu
+    return siu.Traceback.get_traceback, siu._source_info_context
+
+
+def hlo_module_cost_analysis(client, hlo_text: str) -> dict:
+    """XLA's generic cost analysis of one HLO module's text (execute/target.py)."""
+    from jax._src.lib import _jax
+    from jaxlib import _hlo
+    return _jax.hlo_module_cost_analysis(client, _hlo.hlo_module_from_text(hlo_text))
+
+
+def distributed_client():
+    """The key-value client ``jax.distributed.initialize`` started (xlanb/distributed.py)."""
+    from jax._src import distributed
+    return distributed.global_state.client
