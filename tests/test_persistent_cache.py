@@ -148,7 +148,8 @@ def test_empty_cache_dir_turns_cache_off(python_child, tmp_path):
 
 def test_cache_on_by_default_in_user_cache_dir(python_child, tmp_path):
     xdg = tmp_path / "xdg"
-    env = {"XDG_CACHE_HOME": str(xdg), "HOME": str(tmp_path / "home")}
+    env = {"XDG_CACHE_HOME": str(xdg), "HOME": str(tmp_path / "home"),
+           "XLANB_CACHE_DIR": None}  # unset: the default place (support.child_env)
     first = _run(python_child, env)["counters"]
     assert first["PersistentCacheMiss"] >= 1, first
     written = _files_under(xdg)
