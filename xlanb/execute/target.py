@@ -475,6 +475,11 @@ def _work() -> None:
                 _state.notify_all()
 
 
+def compiles_pending() -> bool:
+    """Whether a target compile runs or waits for the compile thread."""
+    return bool(_compiling) or not _queue.empty()
+
+
 def _finish_at_exit() -> None:
     """Before the interpreter finalizes (see above): cancel, then wait with a bound."""
     with _state:
