@@ -24,7 +24,7 @@ from .execute.fills import fill_value, settle_fill
 from .fallback import cpu_fallback
 from .ir import OpInfo, TensorMeta
 from .live import track, track_view
-from .ops.infos import infos, new_info
+from .ops.infos import as_f32, infos, new_info
 from .ops.plan import OpPlan, make_plan
 from .ops.leaves import from_host, host_values
 from .ops.signature import sig_of
@@ -138,6 +138,8 @@ def _functional(plan: OpPlan, info: OpInfo, tensors: list, scalars: list):
     recorder = session.recorder
     if recorder is not None:  # xlanb.compile: where the graph's inputs come from
         recorder.saw(tensors)
+    if scalars and info.scalar_specs[0] == "f32":
+        scalars = as_f32(scalars)
     if plan.random:
         scalars.append(rng.next_key())
     inputs = []
@@ -208,6 +210,8 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
         recorder.saw(outs)
     if plan.name in INDEX_RULES and not session.direct:
         graph_checks += _check_index_operands(plan, args, kwargs)
+    if scalars and info.scalar_specs[0] == "f32":
+        scalars = as_f32(scalars)
     if plan.random:
         scalars.append(rng.next_key())
     if kind == "view":
