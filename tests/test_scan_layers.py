@@ -391,8 +391,12 @@ def test_pending_ir_folds_repeated_layers():
     folded = xlanb.pending_ir(fold=True)
     per_layer = sum(1 for line in full.splitlines() if "[_MLP.layers.1" in line)
     assert per_layer > 0 and "more layers" not in full
-    assert f"# 3 more layers of layers (1–3): the same {per_layer} ops as layer 0, folded " \
+    assert f"# layers 1–3: 3 more layers, the same {per_layer} ops as layer 0, folded " \
            f"({3 * per_layer} ops)" in folded
+    # the folded layers' weights fold with them (issue 46: 48 device_data lines stayed)
+    inputs = sum(1 for line in full.splitlines() if line.endswith("device_data"))
+    assert "# 12 inputs that only the folded layers read (device_data), folded" in folded
+    assert sum(1 for line in folded.splitlines() if line.endswith("device_data")) == inputs - 12
     assert "[_MLP.layers.0" in folded and "[_MLP.layers.2" not in folded
     assert folded.splitlines()[-1] == full.splitlines()[-1]  # the outputs' numbers
     assert xlanb.pending_ir() == full and xlanb.pending_count() > 0

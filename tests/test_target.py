@@ -485,3 +485,33 @@ def test_looped_layers_cost_every_iteration():
         (looped.cost.flops, unrolled.cost.flops)
     # bytes scale with the FLOPs: never below the loop's own count of one iteration
     assert looped.cost.bytes_accessed >= 0.9 * unrolled.cost.bytes_accessed
+
+
+# The entry of a TPU module with a loop (the shape of a 1024-wide looped layer's, trimmed)
+_LOOP_HLO = """HloModule m
+
+ENTRY %main (p: f32[256,1024]) -> f32[256,1024] {
+  %p = f32[256,1024]{1,0:T(8,128)} parameter(0)
+  %tuple.1 = (s32[]{:T(128)}, f32[256,1024]{1,0:T(8,128)}, f32[7,1024,1024]{2,1,0:T(8,128)}) tuple(%c, %p, %w)
+  %while.10 = (s32[]{:T(128)}, f32[256,1024]{1,0:T(8,128)S(1)}, f32[7,1024,1024]{2,1,0:T(8,128)}) while(%tuple.1), condition=%cond, body=%body
+  ROOT %r = f32[256,1024]{1,0:T(8,128)} add(%p, %p)
+}
+"""
+
+
+def test_a_loops_temporaries_are_its_carried_values():
+    """Issue 46: the padding table showed a loop (a tuple-shaped ``while``) as its first
+    element only, the s32[] counter; its carried values are buffers of their own (the
+    ones in HBM: not a value prefetched into the core, ``S(1)``)."""
+    from xlanb.execute.target import temp_rows
+    rows = [r for r in temp_rows(_LOOP_HLO) if r.name.startswith("while")]
+    assert [(r.name, r.type) for r in rows] == [("while (while.10) [2]", "f32[7,1024,1024]")], rows
+    assert rows[0].logical_bytes == 7 * 1024 * 1024 * 4
+
+
+def test_an_empty_graph_does_no_work():
+    from xlanb.execute.target import TargetCost
+    r = TargetCost(0.0, 0.0, 0.0, 0.0, 0.0)
+    t = xlanb.Target("v5e:1x1")
+    assert r.bound == "no work" and r.roofline(t) == "no work on TPU v5 lite: no FLOP, no byte accessed"
+    assert TargetCost(1e9, 1e3, 0.0, 1e9 / t.peak_flops, 1e3 / t.hbm_bytes_per_s).bound == "compute-bound"

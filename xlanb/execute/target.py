@@ -54,10 +54,14 @@ class TargetCost(NamedTuple):
 
     @property
     def bound(self) -> str:
+        if not self.flops and not self.bytes_accessed:
+            return "no work"  # an empty graph is under neither roof
         return "compute-bound" if self.compute_seconds >= self.memory_seconds else "memory-bound"
 
     def roofline(self, t: Target) -> str:
         """One line: which roof the step is under on ``t``'s chip."""
+        if not self.flops and not self.bytes_accessed:
+            return f"no work on {t.chip}: no FLOP, no byte accessed"
         intensity = self.flops / self.bytes_accessed if self.bytes_accessed else float("inf")
         ridge = t.peak_flops / t.hbm_bytes_per_s
         return (f"{self.bound} on {t.chip}: {self.flops / 1e9:.3g} GFLOP and "
@@ -303,6 +307,30 @@ def _lowered_buffers(lowering: GraphLowering) -> PaddingList:
     return PaddingList(rows)
 
 
+def temp_rows(text: str, n_temps: int = 8) -> list[PaddingRow]:
+    """The largest temporaries in HBM of an optimized TPU module, as padding rows."""
+    rows: list[PaddingRow] = []
+    temps = 0
+    for b in entry_buffers(text):
+        # HBM only: a prefetch into the core's own memory (``S(1)``, with its source
+        # and a sync flag) is no temporary
+        arrays = array_layouts(b.typed)
+        # a tuple (a loop's carried values: its counter first) is a buffer per element:
+        # the largest ones, where the first alone showed only the loop's s32[] counter
+        picks = sorted(range(len(arrays)), key=lambda k: -arrays[k].padded_bytes)
+        for k in picks:
+            a = arrays[k]
+            if _ON_CHIP.search(a.layout) or temps >= n_temps \
+                    or (len(arrays) > 1 and a.type.endswith("[]")):  # a loop's counters
+                continue
+            temps += 1
+            rows.append(PaddingRow("temp", f"{b.op or b.opcode} ({b.name})"
+                                   + (f" [{k}]" if len(arrays) > 1 else ""),
+                                   b.scope.replace("/", "."), b.source, a.type, a.layout,
+                                   a.logical_bytes, a.padded_bytes))
+    return rows
+
+
 def _padding(lowering: GraphLowering, text: str, n_temps: int = 8) -> PaddingList:
     params, results = entry_layouts(text)
     steps, root_pos, places = lowering.recipe
@@ -329,18 +357,7 @@ def _padding(lowering: GraphLowering, text: str, n_temps: int = 8) -> PaddingLis
             name = f"output %{p} (input passed through)"
         rows.append(PaddingRow("output", name, scope, src, a.type, a.layout, a.logical_bytes,
                                a.padded_bytes))
-    temps = 0
-    for b in entry_buffers(text):
-        # HBM only: a prefetch into the core's own memory (``S(1)``, with its source
-        # and a sync flag) is no temporary
-        arrays = array_layouts(b.typed)
-        if not arrays or _ON_CHIP.search(arrays[0].layout) or temps >= n_temps:
-            continue
-        temps += 1
-        for a in arrays[:1]:
-            rows.append(PaddingRow("temp", f"{b.op or b.opcode} ({b.name})",
-                                   b.scope.replace("/", "."), b.source, a.type, a.layout,
-                                   a.logical_bytes, a.padded_bytes))
+    rows += temp_rows(text, n_temps)
     rows.sort(key=lambda r: (-r.padding_bytes, -r.padded_bytes))
     return PaddingList(rows)
 
