@@ -249,19 +249,26 @@ def _info_for(plan: OpPlan, func, args, kwargs, tensors, scalars, device, outs, 
         raise RuntimeError(f"xlanb: {plan.name} got tensors on different devices: "
                            + ", ".join(str(t.device) for t in tensors))
     lift = plan.lift
+    # CPU torch answers outside the ``except`` blocks: its own error (a wrong-shape mask's
+    # IndexError) must not arrive chained to xlanb's "no meta kernel" on the way there
+    refused = None
     try:
         readable = (func, readable_sig(args, lift),
                     tuple((k, readable_sig(v, lift)) for k, v in kwargs.items()),
                     readable_sig(outs, lift))
         info = new_info(plan, func, readable, args, kwargs, tensors, scalars, device, out_args)
-    except NotImplementedError:
+    except NotImplementedError as e:
         if session.direct or plan.kind == "view":
             raise
-        return _Answered(cpu_fallback(func, args, kwargs))
+        refused = e
     except (RuntimeError, IndexError, ValueError, TypeError) as e:
         if session.direct or plan.kind == "view":
             raise
-        return _Answered(_meta_refused(func, args, {**kwargs, **(out_args or {})}, e))
+        refused = e
+    if isinstance(refused, NotImplementedError):
+        return _Answered(cpu_fallback(func, args, kwargs))
+    if refused is not None:
+        return _Answered(_meta_refused(func, args, {**kwargs, **(out_args or {})}, refused))
     if plan.name in _NO_IDENTITY and any(not t.numel() for t in tensors):
         _cpu_refuses_empty(plan, func, args, {**kwargs, **(out_args or {})})
     if outs and _out_casts(outs, info):
