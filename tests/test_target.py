@@ -421,6 +421,19 @@ def test_device_profile_after_a_target_falls_back_instead_of_crashing():
     assert p.device is False and p.replay_on_exit is True
 
 
+def test_xp_start_trace_after_a_target_says_it_has_no_device_trace(tmp_path):
+    """Issue 46: torch_xla's ``xp.start_trace`` skipped the device trace silently where
+    ``xlanb.profile`` warns."""
+    import xlanb.compat.profiler as xp
+    xlanb.compile_for("v5e:1x1", torch.ones(4, device="xla") * 3)
+    with pytest.warns(RuntimeWarning, match="holds xlanb's host events only, no device trace"):
+        xp.start_trace(str(tmp_path))
+    try:
+        (torch.ones(4, device="xla") + 2).sum().item()
+    finally:
+        xp.stop_trace()
+
+
 def test_a_fresh_process_keeps_the_tpu_plugin_out_of_jax():
     """libtpu installed, no TPU: JAX's own device search never loads libtpu (its profiler
     would crash), the CPU is the device, and the device profiler works."""
