@@ -222,3 +222,43 @@ def test_eager_ops_on_threads_leave_x64_off_on_each():
         t.join()
     assert results == [(2**40 + 200, "int32", False)] * 4
     assert str(jnp.arange(2).dtype) == "int32"
+
+
+# Issue 46 item 12: a Python number reaches the executable in the op's computation type:
+# float32 for float32/float16/bfloat16 ops (as CPU torch converts it), float64 where an
+# operand or the result is float64, and where no float is involved (an integer result).
+SCALAR_OPS = [
+    ("f32*num", lambda x: x * 0.1),
+    ("f32.add(alpha)", lambda x: x.add(x, alpha=0.3)),
+    ("f32.clamp", lambda x: x.clamp(-0.7, 0.9)),
+    ("f32*1e300", lambda x: x * 1e300),  # beyond float32: an infinity, as on the CPU
+    ("f32.fill_", lambda x: x.clone().fill_(0.1)),
+    ("f16.fill_", lambda x: x.half().fill_(0.1)),
+    ("f64*num", lambda x: x.double() * 0.1),  # float64 stays float64 (not 0.1f)
+    ("f64.full", lambda x: torch.full((2,), 0.1, dtype=torch.float64, device=x.device)),
+    ("int64.full", lambda x: torch.full((2,), 16777217.0, dtype=torch.int64, device=x.device)),
+    ("int*num", lambda x: torch.arange(5, device=x.device) * 0.1),
+]
+
+
+@pytest.mark.parametrize("fn", [f for _, f in SCALAR_OPS], ids=[n for n, _ in SCALAR_OPS])
+def test_python_numbers_compute_as_cpu_torch_does(mode, fn):
+    x = torch.tensor([1.5, -2.25, 3.0e-3, 7.0, 0.3])
+    want = fn(x)
+    got = fn(x.to("xla")).cpu()
+    assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
+
+
+def test_an_optimizer_steps_numbers_pass_as_float32():
+    """Every Python number of an AdamW step is a float32 graph input (a float64 one made
+    XLA's TPU compiler emulate float64: X64SplitLow, and no time estimate)."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 2).to("xla")
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    xlanb.sync()
+    m(torch.randn(3, 4, device="xla")).pow(2).mean().backward()
+    opt.step()
+    main = next(ln for ln in xlanb.hlo(*m.parameters()).splitlines() if "func.func public @main" in ln)
+    args = main.split(") -> (")[0]
+    assert "tensor<f32>" in args and "f64" not in args, args
+    xlanb.sync()

@@ -47,7 +47,7 @@ def test_one_duration_format_everywhere():
     """``218 ms`` in the magics' summaries, the graph table, the TPU report: one format."""
     from xlanb.execute.target import format_seconds
     for secs, text in ((0.218, "218 ms"), (2.134, "2.13 s"), (0.00031, "310 µs"),
-                       (250.0, "250 s"), (0.0, "0 s")):
+                       (250.0, "250 s"), (0.0, "0 s"), (3.12e-9, "3.12 ns")):
         assert xlanb.format_duration(secs) == text
         assert xd.fmt_time(secs) == text
         if secs:

@@ -260,3 +260,83 @@ print(json.dumps({{"r": r, "after": time.monotonic() - t0}}))
 """)
     got = last_json_line(out)
     assert got["r"] == "interrupted" and 1.0 <= got["after"] < 10, got
+
+
+# Issue 46 item 10: a Ctrl-C that lands in a garbage collector callback (JAX's
+# _xla_gc_callback runs at every collection) was printed as "Exception ignored" and lost.
+GC_CALLBACK = """
+import gc, json, signal, sys, time, xlanb
+if sys.argv[1] == "default":
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+fired = []
+def trip(phase, info):
+    if phase == "start" and not fired:
+        fired.append(1)
+        signal.raise_signal(signal.SIGINT)  # its handler runs at the next bytecode, here
+        fired.append(2)
+gc.callbacks.insert(0, trip)
+try:
+    try:
+        gc.collect()
+        time.sleep(2)
+        r = "lost"
+    except KeyboardInterrupt:
+        r = "interrupted"
+except KeyboardInterrupt:
+    r = "late"
+print(json.dumps({"r": r, "fired": fired}))
+"""
+
+
+@pytest.mark.parametrize("handler", ["ours", "default"])
+def test_ctrl_c_in_a_gc_callback_is_delivered_after_it(handler):
+    proc = subprocess.run([sys.executable, "-c", GC_CALLBACK, handler], env=_child_env(None),
+                          capture_output=True, text=True, timeout=120)
+    _assert_alive(proc.returncode, proc.stderr)
+    got = last_json_line(proc.stdout)
+    if handler == "ours":
+        assert got == {"r": "interrupted", "fired": [1, 2]}, (got, proc.stderr[-2000:])
+    else:  # the probe is real: the default handler raises inside the callback, and it is lost
+        assert got == {"r": "lost", "fired": [1]}, got
+        assert "Exception ignored" in proc.stderr and "KeyboardInterrupt" in proc.stderr
+
+
+# Issue 46 item 10: Ctrl-C pressed again while the program ends. The interpreter joins its
+# threads first (threading._shutdown); a second KeyboardInterrupt ended that join while a
+# compile thread was inside XLA, the interpreter finalized, and the thread, wanting the GIL
+# back as the compile ended, was ended with pthread_exit: "terminate called without an
+# active exception" / "FATAL: exception not rethrown", SIGABRT (3 of 22 eager storm runs).
+# Here the program ends by Ctrl-C while a compile of a few seconds runs on xlanb's compile
+# threads, and a second Ctrl-C comes 0.3 s later: the process must end at once, saying so.
+EXIT_STORM = """
+import os, signal, sys, threading, time
+import jax, jax.numpy as jnp
+import xlanb
+from xlanb.runtime import jit
+def f(x):
+    for i in range(int(sys.argv[1])):
+        x = jnp.sin(x * 1.001 + i) + jnp.cos(x)
+    return x
+lowered = jax.jit(f).lower(jax.ShapeDtypeStruct((64,), jnp.float32))
+t0 = time.monotonic()
+done = jit.background(lowered.compile)
+time.sleep(0.2)
+def again():
+    time.sleep(0.3)
+    os.kill(os.getpid(), signal.SIGINT)
+threading.Thread(target=again, daemon=True).start()
+print("ending", flush=True)
+raise KeyboardInterrupt
+"""
+
+
+def test_ctrl_c_again_at_exit_during_a_background_compile_exits_at_once():
+    t0 = __import__("time").monotonic()
+    proc = subprocess.run([sys.executable, "-c", EXIT_STORM, "1500"], env=_child_env(None),
+                          capture_output=True, text=True, timeout=240)
+    assert "ending" in proc.stdout, proc.stderr[-3000:]
+    assert "terminate called" not in proc.stderr and "Fatal Python error" not in proc.stderr
+    assert proc.returncode == 130, (proc.returncode, proc.stderr[-3000:])
+    assert "Ctrl-C while exiting, during a compile that cannot be stopped: exiting now" \
+        in proc.stderr, proc.stderr[-3000:]
+    assert "Exception ignored in: <module 'threading'" not in proc.stderr, proc.stderr[-3000:]

@@ -299,10 +299,17 @@ def test_notebook_runs(path):
         pngs = [o for c in code for o in _outputs(c) if "image/png" in o.get("data", {})]
         assert pngs, "no timeline plot"
     if path.stem == "07_tpu_from_a_laptop":
-        assert "BERT: 1 layers, hidden 768, 12 heads; 4 CPU devices" in all_text
+        # each figure names the depth it ran (issue 46 item 15: the text said BERT-base)
+        assert "BERT-base width, 1 layer: hidden 768, 12 heads; 4 CPU devices" in all_text
+        assert "BERT-base width, 1 layer, batch 8: loss" in all_text
+        assert "BERT-base width, 1 layer, batch 128:\n" in all_text
+        assert "BERT-tiny width, 1 layer, batch 8 over 4 chips: v5e:2x2" in all_text
         for batch in (8, 128):
-            assert re.search(rf"batch +{batch}: v5e:1x1 \(1 x TPU v5 lite\): peak .* of 16.0 GiB "
-                             r"HBM per chip, (fits|DOES NOT FIT)", all_text), batch
+            assert re.search(rf"BERT-base width, 1 layer, batch +{batch}: v5e:1x1 \(1 x TPU v5 "
+                             r"lite\): peak .* of 16.0 GiB HBM per chip, (fits|DOES NOT FIT)",
+                             all_text), batch
+        # an AdamW step's Python numbers reach the TPU as float32 (issue 46 item 12)
+        assert "lifted Python scalars" in all_text and "f64[]" not in all_text
         assert "pending ops left: 0" in all_text
         assert re.search(r"(memory|compute)-bound on TPU v5 lite", all_text)
         assert re.search(r"f32\[1000,1000\] +\{1,0:T\(8,128\)\} +3.8 MiB +3.9 MiB +\+2.4%", all_text)

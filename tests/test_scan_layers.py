@@ -142,6 +142,68 @@ def test_transformer_encoder():
                for line in lines), lines
 
 
+def _on_cpu(make, step, got):
+    """``step(*make())`` on CPU torch from the same seed; its values equal ``got``'s."""
+    torch.manual_seed(0)
+    args = [a.cpu() if isinstance(a, torch.Tensor) else a for a in make()]
+    args = [a.to("cpu") if isinstance(a, nn.Module) else a for a in args]
+    for a, b in zip(step(*args), got):
+        torch.testing.assert_close(b, a.detach(), rtol=1e-4, atol=1e-5)
+
+
+class _PreLN(nn.Module):
+    """A plain pre-LN residual block: its gradient is the one from the layer after plus
+    its own, and that sum is the value its backward hands the layer before."""
+    def __init__(self, d: int):
+        super().__init__()
+        self.ln, self.fc = nn.LayerNorm(d), nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + torch.tanh(self.fc(self.ln(x)))
+
+
+class _PreLNStack(nn.Module):
+    def __init__(self, d: int, n: int):
+        super().__init__()
+        self.layers = nn.ModuleList(_PreLN(d) for _ in range(n))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@pytest.mark.parametrize("model", ["hand-written", "TransformerEncoder"])
+def test_pre_ln_blocks_loop_backward_and_update(model):
+    """Issue 46 item 16: a pre-LN block's backward alternated 13 and 15 ops per layer
+    (its residual gradient sum went to no layer), and the updates of a pre-LN
+    TransformerEncoder read the gradients of two layers (a bias's gradient, read straight
+    from the gradient the layer after hands on, went to that layer): no loops."""
+    def make():
+        if model == "hand-written":
+            return _PreLNStack(8, 4).to("xla"), torch.randn(3, 8).to("xla")
+        layer = nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32, dropout=0.0,
+                                           batch_first=True, norm_first=True)
+        return (nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False).to("xla"),
+                torch.randn(2, 5, 16).to("xla"))
+
+    xlanb.config.scan_layers = True
+    clear_graph_cache()
+    torch.manual_seed(0)
+    args = make()
+    xlanb.sync()
+    vals = _train_step(*args)
+    xlanb.sync()
+    lines = xlanb.graphs()[-1].repeats
+    _on_cpu(make, _train_step, [v.detach().cpu() for v in vals])
+    assert any(line.startswith("4 × layers compiled once") for line in lines), lines
+    # the first layer's backward computes no gradient for the model's input
+    assert any(line.startswith("3 × layers backward compiled once (scan, layers 1–3)")
+               for line in lines), lines
+    assert any(line.startswith("4 × layers update compiled once (scan, layers 0–3)")
+               for line in lines), lines
+
+
 class _Block(nn.Module):
     def __init__(self, c: int, hidden: int | None = None):
         super().__init__()
@@ -331,8 +393,12 @@ def test_pending_ir_folds_repeated_layers():
     folded = xlanb.pending_ir(fold=True)
     per_layer = sum(1 for line in full.splitlines() if "[_MLP.layers.1" in line)
     assert per_layer > 0 and "more layers" not in full
-    assert f"# 3 more layers of layers (1–3): the same {per_layer} ops as layer 0, folded " \
+    assert f"# layers 1–3: 3 more layers, the same {per_layer} ops as layer 0, folded " \
            f"({3 * per_layer} ops)" in folded
+    # the folded layers' weights fold with them (issue 46: 48 device_data lines stayed)
+    inputs = sum(1 for line in full.splitlines() if line.endswith("device_data"))
+    assert "# 12 inputs that only the folded layers read (device_data), folded" in folded
+    assert sum(1 for line in folded.splitlines() if line.endswith("device_data")) == inputs - 12
     assert "[_MLP.layers.0" in folded and "[_MLP.layers.2" not in folded
     assert folded.splitlines()[-1] == full.splitlines()[-1]  # the outputs' numbers
     assert xlanb.pending_ir() == full and xlanb.pending_count() > 0

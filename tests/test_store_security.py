@@ -164,6 +164,7 @@ def test_directory_others_can_write_is_refused(store, level, problem):
 
 def test_private_directory_is_accepted(store):
     os.makedirs(config.cache_dir, 0o755)  # readable by others is fine, as for ssh
+    os.makedirs(os.path.dirname(config.store_key_file), 0o700)  # (a missing one is said)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert exe_store.directory() == os.path.join(config.cache_dir, exe_store._DIR)
@@ -191,6 +192,18 @@ def test_key_file_location(monkeypatch, tmp_path):
     assert Config().store_key_file == str(tmp_path / "home" / ".config" / "xlanb" / "store-key")
     monkeypatch.setenv("XLANB_STORE_KEY", str(tmp_path / "k"))
     assert Config().store_key_file == str(tmp_path / "k")
+
+
+def test_a_key_file_in_a_missing_folder_says_it_made_the_folder(store):
+    """Issue 46: ``XLANB_STORE_KEY`` (here the fixture's key path) in a folder that does
+    not exist made the folders silently; a mistyped path went unnoticed."""
+    top = os.path.join(str(store), "config")
+    with pytest.warns(UserWarning, match=re.escape(f"created the folder {top} (0700)")):
+        key = exe_store._read_or_create_secret(config.store_key_file)
+    assert oct(os.stat(top).st_mode & 0o777) == "0o700"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the folder is there now: nothing more to say
+        assert exe_store._read_or_create_secret(config.store_key_file) == key
 
 
 def test_racing_key_creation_keeps_one_key(store):

@@ -125,6 +125,14 @@ def test_out_of_memory_is_an_answer_not_an_exception():
     need, available = parse_hbm_oom(r.error)
     assert r.memory.peak_bytes >= need > available and available <= r.target.hbm_bytes
     assert "DOES NOT FIT" in r.summary_line()
+    # issue 46 item 13: the buffers come from the lowering (no executable), by line
+    outs = [row for row in r.padding if row.kind == "output"]
+    assert len(outs) == 3 and all(row.type == "f32[50000,50000]" for row in outs), r.padding
+    assert all(row.source.startswith(os.path.join("tests", "test_target.py")) or
+               "test_target.py" in row.source for row in outs), outs
+    assert r.memory.output_bytes == 3 * 50000 * 50000 * 4 and r.memory.argument_bytes == 0
+    assert r.memory.temp_bytes == max(0, r.memory.peak_bytes - r.memory.output_bytes)
+    assert "buffers (from the lowering; largest first)" in str(r), str(r)
     # the same step compiles for a chip with more HBM
     assert big.error is None and big.fits is True and big.memory.peak_bytes >= 3 * 10e9
     assert big.target.hbm_bytes == 95 << 30
@@ -148,6 +156,9 @@ def test_memory_limit_target_refuses_before_the_cpu_run():
     with xlanb.target("v5e:1x1"), xlanb.memory_limit("target"):
         message = refused()
     assert "v5e:1x1" in message and "HBM" in message and "test_target.py" in message
+    # the largest buffers, by line, though the compiler refused (issue 46 item 13)
+    assert re.search(r"8\.6 GiB  output on TPU v5 lite: output %\d+ aten::add f32\[48000,48000\] "
+                     r"at .*test_target\.py:\d+", message), message
     assert xlanb.get_target() is None and xlanb.pending_count() == 0
     with pytest.raises(ValueError, match="needs a target"):
         xlanb.memory_limit("target")
@@ -225,6 +236,27 @@ def test_dtypes_a_tpu_treats_differently_are_noted():
     i = torch.arange(8).to("xla")
     r = xlanb.compile_for("v5e:1x1", i * 3)
     assert any("int64" in n for n in r.notes) and not any("float64" in n for n in r.notes)
+    # a Python number read by an op on integers only stays float64 (issue 46 item 12)
+    r = xlanb.compile_for("v5e:1x1", i * 3 + (i > 2.5))
+    assert any("1 Python number(s) reach the TPU as float64" in n for n in r.notes), r.notes
+    xlanb.sync()
+
+
+def test_an_optimizer_step_has_a_time_estimate():
+    """Issue 46 item 12: an SGD step's Python numbers (lr, momentum) reached the TPU as
+    float64 scalars: XLA emulated float64 (X64SplitLow) and gave no time estimate, only
+    "at least ... (roofline)". They pass as float32 now, as torch_xla passes them."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(64, 32).to("xla")
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    xlanb.sync()
+    m(torch.randn(8, 64).to("xla")).pow(2).mean().backward()
+    opt.step()
+    r = xlanb.compile_for("v5e:1x1", *m.parameters())
+    assert r.error is None and "est." in r.summary_line(), r.summary_line()
+    assert "X64" not in r.hlo() and not any("float64" in n for n in r.notes), r.notes
+    scalars = [row for row in r.padding if row.kind == "scalars"]
+    assert scalars and all("f32" in row.type for row in scalars), scalars
     xlanb.sync()
 
 
@@ -389,6 +421,19 @@ def test_device_profile_after_a_target_falls_back_instead_of_crashing():
     assert p.device is False and p.replay_on_exit is True
 
 
+def test_xp_start_trace_after_a_target_says_it_has_no_device_trace(tmp_path):
+    """Issue 46: torch_xla's ``xp.start_trace`` skipped the device trace silently where
+    ``xlanb.profile`` warns."""
+    import xlanb.compat.profiler as xp
+    xlanb.compile_for("v5e:1x1", torch.ones(4, device="xla") * 3)
+    with pytest.warns(RuntimeWarning, match="holds xlanb's host events only, no device trace"):
+        xp.start_trace(str(tmp_path))
+    try:
+        (torch.ones(4, device="xla") + 2).sum().item()
+    finally:
+        xp.stop_trace()
+
+
 def test_a_fresh_process_keeps_the_tpu_plugin_out_of_jax():
     """libtpu installed, no TPU: JAX's own device search never loads libtpu (its profiler
     would crash), the CPU is the device, and the device profiler works."""
@@ -466,3 +511,33 @@ def test_a_mesh_that_does_not_match_the_topology_counts_in_words():
     msg = str(e.value)
     assert "holds 2 devices" in msg and "a topology with 2 chips" in msg, msg
     assert msg.endswith("or a mesh of 1 device"), msg
+
+
+# The entry of a TPU module with a loop (the shape of a 1024-wide looped layer's, trimmed)
+_LOOP_HLO = """HloModule m
+
+ENTRY %main (p: f32[256,1024]) -> f32[256,1024] {
+  %p = f32[256,1024]{1,0:T(8,128)} parameter(0)
+  %tuple.1 = (s32[]{:T(128)}, f32[256,1024]{1,0:T(8,128)}, f32[7,1024,1024]{2,1,0:T(8,128)}) tuple(%c, %p, %w)
+  %while.10 = (s32[]{:T(128)}, f32[256,1024]{1,0:T(8,128)S(1)}, f32[7,1024,1024]{2,1,0:T(8,128)}) while(%tuple.1), condition=%cond, body=%body
+  ROOT %r = f32[256,1024]{1,0:T(8,128)} add(%p, %p)
+}
+"""
+
+
+def test_a_loops_temporaries_are_its_carried_values():
+    """Issue 46: the padding table showed a loop (a tuple-shaped ``while``) as its first
+    element only, the s32[] counter; its carried values are buffers of their own (the
+    ones in HBM: not a value prefetched into the core, ``S(1)``)."""
+    from xlanb.execute.target import temp_rows
+    rows = [r for r in temp_rows(_LOOP_HLO) if r.name.startswith("while")]
+    assert [(r.name, r.type) for r in rows] == [("while (while.10) [2]", "f32[7,1024,1024]")], rows
+    assert rows[0].logical_bytes == 7 * 1024 * 1024 * 4
+
+
+def test_an_empty_graph_does_no_work():
+    from xlanb.execute.target import TargetCost
+    r = TargetCost(0.0, 0.0, 0.0, 0.0, 0.0)
+    t = xlanb.Target("v5e:1x1")
+    assert r.bound == "no work" and r.roofline(t) == "no work on TPU v5 lite: no FLOP, no byte accessed"
+    assert TargetCost(1e9, 1e3, 0.0, 1e9 / t.peak_flops, 1e3 / t.hbm_bytes_per_s).bound == "compute-bound"

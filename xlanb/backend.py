@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import gc
 import itertools
 import operator
 import os
@@ -25,9 +26,10 @@ import torch
 
 from .base import rng, torch_compat
 from .dispatch import dispatch
+from .execute import target as _target
 from .ir import Node, TensorMeta, contiguous_strides
 from .ops.leaves import empty_info
-from .runtime import devices
+from .runtime import devices, jit
 from .runtime.devices import device_index
 from .tensor import new_tensor
 
@@ -147,18 +149,56 @@ def _interrupt_later(delay: float) -> None:
     _later.put((threading.main_thread().ident, delay))
 
 
+def _in_gc_callback(frame) -> bool:
+    """Whether ``frame`` runs inside a garbage collector callback (JAX's
+    ``_xla_gc_callback``): the collector prints an exception raised there and drops it,
+    so a Ctrl-C would be lost."""
+    codes = {getattr(cb, "__code__", None) for cb in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _exiting_while_compiling(frame) -> bool:
+    """Whether the program has ended (the interpreter joins its threads:
+    ``threading._shutdown`` is on the stack) while xlanb compiles in the background. A
+    KeyboardInterrupt would end that join, and the interpreter would finalize under the
+    compile, which crashes the process when it ends (runtime/jit.py, ``_finish_at_exit``)."""
+    shutdown = getattr(getattr(threading, "_shutdown", None), "__code__", None)
+    while frame is not None:
+        if frame.f_code is shutdown:
+            return jit.compiles_pending() or _target.compiles_pending()
+        frame = frame.f_back
+    return False
+
+
+def _exit_now() -> None:
+    print("xlanb: Ctrl-C while exiting, during a compile that cannot be stopped: exiting "
+          "now", file=sys.stderr)
+    for f in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            f.flush()
+    os._exit(130)
+
+
 def _on_sigint(signum, frame):
     """``signal.default_int_handler``, except where a KeyboardInterrupt would do harm:
-    inside pybind11's override lookup (it would end the process) it waits 2 ms; inside an
-    import (it would leave a half-imported module behind) it waits for the import to end,
-    at most ``_IMPORT_GRACE_S``."""
+    inside pybind11's override lookup (it would end the process) it waits 2 ms; inside a
+    garbage collector callback (it would be lost) likewise; inside an import (it would
+    leave a half-imported module behind) it waits for the import to end, at most
+    ``_IMPORT_GRACE_S``; after the program ended, while xlanb compiles in the background,
+    the process exits at once (exit status 130)."""
     global _deferred_since
     __tracebackhide__ = True  # noqa: F841  (IPython and pytest hide this frame)
     __debuggerskip__ = True  # noqa: F841
     try:
-        if _probe and _in_override_lookup():
+        if _probe and _in_override_lookup() or _in_gc_callback(frame):
             _interrupt_later(0.002)
             return
+        if _exiting_while_compiling(frame):
+            _exit_now()
         if _importing(frame):
             now = time.monotonic()
             if _deferred_since is None:

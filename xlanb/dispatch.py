@@ -24,7 +24,7 @@ from .execute.fills import fill_value, settle_fill
 from .fallback import cpu_fallback
 from .ir import OpInfo, TensorMeta
 from .live import track, track_view
-from .ops.infos import infos, new_info
+from .ops.infos import as_f32, infos, new_info
 from .ops.plan import OpPlan, make_plan
 from .ops.leaves import from_host, host_values
 from .ops.signature import sig_of
@@ -138,6 +138,8 @@ def _functional(plan: OpPlan, info: OpInfo, tensors: list, scalars: list):
     recorder = session.recorder
     if recorder is not None:  # xlanb.compile: where the graph's inputs come from
         recorder.saw(tensors)
+    if scalars and info.scalar_specs[0] == "f32":
+        scalars = as_f32(scalars)
     if plan.random:
         scalars.append(rng.next_key())
     inputs = []
@@ -208,6 +210,8 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
         recorder.saw(outs)
     if plan.name in INDEX_RULES and not session.direct:
         graph_checks += _check_index_operands(plan, args, kwargs)
+    if scalars and info.scalar_specs[0] == "f32":
+        scalars = as_f32(scalars)
     if plan.random:
         scalars.append(rng.next_key())
     if kind == "view":
@@ -245,19 +249,26 @@ def _info_for(plan: OpPlan, func, args, kwargs, tensors, scalars, device, outs, 
         raise RuntimeError(f"xlanb: {plan.name} got tensors on different devices: "
                            + ", ".join(str(t.device) for t in tensors))
     lift = plan.lift
+    # CPU torch answers outside the ``except`` blocks: its own error (a wrong-shape mask's
+    # IndexError) must not arrive chained to xlanb's "no meta kernel" on the way there
+    refused = None
     try:
         readable = (func, readable_sig(args, lift),
                     tuple((k, readable_sig(v, lift)) for k, v in kwargs.items()),
                     readable_sig(outs, lift))
         info = new_info(plan, func, readable, args, kwargs, tensors, scalars, device, out_args)
-    except NotImplementedError:
+    except NotImplementedError as e:
         if session.direct or plan.kind == "view":
             raise
-        return _Answered(cpu_fallback(func, args, kwargs))
+        refused = e
     except (RuntimeError, IndexError, ValueError, TypeError) as e:
         if session.direct or plan.kind == "view":
             raise
-        return _Answered(_meta_refused(func, args, {**kwargs, **(out_args or {})}, e))
+        refused = e
+    if isinstance(refused, NotImplementedError):
+        return _Answered(cpu_fallback(func, args, kwargs))
+    if refused is not None:
+        return _Answered(_meta_refused(func, args, {**kwargs, **(out_args or {})}, refused))
     if plan.name in _NO_IDENTITY and any(not t.numel() for t in tensors):
         _cpu_refuses_empty(plan, func, args, {**kwargs, **(out_args or {})})
     if outs and _out_casts(outs, info):

@@ -73,7 +73,7 @@ class OpInfo:
         self.out = out            # TensorMeta, or a tuple of them for multi-output ops
         self.multi = isinstance(out, tuple) and not isinstance(out, TensorMeta)
         self.n_in = n_in
-        self.scalar_specs = scalar_specs  # ("f" weak float | "u32") per lifted scalar
+        self.scalar_specs = scalar_specs  # "f" (float64) | "f32" | "key" per lifted scalar
         self.device = device
         self.plan = plan          # the OpPlan it was made from (None for xlanb's own infos)
         self.in_metas = in_metas  # TensorMeta per input, as the executable takes them

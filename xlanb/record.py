@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import numpy as np
 import torch
 
 from .base import metrics
@@ -30,6 +31,7 @@ from .templates import fill_call
 from .tensor import XlaTensor, dispatch_op, new_tensor
 
 _x64 = functools.partial(jax.enable_x64, True)
+_F32 = np.float32
 aten = torch.ops.aten
 _count = metrics.counter
 
@@ -95,7 +97,8 @@ _scalar_tables = cache({}, "device -> {float or its bits: the float as a device 
 
 
 def _scalar_arrays(scalars, device: int) -> list:
-    """Lifted Python floats as float64 device arrays, each made once per value and
+    """Lifted Python floats as device arrays (float64, or float32 where the op computes
+    in float32: ops/infos.py, ``float_kind``), each made once per value and
     device: JAX would convert and copy a Python float to the device on every call. A
     float is its own key, except zeros and NaNs, keyed by their bits (``hex``) so that
     -0.0 and each NaN are their own entries. Other scalars (a random key) pass as they are."""
@@ -104,8 +107,11 @@ def _scalar_arrays(scalars, device: int) -> list:
         table = _scalar_tables[device] = {}
     out = []
     for v in scalars:
-        if type(v) is float:
-            key = v if v and v == v else v.hex()
+        tv = type(v)
+        if tv is float or tv is _F32:
+            key = v if v and v == v else float(v).hex()
+            if tv is _F32:  # its own entry: float32(0.5) == 0.5, but another array
+                key = (key,)
             a = table.get(key)
             if a is None:
                 if len(table) >= 4096:  # a loop over many values: start over

@@ -85,8 +85,8 @@ def _fmt_arg(a) -> str:
         return str(a)
     if isinstance(a, (list, tuple)):
         return "[" + ", ".join(_fmt_arg(e) for e in a) + "]"
-    if isinstance(a, float):
-        return f"{a:g}"
+    if isinstance(a, (float, np.floating)):  # a lifted float may be a numpy float32
+        return f"{float(a):g}"
     if isinstance(a, np.ndarray):
         return "<rng key>"
     return repr(a) if not isinstance(a, torch.dtype) else str(a).replace("torch.", "")

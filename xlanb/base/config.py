@@ -62,7 +62,8 @@ def _default_cache_dir() -> str | None:
     return os.path.join(base, "xlanb", "jax")
 
 
-def _default_store_key() -> str:
+def default_store_key() -> str:
+    """Where the store's signing key lives unless ``XLANB_STORE_KEY`` says otherwise."""
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
     return os.path.join(base, "xlanb", "store-key")
 
@@ -316,7 +317,7 @@ class Config:
         # xr.initialize_cache(path, readonly=True), for processes beside one that writes).
         self.cache_readonly: bool = False
         # Signs the store's entries; outside the cache directory, readable only by the user.
-        self.store_key_file = os.environ.get("XLANB_STORE_KEY") or _default_store_key()
+        self.store_key_file = os.environ.get("XLANB_STORE_KEY") or default_store_key()
         self.inspect = env_choice("XLANB_INSPECT", INSPECT_CHOICES, "peek")
         # Warn once per op that falls back to CPU torch.
         self.warn_fallbacks = True

@@ -137,6 +137,8 @@ def _same_scalar(a, b) -> bool:
 
 
 def _fmt(v) -> str:
+    if isinstance(v, np.float32):  # a lifted float passed as float32: its shortest form
+        return str(v)
     a = np.asarray(v)
     return repr(a.item()) if a.size == 1 else f"array{a.shape}"
 

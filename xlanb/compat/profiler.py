@@ -24,6 +24,7 @@ import shutil
 import socket
 import threading
 import time
+import warnings
 
 import xlanb
 from xlanb.runtime import libtpu
@@ -62,8 +63,15 @@ class _Capture:
     def __init__(self, logdir: str, thread: int | None = None):
         self.logdir = str(logdir)
         # JAX's device profiler, unless it would crash here (runtime/libtpu.py); then the
-        # trace holds xlanb's own events only
-        self.profile = xlanb.profile(device=libtpu.profiler_safe())
+        # trace holds xlanb's own events only, and says so as xlanb.profile does
+        safe = libtpu.profiler_safe()
+        if not safe:
+            warnings.warn("torch_xla.debug.profiler: JAX's device profiler crashes in a "
+                          "process where libtpu was loaded for a TPU target without a TPU; "
+                          f"the trace in {self.logdir} holds xlanb's host events only, no "
+                          "device trace (trace in a process that has not used "
+                          "xlanb.compile_for/xlanb.target)", RuntimeWarning, stacklevel=3)
+        self.profile = xlanb.profile(device=safe)
         if thread is not None:
             # a detached capture: syncs and phases of the program's thread count as the
             # profiled thread's (its ops stay unrecorded: dispatch modes are per thread)

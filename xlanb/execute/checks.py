@@ -161,6 +161,16 @@ def _embedding_rule(args, kwargs):
     return [IndexCheck(index, 0, n, lambda v: IndexError("index out of range in self"))]
 
 
+def _embedding_renorm_rule(args, kwargs):
+    """``embedding(max_norm=...)`` renormalizes the rows it reads first: CPU torch's
+    kernel selects each row, and a bad id fails there, with select's message."""
+    weight, index = args[0], _arg(args, kwargs, 1, "indices")
+    size = list(weight.shape)
+    n = size[0] if size else 1
+    return [IndexCheck(index, -n, n, lambda v: IndexError(
+        f"select(): index {v} out of range for tensor of size {size} at dimension 0"))]
+
+
 def _embedding_bag_rule(args, kwargs):
     weight, index = args[0], _arg(args, kwargs, 1, "indices")
     n = weight.shape[0] if weight.dim() else 1
@@ -274,6 +284,8 @@ INDEX_RULES = {
     "aten::index_reduce_": _along_dim(_bounds_error(IndexError, "index out of range in self")),
     "aten::index_select": _index_select_rule,
     "aten::embedding": _embedding_rule,
+    "aten::embedding_renorm": _embedding_renorm_rule,
+    "aten::embedding_renorm_": _embedding_renorm_rule,
     "aten::_embedding_bag": _embedding_bag_rule,
     "aten::_embedding_bag_forward_only": _embedding_bag_rule,
     "aten::nll_loss_forward": _nll_rule, "aten::nll_loss2d_forward": _nll_rule,

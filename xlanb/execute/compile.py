@@ -19,6 +19,7 @@ from ..runtime.jit import compile_lowered, lower_jitted
 from .resident import reserve
 
 _F64 = np.dtype(np.float64)
+_F32 = np.dtype(np.float32)
 _U32 = np.dtype(np.uint32)
 
 
@@ -31,8 +32,9 @@ def tensor_spec(meta, device: int):
 
 
 def scalar_spec(kind: str, device: int):
-    if kind == "f":
-        return jax.ShapeDtypeStruct((), _F64, weak_type=True, sharding=sharding(device))
+    if kind == "f" or kind == "f32":  # a lifted Python float (ops/infos.py, float_kind)
+        return jax.ShapeDtypeStruct((), _F64 if kind == "f" else _F32, weak_type=True,
+                                    sharding=sharding(device))
     return jax.ShapeDtypeStruct((2,), _U32, sharding=sharding(device))  # PRNG key data
 
 

@@ -28,6 +28,8 @@ def fill_value(node: Node):
     if value is None and name == "aten::fill_" and len(node.inputs) == 1:
         # the value is the lifted scalar, or (not lifted: bool, int) in the signature
         value = node.scalars[0] if node.scalars else node.info.sig[1][1]
+        if isinstance(value, np.float32):  # a lifted float passed as float32
+            value = float(value)
         if not isinstance(value, (bool, int, float)):
             return None
     return value

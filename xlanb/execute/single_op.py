@@ -102,7 +102,8 @@ def sharded_executable(info: OpInfo, arrays: list, mesh):
     fn = info.fn
     specs = [jax.ShapeDtypeStruct(m.shape, to_jax_dtype(m.dtype), sharding=s)
              for m, s in zip(info.in_metas, key)]
-    specs += [jax.ShapeDtypeStruct((), "float64", weak_type=True, sharding=mesh) if k == "f"
+    specs += [jax.ShapeDtypeStruct((), "float64" if k == "f" else "float32", weak_type=True,
+                                   sharding=mesh) if k != "key"
               else jax.ShapeDtypeStruct((2,), "uint32", sharding=mesh) for k in info.scalar_specs]
     # not stored: a sharding's devices are this process's own
     exe = Build(info.device, lambda: lower_jitted(lambda *flat: fn(flat[:n], flat[n:]), specs,

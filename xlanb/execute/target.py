@@ -32,6 +32,8 @@ from ..graph import compile_time
 from ..graph.collectives import CollectiveList, parse_collectives
 from ..graph.hlo_text import counted_loops, entry_buffers, with_entry
 from ..graph.layouts import array_layouts, entry_layouts
+from ..graph.summary import aval_text
+from ..ir import TensorMeta, result_bytes
 from ..runtime.compile_profile import raw_profile, tpu_log_since
 from ..runtime.jit import background
 from ..runtime.targets import Target, TargetError, target as resolve_target
@@ -55,10 +57,14 @@ class TargetCost(NamedTuple):
 
     @property
     def bound(self) -> str:
+        if not self.flops and not self.bytes_accessed:
+            return "no work"  # an empty graph is under neither roof
         return "compute-bound" if self.compute_seconds >= self.memory_seconds else "memory-bound"
 
     def roofline(self, t: Target) -> str:
         """One line: which roof the step is under on ``t``'s chip."""
+        if not self.flops and not self.bytes_accessed:
+            return f"no work on {t.chip}: no FLOP, no byte accessed"
         intensity = self.flops / self.bytes_accessed if self.bytes_accessed else float("inf")
         ridge = t.peak_flops / t.hbm_bytes_per_s
         return (f"{self.bound} on {t.chip}: {self.flops / 1e9:.3g} GFLOP and "
@@ -96,9 +102,12 @@ class PaddingList(list):
     _COLUMNS = ("kind", "buffer", "type", "TPU layout", "logical", "padded", "+pad", "source")
 
     def rows(self) -> list[tuple]:
-        return [(r.kind, r.name + (f" [{r.scope}]" if r.scope else ""), r.type, r.layout,
-                 format_bytes(r.logical_bytes), format_bytes(r.padded_bytes),
-                 _pct(r.padding_bytes, r.logical_bytes), source_text(r.source))
+        # no layout: a buffer of a graph the compiler refused (its padding is unknown)
+        return [(r.kind, r.name + (f" [{r.scope}]" if r.scope else ""), r.type, r.layout or "-",
+                 format_bytes(r.logical_bytes),
+                 format_bytes(r.padded_bytes) if r.layout else "-",
+                 _pct(r.padding_bytes, r.logical_bytes) if r.layout else "-",
+                 source_text(r.source))
                 for r in self]
 
     def total(self, kind: str) -> tuple[int, int]:
@@ -201,15 +210,17 @@ class TargetReport:
             lines.append(f"  memory per chip: {self.memory}")
         if self.cost is not None:
             lines.append(f"  cost: {self.roofline}")
+        laid_out = self._exe is not None  # a refused graph's buffers have no TPU layout
         for kind in ("argument", "output"):
             logical, padded = self.padding.total(kind)
-            if padded:
+            if padded and laid_out:
                 lines.append(f"  {kind}s: {format_bytes(logical)} logical, {format_bytes(padded)} "
                              f"in TPU layouts ({_pct(padded - logical, logical)})")
         for note in self.notes:
             lines.append(f"  note: {note}")
         if self.padding:
-            lines.append("  padding (most first):")
+            lines.append("  padding (most first):" if laid_out else
+                         "  buffers (from the lowering; largest first):")
             lines.append(format_table(PaddingList._COLUMNS, self.padding.rows()[:12],
                                       right=(4, 5, 6), indent="    "))
         if self.collectives:
@@ -294,6 +305,58 @@ def _where(place) -> tuple[str, str]:
 _ON_CHIP = re.compile(r"S\([1-9]\d*\)")
 
 
+def _lowered_buffers(lowering: GraphLowering) -> PaddingList:
+    """The arguments and outputs of a graph the TPU compiler refused, from its lowering:
+    their types and lines, logical sizes (whole arrays, no TPU layout), largest first."""
+    steps, root_pos, places = lowering.recipe
+    n_in = lowering.n_inputs
+    rows: list[PaddingRow] = []
+    for i, meta in enumerate(lowering.leaf_metas):
+        src, scope, op = lowering.leaf_origins[i]
+        n = result_bytes(meta)
+        rows.append(PaddingRow("argument", f"input %{i} ({op})", scope, src, aval_text(meta),
+                               "", n, n))
+    for p in root_pos:
+        if p >= n_in:
+            info = steps[p - n_in][0]
+            meta = info.out
+            src, scope = _where(places[p - n_in])
+            name = f"output %{p} {info.name}"
+        else:
+            meta = lowering.leaf_metas[p]
+            src, scope, _op = lowering.leaf_origins[p]
+            name = f"output %{p} (input passed through)"
+        if isinstance(meta, TensorMeta):
+            n = result_bytes(meta)
+            rows.append(PaddingRow("output", name, scope, src, aval_text(meta), "", n, n))
+    rows.sort(key=lambda r: -r.logical_bytes)
+    return PaddingList(rows)
+
+
+def temp_rows(text: str, n_temps: int = 8) -> list[PaddingRow]:
+    """The largest temporaries in HBM of an optimized TPU module, as padding rows."""
+    rows: list[PaddingRow] = []
+    temps = 0
+    for b in entry_buffers(text):
+        # HBM only: a prefetch into the core's own memory (``S(1)``, with its source
+        # and a sync flag) is no temporary
+        arrays = array_layouts(b.typed)
+        # a tuple (a loop's carried values: its counter first) is a buffer per element:
+        # the largest ones, where the first alone showed only the loop's s32[] counter
+        picks = sorted(range(len(arrays)), key=lambda k: -arrays[k].padded_bytes)
+        for k in picks:
+            a = arrays[k]
+            if _ON_CHIP.search(a.layout) or temps >= n_temps \
+                    or (len(arrays) > 1 and a.type.endswith("[]")):  # a loop's counters
+                continue
+            temps += 1
+            rows.append(PaddingRow("temp", f"{b.op or b.opcode} ({b.name})"
+                                   + (f" [{k}]" if len(arrays) > 1 else ""),
+                                   b.scope.replace("/", "."), b.source, a.type, a.layout,
+                                   a.logical_bytes, a.padded_bytes))
+    return rows
+
+
 def _padding(lowering: GraphLowering, text: str, n_temps: int = 8) -> PaddingList:
     params, results = entry_layouts(text)
     steps, root_pos, places = lowering.recipe
@@ -320,18 +383,7 @@ def _padding(lowering: GraphLowering, text: str, n_temps: int = 8) -> PaddingLis
             name = f"output %{p} (input passed through)"
         rows.append(PaddingRow("output", name, scope, src, a.type, a.layout, a.logical_bytes,
                                a.padded_bytes))
-    temps = 0
-    for b in entry_buffers(text):
-        # HBM only: a prefetch into the core's own memory (``S(1)``, with its source
-        # and a sync flag) is no temporary
-        arrays = array_layouts(b.typed)
-        if not arrays or _ON_CHIP.search(arrays[0].layout) or temps >= n_temps:
-            continue
-        temps += 1
-        for a in arrays[:1]:
-            rows.append(PaddingRow("temp", f"{b.op or b.opcode} ({b.name})",
-                                   b.scope.replace("/", "."), b.source, a.type, a.layout,
-                                   a.logical_bytes, a.padded_bytes))
+    rows += temp_rows(text, n_temps)
     rows.sort(key=lambda r: (-r.padding_bytes, -r.padded_bytes))
     return PaddingList(rows)
 
@@ -348,6 +400,11 @@ def _notes(lowering: GraphLowering) -> list[str]:
                      "emulates float64 with pairs of float32 (about 48 bits of mantissa, "
                      "float32's exponent range, a dozen instructions per multiply), so values "
                      "differ from the CPU's and run slowly; .float() avoids it")
+    wide = sum(k == "f" for k in lowering.scalar_kinds)
+    if wide and torch.float64 not in dtypes and torch.complex128 not in dtypes:
+        notes.append(f"{wide} Python number(s) reach the TPU as float64 scalars (read by ops "
+                     "on integers only, where CPU torch converts the number itself): XLA's TPU "
+                     "compiler emulates float64 for them, and may give no time estimate")
     if torch.int64 in dtypes:
         notes.append("int64 values: TPUs compute 64-bit integers as pairs of 32-bit ones "
                      "(slower; torch_xla users often keep indices int32)")
@@ -391,11 +448,14 @@ def compile_for_target(lowering: GraphLowering, target, lowered=None,
         secs = time.perf_counter() - t0
         message = _first_line(e)
         oom = parse_hbm_oom(str(e))
-        # what it needed, from the message: all of it counted as the peak (the compiler's
-        # figure holds the arguments and outputs too)
-        memory = GraphMemory(0, 0, 0, oom[0], oom[0], 0) if oom is not None else None
+        # no executable, so the buffers come from the lowering (logical sizes); what it
+        # needed comes from the message (the compiler's figure holds them all)
+        padding = _lowered_buffers(lowering)
+        args, outs = padding.total("argument")[0], padding.total("output")[0]
+        memory = GraphMemory(args, outs, 0, max(0, oom[0] - args - outs), oom[0], 0) \
+            if oom is not None else None
         return TargetReport(t, lowering.hash, memory=memory,
-                            fits=False if oom is not None else None,
+                            fits=False if oom is not None else None, padding=padding,
                             compile_seconds=secs, error=message,
                             available_bytes=oom[1] if oom else None, notes=_notes(lowering))
     secs = time.perf_counter() - t0
@@ -512,6 +572,11 @@ def _work() -> None:
             with _state:
                 _compiling.clear()
                 _state.notify_all()
+
+
+def compiles_pending() -> bool:
+    """Whether a target compile runs or waits for the compile thread."""
+    return bool(_compiling) or not _queue.empty()
 
 
 def _finish_at_exit() -> None:

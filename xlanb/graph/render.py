@@ -43,12 +43,21 @@ def render_text(g: GraphSummary, depth: int | None = None, *, label: Label = for
         if hidden:
             lines.append(f"# {hidden} earlier ops not shown (depth={depth})")
     sharded = dict(g.shardings)
-    for i, aval in enumerate(g.inputs):
-        if shown is None or i in shown:
-            lines.append(f"%{i} = {aval} device_data"
-                         + (f"  sharding={sharded[i]}" if i in sharded else ""))
     fold_at = {at: text for at, text, _ in g.folds}
     folded = frozenset().union(*(ops for _, _, ops in g.folds))
+    if folded:  # inputs only folded layers read (their weights) fold with them
+        used = {i for j, op in enumerate(g.ops) if j not in folded for i in op.ins}
+        used.update(g.outputs)
+        only_folded = {i for j in folded for i in g.ops[j].ins if i < n_in} - used
+        if only_folded:
+            lines.append(f"# {len(only_folded)} inputs that only the folded layers read "
+                         "(device_data), folded")
+    else:
+        only_folded = set()
+    for i, aval in enumerate(g.inputs):
+        if (shown is None or i in shown) and i not in only_folded:
+            lines.append(f"%{i} = {aval} device_data"
+                         + (f"  sharding={sharded[i]}" if i in sharded else ""))
     for j, op in enumerate(g.ops):
         if j in fold_at:
             lines.append(fold_at[j])

@@ -268,8 +268,29 @@ def _backward_layers(runs, steps, n_leaves, taken, places, by_line: bool) -> dic
                 made_by[n_leaves + run.segments[last][m]] = ((r, run.layers[last]), only_out)
     # autograd records a backward op with the line of the forward op it differentiates
     lines = {places[op][0] for run in runs for ops in run.segments for op in ops}
+    groups, handed = _label_backward(steps, n_leaves, taken, places, lines, owner, made_by, {})
+    if handed:
+        # The gradient one layer's backward hands the next belongs to the layer it enters,
+        # as the forward carry does: found as the value that layer's own ops read (ops
+        # that also read its weights or activations). Else the ops that read only it (a
+        # bias's gradient, the sum of a pre-LN block's residual gradients) would count as
+        # the layer that made it, and each weight's update would read two layers.
+        groups, _ = _label_backward(steps, n_leaves, taken, places, lines, owner, made_by,
+                                    handed)
+    return groups
+
+
+def _label_backward(steps, n_leaves, taken, places, lines, owner, made_by, handed):
+    """One labelling of the backward ops (see ``_backward_layers``), with ``handed``:
+    gradients taken as the layer's they enter. Returns the groups, and the gradients
+    entering a layer: the values made outside it (or by another layer) that its *anchored*
+    ops read (ops labelled by what they read of the layer's own: its weights, activations,
+    or a one-input op of them, as ``t(weight)``), each with the one-input ops that led
+    there from the value made outside (a ``view`` of it)."""
     label: dict[int, tuple] = {}
+    anchored: dict[int, tuple] = {}
     groups: dict = {}
+    enters: dict[int, set] = {}
     for j, (info, ins) in enumerate(steps):
         if j in taken or places[j][1] or places[j][0] not in lines:
             continue
@@ -280,13 +301,36 @@ def _backward_layers(runs, steps, n_leaves, taken, places, by_line: bool) -> dic
                 direct.add(mb[0])
             elif i in owner:
                 direct.add(owner[i])
+            elif i in anchored:
+                direct.add(anchored[i])
+            elif i in handed:
+                direct.add(handed[i])
+        by_owner = len(direct) == 1
         if not direct:
-            direct = {label[i] for i in ins if i in label}
-        if len(direct) == 1:
-            lab = direct.pop()
-            label[n_leaves + j] = lab
-            groups.setdefault(lab, []).append(j)
-    return groups
+            labelled = [i for i in ins if i in label]
+            direct = {label[i] for i in labelled}
+            if len(direct) > 1:
+                # a residual block's gradient sum: the gradient from the layer after
+                # plus this layer's own (made last), the sum being this layer's output
+                direct = {label[max(labelled)]}
+        if len(direct) != 1:
+            continue
+        lab = direct.pop()
+        label[n_leaves + j] = lab
+        groups.setdefault(lab, []).append(j)
+        if not by_owner:
+            continue
+        if len(ins) == 1:
+            anchored[n_leaves + j] = lab
+        for i in ins:
+            while i >= n_leaves and i not in owner and i not in made_by \
+                    and i not in anchored and label.get(i) != lab:
+                enters.setdefault(i, set()).add(lab)
+                made = steps[i - n_leaves][1]
+                if len(made) != 1 or i - n_leaves in taken:
+                    break
+                i = made[0]  # a one-input op of the value made outside: it enters too
+    return groups, {i: labs.pop() for i, labs in enters.items() if len(labs) == 1}
 
 
 def owner_of_op(run, op, r) -> tuple:
@@ -327,15 +371,16 @@ def _update_runs(runs, steps, n_leaves, places, users, roots) -> tuple[list, lis
     with no scope, recorded at a line that no op of the model's forward has (autograd's
     ops carry a forward line; an optimizer's ``step()`` runs at the user's). It belongs
     to a layer when every value it reads that a layer owns is that one layer's: its weights
-    (its per-layer inputs), a value one of its runs made (a weight's gradient), or a
+    (its per-layer inputs), a value its backward run made (a weight's gradient), or a
     value made by an update op of that layer (Adam's moments, then the step)."""
     taken = {op for run in runs for ops in run.segments for op in ops}
     lines = {src for src, scope in places if scope}  # the model's forward lines
     label: dict[int, tuple] = {}  # value position -> (module list, layer index)
     for run in runs:
         for layer, ops, ext in zip(run.layers, run.segments, run.ext):
-            for op in ops:
-                label[n_leaves + op] = (run.name, layer)
+            if run.kind != "forward":  # a gradient; not an activation (the loss reads one)
+                for op in ops:
+                    label[n_leaves + op] = (run.name, layer)
             if run.kind == "forward":
                 for e in run.xs:
                     if ext[e] < n_leaves:

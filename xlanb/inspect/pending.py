@@ -82,9 +82,11 @@ def _folds(plan: GraphPlan) -> tuple:
         k = run.first
         skipped = frozenset(op for i, ops in enumerate(run.segments) if i != k for op in ops)
         others = [layer for i, layer in enumerate(run.layers) if i != k]
-        out.append((min(skipped), f"# {len(others)} more layers of {run.what} ({min(others)}–"
-                    f"{max(others)}): the same {len(run.segments[k])} ops as layer "
-                    f"{run.layers[k]}, folded ({len(skipped)} ops)", skipped))
+        n = len(others)
+        kind = run.what[len(run.name):]  # "", " backward" or " update"
+        out.append((min(skipped), f"# {run.name} {min(others)}–{max(others)}{kind}: {n} more "
+                    f"layer{'s' if n > 1 else ''}, the same {len(run.segments[k])} ops as "
+                    f"layer {run.layers[k]}, folded ({len(skipped)} ops)", skipped))
     return tuple(out)
 
 

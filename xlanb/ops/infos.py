@@ -147,13 +147,54 @@ def new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device, out_
     else:
         fn = _decomposed_fn(plan, template, out)
         check_traceable(fn, tensors, scalars, False)
-    specs = ("f",) * len(scalars) if lift else ()
+    specs = (float_kind(tensors, out),) * len(scalars) if lift and scalars else ()
     if plan.random:
         specs = specs + ("key",)
     view = ViewRecord(_view_raw_fn(plan, template)) if plan.kind == "view" else None
     return OpInfo(plan.name, sig, fn, out, op=plan.fop, n_in=len(tensors),
                   scalar_specs=specs, device=device, plan=plan,
                   in_metas=tuple(t._meta for t in tensors), template=template, view=view)
+
+
+# A lifted Python float passes to the executable as float32 where the op computes in a
+# float type of 32 bits or fewer: CPU torch converts the number to the op's computation
+# type (float for float32, and for float16 and bfloat16 too: their "opmath" type), so a
+# float64 parameter only bought XLA's TPU compiler its float64 emulation (X64SplitLow),
+# and no time estimate, in every optimizer step. It stays float64 where an input or the
+# result is float64 or complex128, and where no float is involved (an integer result:
+# full(..., dtype=int64) converts the number itself). The kind depends on the signature's
+# dtypes only, so it adds no executables.
+_WIDE = (torch.float64, torch.complex128)
+
+
+def float_kind(tensors, out) -> str:
+    """``"f32"`` or ``"f"`` (float64): how the lifted floats of an op with these input
+    tensors and result metas pass to its executable."""
+    dtypes = {t._meta.dtype for t in tensors}
+    for m in (out if isinstance(out, tuple) else (out,)):
+        if isinstance(m, TensorMeta):
+            dtypes.add(m.dtype)
+    if any(d in _WIDE for d in dtypes):
+        return "f"
+    return "f32" if any(d.is_floating_point or d.is_complex for d in dtypes) else "f"
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def as_f32(scalars) -> list:
+    """The lifted floats of an ``"f32"`` op as numpy float32 values (a number beyond
+    float32's range becomes an infinity, as CPU torch's ``tensor_f32 * 1e300`` does)."""
+    out = []
+    for v in scalars:
+        if type(v) is float:
+            if -_F32_MAX <= v <= _F32_MAX:
+                v = np.float32(v)
+            else:
+                with np.errstate(over="ignore"):
+                    v = np.float32(v)
+        out.append(v)
+    return out
 
 
 def _metas_from_lowering(plan: OpPlan, template, tensors, scalars):

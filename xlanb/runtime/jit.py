@@ -13,6 +13,7 @@ import contextlib
 import heapq
 import itertools
 import os
+import sys
 import threading
 import time
 
@@ -182,12 +183,11 @@ def background(fn, *args, later: bool = False, **kwargs) -> concurrent.futures.F
     if not _pool:
         _pool.append(concurrent.futures.ThreadPoolExecutor(
             max_workers=os.cpu_count() or 1, thread_name_prefix="xlanb-compile"))
-        # At exit, drop queued compiles nobody will use: the interpreter joins the pool's
-        # threads, and they would otherwise finish the whole queue first. (Hooks made
-        # this way run before concurrent.futures' own join.)
+        # At exit, drop queued compiles nobody will use and wait for the running ones
+        # (hooks made this way run before concurrent.futures' own join)
         register = getattr(threading, "_register_atexit", None)
         if register is not None:
-            register(_pool[0].shutdown, wait=False, cancel_futures=True)
+            register(_finish_at_exit)
     future = concurrent.futures.Future()
     with _tasks_lock:
         heapq.heappush(_tasks, (1 if later else 0, next(_order), future, fn, args, kwargs))
@@ -227,18 +227,71 @@ def later_held():
 
 def _run_most_urgent() -> None:
     with _tasks_lock:
+        if not _tasks:  # dropped at exit
+            return
         if _held.holders and _tasks[0][0]:  # the most urgent is ``later``: so are all the rest
             _held.parked += 1  # its turn comes back when the hold ends
             return
         _, _, future, fn, args, kwargs = heapq.heappop(_tasks)
-    if not future.set_running_or_notify_cancel():
-        return
+        if not future.set_running_or_notify_cancel():
+            return
+        _running[0] += 1
     try:
         result = fn(*args, **kwargs)
     except BaseException as e:  # noqa: BLE001 - the Future carries it to whoever waits
         future.set_exception(e)
     else:
         future.set_result(result)
+    finally:
+        with _tasks_lock:
+            _running[0] -= 1
+            _idle.notify_all()
+
+
+def compiles_pending() -> bool:
+    """Whether a compile runs on xlanb's compile threads or waits for one."""
+    return bool(_running[0] or _tasks)
+
+
+# Compiles running now, and their end. At exit the interpreter must not finalize while one
+# runs: XLA's compile holds no GIL, and a thread that wants the GIL back during
+# finalization is ended with pthread_exit, whose unwinding through XLA's C++ aborts the
+# process ("terminate called without an active exception", "FATAL: exception not
+# rethrown"). Python's own join of the threads is no guard: a second Ctrl-C ends it.
+_running = [0]
+_idle = threading.Condition(_tasks_lock)
+EXIT_WAIT_S = 600.0  # the longest xlanb waits at exit for a compile in progress
+
+
+def _finish_at_exit() -> None:
+    """Before the interpreter joins its threads and finalizes: drop the queued compiles,
+    wait for the running ones (at most ``EXIT_WAIT_S``); Ctrl-C meanwhile exits at once,
+    with ``os._exit`` (atexit hooks do not run), as the wait's end by its bound does."""
+    code = 130
+    try:
+        with _tasks_lock:
+            dropped = [t[2] for t in _tasks]
+            _tasks.clear()
+            _held.parked = 0
+        for future in dropped:
+            future.cancel()
+        _pool[0].shutdown(wait=False, cancel_futures=True)
+        with _tasks_lock:
+            if not _running[0] or _idle.wait_for(lambda: not _running[0], timeout=1.0):
+                return
+        print(f"xlanb: waiting for {_running[0]} compile(s) in progress before exiting, at "
+              f"most {EXIT_WAIT_S:.0f} s: XLA cannot stop a compile, and the process would "
+              "crash if it ended meanwhile (Ctrl-C exits now)", file=sys.stderr, flush=True)
+        with _tasks_lock:
+            if _idle.wait_for(lambda: not _running[0], timeout=EXIT_WAIT_S):
+                return
+        code = 1
+    except KeyboardInterrupt:
+        pass
+    for f in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            f.flush()
+    os._exit(code)
 
 
 _event_lock = threading.Lock()

@@ -51,7 +51,7 @@ import jax
 from jax.experimental import serialize_executable
 
 from ..base import metrics
-from ..base.config import config
+from ..base.config import config, default_store_key
 from .devices import jax_device
 from .jit import user_cache_dir
 
@@ -224,7 +224,16 @@ def _read_or_create_secret(path: str) -> bytes:
     except FileNotFoundError:
         pass
     d = os.path.dirname(path)
+    missing = d
+    while missing and not os.path.exists(os.path.dirname(missing)) \
+            and os.path.dirname(missing) != missing:
+        missing = os.path.dirname(missing)
+    made = not os.path.exists(d)
     _mkdirs_private(d)
+    if made and os.path.abspath(path) != os.path.abspath(default_store_key()):
+        # a folder the user named, maybe mistyped: said, not made silently
+        warnings.warn(f"xlanb: created the folder {missing} (0700) for the executable "
+                      f"store's signing key {path} (XLANB_STORE_KEY)", stacklevel=2)
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".store-key-")  # 0600
     try:
         os.write(fd, secrets.token_bytes(_TAG_LEN))
