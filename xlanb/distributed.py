@@ -273,6 +273,15 @@ def _agreed(entry) -> tuple:
     return tuple(entry[1:4]) + (entry[7] if len(entry) > 7 else "",)
 
 
+def _number_text(v, kind: str) -> str:
+    """A lifted number as the user wrote it: one that passes as float32 (``"f32"``, the
+    op computes in float32 or narrower) in float32's shortest form (0.1, not
+    0.10000000149011612)."""
+    if kind == "f32" and isinstance(v, float):
+        return str(np.float32(v))
+    return repr(v)
+
+
 def _ended(entry) -> bool:
     return entry[1] in ("exit", "crash")
 
@@ -293,7 +302,8 @@ def _scalars_diff(summary, st: _Static, a, b, pa: int, pb: int) -> str:
         text = (f"the random key of {op.name}{where}: {a[i]} in process {pa}, {b[i]} in "
                 f"process {pb} (is torch.manual_seed the same in every process?)")
     else:
-        text = f"the Python number of {op.name}{where}: {a[i]!r} in process {pa}, {b[i]!r} in process {pb}"
+        text = (f"the Python number of {op.name}{where}: {_number_text(a[i], st.kinds[i])} in "
+                f"process {pa}, {_number_text(b[i], st.kinds[i])} in process {pb}")
     more = len(differ) - 1
     return text + (f"; {more} more of its {len(a)} lifted values differ" if more else "")
 
@@ -404,7 +414,7 @@ class _Static(NamedTuple):
     what: str
     summary: object  # a GraphSummary, for the differ when processes disagree
     owners: tuple = ()  # per lifted scalar, the position of its op in ``summary.ops``
-    kinds: tuple = ()   # per lifted scalar, "f" (a Python number) or "key" (a random key)
+    kinds: tuple = ()   # per lifted scalar: "f" or "f32" (a Python number), or "key" (a random key)
     keys: tuple = ()    # the positions of the random keys among them
 
 
