@@ -21,12 +21,6 @@ CLAMPED_INDEX = ("XLA clamps out-of-range indices: xlanb raises torch's IndexErr
                  "tensors, computed ones in eager mode or after a sync); a pending index "
                  "tensor is checked in the graph of the next sync, so the error comes there, "
                  "not at the op; CUDA skips the same test")
-QUICK_ULP = ("an eager run compiles with the quick tier (XLA:CPU's LLVM at -O0 with its legacy "
-             "fusion emitters, 2.5x quicker to compile than any other setting measured); "
-             "there a value that two fusions each recompute can round 1 ulp apart, so "
-             "take_along_dim(t) differs from t's own values by 1 ulp where the test asks for "
-             "exact equality (it passes with XLANB_QUICK_COMPILES=0 and with runs off)")
-
 WAITS = "issue 23 (PyTorch suite) follow-up"
 XFAILS: dict[str, tuple[str, str, tuple | None]] = {
     # what XLA or xla tensors lack
@@ -43,9 +37,6 @@ XFAILS: dict[str, tuple[str, str, tuple | None]] = {
     "TestOldViewOpsXLA::test_ravel_xla": (QUANTIZED, "none: no quantized types", None),
     "TestShapeOpsXLA::test_flip_xla_float32": (QUANTIZED, "none: no quantized types", None),
     "TestViewOpsXLA::test_conj_imag_view_xla_*": (CONJ_BITS, WAITS, None),
-    "TestIndexingXLA::test_take_along_dim_xla_float32": (
-        QUICK_ULP, "XLA:CPU rounding one expression the same in every fusion at -O0, or an "
-        "equally quick tier that does", ("eager",)),
     # raising where CPU torch raises
     "NumpyTestsXLA::test_trivial_fancy_out_of_bounds_xla": (CLAMPED_INDEX, "none: raised at the sync",
                                                             ("opbyop",)),
