@@ -96,6 +96,38 @@ def test_scan_layers_is_one_loop_with_the_unrolled_values(api, txla):
     assert any("layers update compiled once" in r for r in repeats)
 
 
+class EmbedThenStack(nn.Module):
+    def __init__(self, loop: bool, n: int = 3):
+        super().__init__()
+        self.loop = loop
+        self.embed = nn.Linear(4, 8)
+        self.layers = nn.ModuleList(Block() for _ in range(n))
+
+    def forward(self, x):
+        if not self.loop:
+            return nn.Sequential(*self.layers)(self.embed(x))
+        return xlanb.scan_layers(self.layers, self.embed(x))  # one line: embed and loop
+
+
+def test_an_op_on_the_loop_calls_line_stays_out_of_the_first_layers_backward():
+    # the loop's step op carries the scan_layers call's line; the embedding's backward,
+    # recorded with that same line, must not join layer 0's backward (it once did, and
+    # layer 0's backward and update then stayed unrolled)
+    torch.manual_seed(0)
+    cpu = EmbedThenStack(loop=False)
+    x = torch.randn(4, 4)
+    want = _step(copy.deepcopy(cpu), x)
+    model = EmbedThenStack(loop=True)
+    model.load_state_dict(cpu.state_dict())
+    got = _step(model.to("xla"), x.to("xla"))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **GRAD_TOL)
+    repeats = xlanb.graphs()[-1].repeats
+    assert repeats == ["3 × layers compiled once (scan, layers 0–2)",
+                       "3 × layers backward compiled once (scan, layers 0–2)",
+                       "3 × layers update compiled once (scan, layers 0–2)"], repeats
+
+
 def test_a_plain_loop_of_the_same_layers_stays_unrolled_on_the_cpu():
     torch.manual_seed(0)
     model = Stack(None).to("xla")

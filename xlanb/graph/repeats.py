@@ -266,8 +266,11 @@ def _backward_layers(runs, steps, n_leaves, taken, places, by_line: bool) -> dic
             owner.pop(n_leaves + run.segments[last][m], None)
             if by_line:
                 made_by[n_leaves + run.segments[last][m]] = ((r, run.layers[last]), only_out)
-    # autograd records a backward op with the line of the forward op it differentiates
-    lines = {places[op][0] for run in runs for ops in run.segments for op in ops}
+    # autograd records a backward op with the line of the forward op it differentiates.
+    # A loop's step op has no backward, and its line is the loop call's, which may also
+    # be the line of the op that feeds the loop (``scan_layers(layers, embed(x))``)
+    lines = {places[op][0] for run in runs for ops in run.segments for op in ops
+             if steps[op][0].name != LOOP_OP}
     groups, handed = _label_backward(steps, n_leaves, taken, places, lines, owner, made_by, {})
     if handed:
         # The gradient one layer's backward hands the next belongs to the layer it enters,
