@@ -215,8 +215,9 @@ def test_a_quick_run_that_runs_again_tiers_up_to_its_optimized_executable(eager,
 
 def test_a_cnn_backward_run_at_the_quick_tier_matches_cpu(eager):
     """The backward of conv -> batch norm -> max pool, one eager run compiled at the quick
-    tier: XLA:CPU gave conv1's weight gradient off by 0.08 (of 0.45) when the quick tier
-    also turned the fusion emitters off (compile.py, _QUICK_CPU)."""
+    tier: conv1's weight gradient was off by 0.08 (of 0.45) while max pool found its taps
+    by comparing them with their maximum computed apart, which XLA:CPU's quick tier
+    computed with other rounding (aten_pool.window_max)."""
     import copy
     from test_models import _cnn_batch, cnn_train
     model_c = cnn_train()

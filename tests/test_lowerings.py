@@ -571,6 +571,19 @@ def test_max_pool_other_ranks_and_edge_values():
     check(aten.max_pool2d_with_indices.default, ri(1, 2, 5, 5), [2, 2], [2, 2], [1, 1])
 
 
+def test_max_pool_ties_nans_and_padding_pick_torchs_tap():
+    # torch's rule: the first maximum, the last NaN, and a padded tap never (a window of
+    # -inf next to padding picks its first real tap)
+    nan, inf = float("nan"), math.inf
+    x = torch.tensor([[[[nan, 1.0, nan, 2.0, 3.0, 3.0, 0.0, -1.0]]]])
+    check(aten.max_pool2d_with_indices.default, x, [1, 4], [1, 4])
+    check(aten.max_pool2d_with_indices.default, torch.full((1, 1, 2, 4), -inf), [2, 2],
+          [1, 2], [1, 1])
+    check(aten.adaptive_max_pool2d.default, x, [1, 2])
+    relu_ties = torch.relu(r(2, 3, 6, 6))  # half the taps are 0: ties everywhere
+    check(aten.max_pool2d_with_indices.default, relu_ties, [2, 2], [2, 2])
+
+
 @pytest.mark.parametrize("ceil_mode,count_include_pad,divisor", [
     (False, True, None), (True, True, None), (True, False, None), (False, False, 3),
 ])

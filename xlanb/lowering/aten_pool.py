@@ -53,6 +53,42 @@ def _patches(x, kernel, stride, padding, dilation, outs, pad_value):
 
 # ---- max pooling ------------------------------------------------------------------
 
+def window_max(win, valid, axis: int):
+    """torch's max over a window axis: ``(value, position)``, the first maximum in
+    window order, except that a NaN wins (the last NaN); positions where ``valid`` is
+    False (padding) only when nothing else is there. ``win`` and ``valid`` have the same
+    shape.
+
+    One variadic reduce carries the value with its position. Comparing each candidate
+    with a separately computed maximum (``win == max(win)``) depends on XLA computing
+    ``win`` bit for bit alike in both places, and it need not: XLA:CPU with the legacy
+    emitters at -O0 recomputed a batch norm's mean inside two fusions with different
+    sums, no candidate equalled the maximum, and max pool's gradient went to the wrong
+    taps."""
+    floating = jnp.issubdtype(win.dtype, jnp.floating)
+    low = -jnp.inf if floating else (jnp.iinfo(win.dtype).min if win.dtype != jnp.bool_
+                                     else False)
+    pos = lax.broadcasted_iota(jnp.int32, win.shape, axis)
+
+    def pick(a, b):  # the winner of two (value, valid, position); a total order
+        av, aok, ai = a
+        bv, bok, bi = b
+        if floating:
+            anan, bnan = jnp.isnan(av), jnp.isnan(bv)
+            by_value = jnp.where(anan | bnan,
+                                 jnp.where(anan & bnan, bi > ai, bnan),
+                                 (bv > av) | ((bv == av) & (bi < ai)))
+        else:
+            by_value = (bv > av) | ((bv == av) & (bi < ai))
+        b_wins = jnp.where(aok == bok, jnp.where(aok, by_value, bi < ai), bok)
+        return (jnp.where(b_wins, bv, av), jnp.where(b_wins, bok, aok),
+                jnp.where(b_wins, bi, ai))
+
+    init = (np.array(low, win.dtype), np.array(False), np.array(np.iinfo(np.int32).max, np.int32))
+    best, _ok, which = lax.reduce((win, valid, pos), init, pick, (axis,))
+    return best, which
+
+
 def _max_pool_with_indices(x, n, kernel, stride, padding, dilation, ceil_mode):
     kernel, stride, padding, dilation, outs = _params(x, n, kernel, stride, padding, dilation,
                                                       ceil_mode)
@@ -61,11 +97,7 @@ def _max_pool_with_indices(x, n, kernel, stride, padding, dilation, ceil_mode):
     taps = _patches(x, kernel, stride, padding, dilation, outs, low)
     valid = _patches(jnp.ones(x.shape[lead:], bool), kernel, stride, padding, dilation, outs,
                      False)
-    best = jnp.max(taps, axis=lead, keepdims=True)  # NaN propagates, like torch
-    hit = (taps == best) & valid
-    if jnp.issubdtype(x.dtype, jnp.floating):
-        hit = hit | jnp.isnan(taps)
-    tap = jnp.argmax(hit, axis=lead)  # first hit in window order, like torch
+    best, tap = window_max(taps, jnp.broadcast_to(valid, taps.shape), lead)
     # Flat index into the input's spatial plane of the chosen tap.
     index = jnp.zeros(tap.shape, jnp.int64)
     for j in range(n):
@@ -74,7 +106,7 @@ def _max_pool_with_indices(x, n, kernel, stride, padding, dilation, ceil_mode):
         coord = lax.broadcasted_iota(jnp.int64, tap.shape, lead + j) * stride[j] \
             - padding[j] + offset * dilation[j]
         index = index * x.shape[lead + j] + coord
-    return jnp.squeeze(best, lead), index
+    return best, index
 
 
 def _max_pool_backward(g, x, indices, n):

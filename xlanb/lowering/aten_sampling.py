@@ -14,28 +14,10 @@ import numpy as np
 from jax import lax
 
 from xlanb.lowering._util import aten, is_float, upcast
-from xlanb.lowering.aten_pool import _grid_sampler_backward, _source_coord
+from xlanb.lowering.aten_pool import _grid_sampler_backward, _source_coord, window_max
 from xlanb.lowering.registry import register
 
-
 # ---- max over gathered windows -------------------------------------------------------
-
-def _window_max(win, valid):
-    """``win``: (..., K) candidate values (row-major window order), ``valid``: (..., K).
-    torch's rule: the first maximum, except that a NaN wins (the last NaN)."""
-    low = -jnp.inf if is_float(win) else jnp.iinfo(win.dtype).min
-    vals = jnp.where(valid, win, low)
-    best = jnp.max(vals, axis=-1)
-    first = jnp.argmax((vals == best[..., None]) & valid, axis=-1)
-    if is_float(win):
-        nan = jnp.isnan(vals) & valid
-        k = win.shape[-1]
-        last_nan = (k - 1) - jnp.argmax(jnp.flip(nan, -1), axis=-1)
-        has_nan = jnp.any(nan, axis=-1)
-        first = jnp.where(has_nan, last_nan, first)
-        best = jnp.where(has_nan, jnp.nan, best)
-    return best, first
-
 
 def _pool_by_starts(x, starts, sizes, kmax):
     """Max pool the trailing len(starts) dims: window i of dim j covers
@@ -77,7 +59,8 @@ def _pool_by_starts(x, starts, sizes, kmax):
     k_total = math.prod(kmax)
     idx = flat.reshape(lead_shape + (-1,))
     win = jnp.take_along_axis(plane, idx, axis=-1).reshape(lead_shape + outs + (k_total,))
-    best, which = _window_max(win, valid.reshape(lead_shape + outs + (k_total,)))
+    best, which = window_max(win, jnp.broadcast_to(
+        valid.reshape(lead_shape + outs + (k_total,)), win.shape), win.ndim - 1)
     index = jnp.take_along_axis(flat.reshape(lead_shape + outs + (k_total,)), which[..., None],
                                 axis=-1)[..., 0]
     return best, index
