@@ -223,7 +223,7 @@ def test_a_peek_waits_for_quick_executables_only_and_optimized_ones_replace_them
         if how.get("metric") == "OpTierUpCompileTime":
             assert tier_ups.wait(60), "test never let the optimized compiles run"
         exe = real(build, **how)
-        built[id(exe)] = "quick" if build.tier == "quick" else "optimized"
+        built[id(exe)] = "quick" if build.tier == "op_quick" else "optimized"
         return exe
     monkeypatch.setattr(background, "_compile_off_thread", spy)
     a = torch.arange(51, dtype=torch.float32).reshape(3, 17)  # shapes no other test uses

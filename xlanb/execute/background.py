@@ -50,7 +50,7 @@ def start_prepared(info: OpInfo, prepared: tuple, quick: bool = False) -> None:
     if info.compiling is not None or info.exe is not None:
         return
     build, exe = prepared
-    quicker = build.at("quick") if quick else None
+    quicker = build.at("op_quick") if quick else None
     if quicker is not None and quicker.options is None:
         quicker = None  # no quicker tier on this platform
     better = None

@@ -48,25 +48,33 @@ def single_op_options(device: int):
 
 
 # What someone waits for at first sight (a first look in pdb, an eager run of new ops)
-# compiles with LLVM's optimizations and the fusion emitters off: about half the compile
-# time of the "op" tier for a single op (tanh, matmul, softmax: 14-18 ms against 30-35 ms
-# on the Xeon of docs/benchmarks.md). The optimized executable compiles after, in the
-# background, and replaces it (execute/background.py, graphs.tier_up). XLA's HLO passes
-# run either way, but float values need not be bit for bit alike between tiers, or
-# between two fusions of one executable that recompute the same value: a lowering never
-# compares a value with a separately computed reduction of it (aten_pool.window_max
-# says why; tests/test_eager_runs.py keeps the CNN that showed it). XLA:CPU ignores
-# JAX's effort options (exec_time_optimization_effort, optimization_level): measured,
-# no quicker.
-_QUICK_CPU = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
-              "xla_cpu_use_fusion_emitters": False}
+# compiles quickly; the optimized executable compiles after, in the background, and
+# replaces it (execute/background.py, graphs.tier_up).
+#
+# A graph (an eager run, a look's prefix) compiles without XLA:CPU's fusion emitters,
+# which are most of a small graph's compile: six elementwise and reduce ops as one graph,
+# 41 ms against 118 ms with XLA's defaults and 82 ms for LLVM at -O0 with the emitters
+# kept. Not with LLVM at -O0 as well, although that halves it again: XLA then duplicates
+# a value into several fusions that round it differently (1 ulp), so a run's values
+# differ from op by op's (PyTorch's take_along_dim test), and a comparison of a value
+# with its own maximum fails (max pool's lowering once did, and gave a CNN wrong
+# gradients: aten_pool.window_max; tests/test_eager_runs.py keeps the model).
+_QUICK_CPU = {"xla_cpu_use_fusion_emitters": False}
+# A single op (whose single-op tier already has the emitters off) compiles with LLVM at
+# -O0 and its expensive passes off: 14-18 ms against 30-35 for tanh, matmul, softmax.
+# Its inputs are parameters, so nothing outside the op is recomputed in its fusions.
+_QUICK_OP_CPU = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
+                 "xla_cpu_use_fusion_emitters": False}
+# XLA:CPU ignores JAX's effort options (exec_time_optimization_effort,
+# optimization_level): measured, no quicker.
 
 
-def quick_options(device: int):
-    """XLA options for a quickly compiled executable (a single op, a look's prefix, an
-    eager run); None where xlanb has no quicker tier for the platform (only XLA:CPU's
-    were measured)."""
-    return _QUICK_CPU if jax_device(device).platform == "cpu" else None
+def quick_options(device: int, single_op: bool = False):
+    """XLA options for a quickly compiled executable (a graph, or ``single_op``); None
+    where xlanb has no quicker tier for the platform (only XLA:CPU's were measured)."""
+    if jax_device(device).platform != "cpu":
+        return None
+    return _QUICK_OP_CPU if single_op else _QUICK_CPU
 
 
 def lower_op(info: OpInfo):
@@ -78,13 +86,13 @@ def lower_op(info: OpInfo):
 
 
 # The tiers an executable compiles at: "op" (a single op: XLA's optimizations, fusion
-# emitters off), "quick" (someone waits for it: see _QUICK_CPU) and "full" (XLA's
-# defaults: graphs, tier-ups, TPU targets).
+# emitters off), "quick" and "op_quick" (a graph or a single op someone waits for: see
+# _QUICK_CPU) and "full" (XLA's defaults: graphs, tier-ups, TPU targets).
 def tier_options(tier: str, device: int | None):
     if tier == "op":
         return single_op_options(device)
-    if tier == "quick":
-        return quick_options(device)
+    if tier in ("quick", "op_quick"):
+        return quick_options(device, single_op=tier == "op_quick")
     return None
 
 
