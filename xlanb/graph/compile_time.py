@@ -457,8 +457,8 @@ def _op_scope(op: _Op, forward: dict, steps: dict) -> tuple[str, str]:
 
 
 class _Stats(NamedTuple):
-    """What the advice reads: per stack key (backward rows folded in) its seconds,
-    layers seen and whether it compiled as a loop; per line its instruction count."""
+    """What the advice reads: per stack key (backward rows folded in) its share, layers,
+    whether it compiled as a loop and its instructions; per line its instruction count."""
     stacks: dict
     line_ops: dict
     step_lines: frozenset
@@ -533,7 +533,7 @@ def attribute(text: str, total_s: float, fusion_pool_s: float, fusion_weights: d
     scopes = sorted((CompileRow(label(k, v[2]), v[0], v[0] / t, v[1])
                      for k, v in by_scope.items()), key=lambda r: -r.seconds)
     if stats is not None:
-        stacks: dict = defaultdict(lambda: [0.0, 0, False])
+        stacks: dict = defaultdict(lambda: [0.0, 0, False, 0])
         for k, v in by_scope.items():
             n = layers_of(k)
             if n > 1:
@@ -541,6 +541,7 @@ def attribute(text: str, total_s: float, fusion_pool_s: float, fusion_weights: d
                 st[0] += v[0] / t
                 st[1] = max(st[1], n)
                 st[2] = st[2] or bool(looped(k))
+                st[3] += v[1]
         stats.append(_Stats(dict(stacks), {k: v[1] for k, v in by_line.items()},
                             frozenset(source_text(s) for s, yes in steps.items() if yes),
                             frozenset(source_text(s) for s, (_k, layers) in forward.items()
@@ -553,7 +554,13 @@ def attribute(text: str, total_s: float, fusion_pool_s: float, fusion_weights: d
 # docs/compile-time.md). A torch.cat in a loop was checked too and left out: on XLA:CPU
 # 150 concatenations compiled no slower than one cat of the same pieces.
 
-STACK_SHARE = 0.2       # an unrolled stack worth a loop: a fifth of the compile or more
+# An unrolled stack worth a loop: a fifth of the compile or more, and big enough that the
+# loop's own instructions (stacking, slicing: about a second to compile on XLA:CPU) are
+# the smaller cost. Checked on XLA:CPU (docs/compile-time.md): a training step of 24
+# residual MLP blocks (31,000 instructions) compiled 4.3x faster as a loop; 8 × Linear
+# (80 instructions) compiled slower.
+STACK_SHARE = 0.2
+STACK_OPS = 2000
 LOOP_SHARE = 0.25       # a line worth a loop op: a quarter of the compile or more
 LOOP_OPS = 60           # ... with this many recorded ops
 LOOP_REPEATS = 10       # ... each distinct op this many times on average
@@ -576,19 +583,22 @@ def _constants(text: str, tables: dict) -> list[tuple[int, str, str]]:
     return sorted(out, reverse=True)
 
 
-def advise(profile: "CompileProfile", stats: _Stats | None, text: str,
+def advise(profile: CompileProfile, stats: _Stats | None, text: str,
            summary=None) -> list[Advice]:
     """What the profile's findings suggest: an unrolled layer stack (a loop compiles one
     layer), a Python loop unrolled at one line (``xlanb.scan``), a large constant
     folded into the graph (pass it as an argument)."""
     out: list[Advice] = []
     if stats is not None:
-        for key, (share, n, as_loop) in sorted(stats.stacks.items(), key=lambda kv: -kv[1][0]):
-            if not as_loop and n > 1 and share >= STACK_SHARE:
+        for key, (share, n, as_loop, ops) in sorted(stats.stacks.items(),
+                                                    key=lambda kv: -kv[1][0]):
+            if not as_loop and n > 1 and share >= STACK_SHARE and ops >= STACK_OPS:
                 out.append(Advice("unrolled stack", key, share, (
-                    f"{n} × {key} compiled unrolled ({100 * share:.0f}% of the compile, its "
-                    f"backward with it): XLANB_SCAN_LAYERS=1 (or xlanb.scan_layers(layers, x)) "
-                    f"compiles one layer as a loop")))
+                    f"{n} × {key} compiled unrolled ({100 * share:.0f}% of the compile, "
+                    f"{ops} instructions with its backward): XLANB_SCAN_LAYERS=1 (or "
+                    f"xlanb.scan_layers(layers, x)) compiles one layer as a loop; on the "
+                    f"CPU a looped step may run slower, so weigh the compile saved against "
+                    f"the steps to run")))
         names: dict = defaultdict(list)
         for o in getattr(summary, "ops", ()) or ():
             if o.src is not None:
