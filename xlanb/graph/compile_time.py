@@ -555,12 +555,12 @@ def attribute(text: str, total_s: float, fusion_pool_s: float, fusion_weights: d
 # 150 concatenations compiled no slower than one cat of the same pieces.
 
 # An unrolled stack worth a loop: a fifth of the compile or more, and big enough that the
-# loop's own instructions (stacking, slicing: about a second to compile on XLA:CPU) are
-# the smaller cost. Checked on XLA:CPU (docs/compile-time.md): a training step of 24
-# residual MLP blocks (31,000 instructions) compiled 4.3x faster as a loop; 8 × Linear
-# (80 instructions) compiled slower.
+# loop's own instructions (stacking and slicing each layer's weights and results, a few
+# seconds to compile on XLA:CPU) are the smaller cost. Measured on XLA:CPU with a training
+# step of residual MLP blocks (docs/compile-time.md): 6 blocks (2,600 instructions)
+# compiled 2.4x slower as a loop, 12 (8,600) 1.8x faster, 24 (31,000) 4.3x faster.
 STACK_SHARE = 0.2
-STACK_OPS = 2000
+STACK_OPS = 5000
 LOOP_SHARE = 0.25       # a line worth a loop op: a quarter of the compile or more
 LOOP_OPS = 60           # ... with this many recorded ops
 LOOP_REPEATS = 10       # ... each distinct op this many times on average
