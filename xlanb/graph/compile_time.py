@@ -611,12 +611,10 @@ def advise(profile: CompileProfile, stats: _Stats | None, text: str,
             if (row is None or row.share < LOOP_SHARE or key in stats.step_lines
                     or key in stats.stack_lines or len(ops) < LOOP_OPS or len(ops) < LOOP_REPEATS * len(set(ops))):
                 continue
-            reps = len(ops) // len(set(ops))
             out.append(Advice("loop at one line", key, row.share, (
-                f"{key}: {len(ops)} ops recorded at one line, about {reps} × the same "
-                f"{len(set(ops))} ({100 * row.share:.0f}% of the compile): a Python loop "
-                f"unrolled into the graph; xlanb.scan(fn, init, xs) compiles one iteration "
-                f"as a loop")))
+                f"{key}: {len(ops)} ops recorded at one line, of {len(set(ops))} kinds "
+                f"({100 * row.share:.0f}% of the compile): a Python loop unrolled into the "
+                f"graph; xlanb.scan(fn, init, xs) compiles one iteration as a loop")))
     for size, typ, where in _constants(text, stack_tables(text)):
         at = f"{where}: " if where else ""
         out.append(Advice("large constant", where or typ, 0.0, (
