@@ -267,7 +267,7 @@ def test_an_unrolled_stack_is_advised_a_loop(monkeypatch):
 
 
 def _unrolled(x):
-    for i in range(80): x = torch.relu(x * 1.01 + i)  # noqa: E701 - one line on purpose
+    for i in range(80): x = torch.relu(x * 1.01 + i)  # one line on purpose
     return x.sum()
 
 
