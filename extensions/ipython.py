@@ -484,7 +484,8 @@ class XlaMagics(Magics):
     def xla_compile_time(self, line: str = ""):
         """Where a graph's compile time went: by compiler phase (xlanb's lowering, XLA's
         HLO passes, the backend, loading; each measured by the compiler's own spans or
-        logs), by source line and by module scope (a repeated layer stack as one row).
+        logs), by source line and by module scope (a repeated layer stack as one row),
+        and what its findings suggest (an unrolled stack or loop, a large constant).
         --last N / --all: several graphs summed by phase, line and scope."""
         args = parse_argstring(self.xla_compile_time, line)
         gs = list(xlanb.graphs())

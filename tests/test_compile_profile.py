@@ -198,3 +198,129 @@ def _lines_of(*starts) -> list[int]:
     with open(__file__) as f:
         text = f.read().splitlines()
     return [next(i for i, t in enumerate(text, 1) if t.strip().startswith(s)) for s in starts]
+
+
+# --------------------------------------------------------------------------- advice
+# Each kind of advice on a small model that shows it, and a control where it must not
+# appear. The measurements that make the advice right are in docs/compile-time.md.
+
+class _Stack(torch.nn.Module):
+    def __init__(self, n: int, width: int, looped: bool = False):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(n))
+        self.looped = looped
+
+    def forward(self, x):
+        if self.looped:
+            return xlanb.scan_layers(self.layers, x)
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+
+def _train_step(model, width: int):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(3, width).to("xla")
+    model(x).sum().backward()
+    opt.step()
+    xlanb.sync()
+    return xlanb.graphs()[-1].compile_profile
+
+
+def _kinds(p) -> dict:
+    return {a.kind: a for a in p.advice}
+
+
+def test_backward_and_optimizer_ops_have_scopes():
+    torch.manual_seed(0)
+    p = _train_step(_Stack(4, 11).to("xla"), 11)
+    rows = {r.key: r for r in p.by_scope(None)}
+    # autograd's ops go to the scope of the forward line they differentiate, the
+    # optimizer's to its step; only XLA's own instructions stay without a scope
+    assert rows["4 × _Stack.layers (backward)"].ops > 0, list(rows)
+    assert rows["optimizer.step"].ops > 0, list(rows)
+    unscoped = rows.get(compile_time.NO_SCOPE)
+    xla_own = sum(r.ops for r in p.by_line(None) if r.key.startswith("(no line"))
+    assert (unscoped.ops if unscoped else 0) == xla_own, str(p)
+    step_line = _lines_of("opt.step()")[0]
+    assert rows["optimizer.step"].ops == next(
+        r.ops for r in p.by_line(None) if r.key.endswith(f"test_compile_profile.py:{step_line}"))
+
+
+def test_an_unrolled_stack_is_advised_a_loop(monkeypatch):
+    torch.manual_seed(0)
+    # 8 small layers: a loop compiles slower than the unrolled stack (about 80
+    # instructions), so no advice at the default size
+    small = _train_step(_Stack(8, 12).to("xla"), 12)
+    assert "unrolled stack" not in _kinds(small), str(small)
+    # the same finding over the size threshold: advised, in the text and the HTML
+    monkeypatch.setattr(compile_time, "STACK_OPS", 10)
+    p = _train_step(_Stack(8, 13).to("xla"), 13)
+    a = _kinds(p)["unrolled stack"]
+    assert a.where == "_Stack.layers" and a.share >= compile_time.STACK_SHARE, a
+    assert "XLANB_SCAN_LAYERS=1" in a.text and a.text in str(p)
+    assert "xlanb-compile-advice" in p._repr_html_()
+    # control: the same stack compiled as one loop
+    looped = _train_step(_Stack(8, 14, looped=True).to("xla"), 14)
+    assert any("one loop" in r.key for r in looped.by_scope(None)), str(looped)
+    assert "unrolled stack" not in _kinds(looped), str(looped)
+
+
+def _unrolled(x):
+    for i in range(80): x = torch.relu(x * 1.01 + i)  # one line on purpose
+    return x.sum()
+
+
+def _scanned(x):
+    def body(c, k):
+        return torch.relu(c * 1.01 + k), None
+    c, _ = xlanb.scan(body, x, torch.arange(80, dtype=torch.float32).to("xla").view(80, 1))
+    return c.sum()
+
+
+def test_a_loop_at_one_line_is_advised_scan():
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+    with torch.no_grad():
+        y = _unrolled(torch.randn(6, 9).to("xla"))
+        xlanb.sync()
+    p = xlanb.graphs()[-1].compile_profile
+    line = _lines_of("for i in range(80)")[0]
+    a = _kinds(p)["loop at one line"]
+    assert a.where.endswith(f"test_compile_profile.py:{line}") and "xlanb.scan" in a.text, a
+    # %xla_compile_time shows it
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "xlanb")
+    try:
+        with capture_output() as c:
+            shell.run_line_magic("xla_compile_time", "")
+        assert f"advice: {a.text}" in c.outputs[0].data["text/plain"]
+        with capture_output() as c:
+            shell.run_line_magic("xla_compile_time", "--last 1")
+        assert f"advice: {a.text}" in c.outputs[0].data["text/plain"]
+    finally:
+        shell.run_line_magic("unload_ext", "xlanb")
+    # control: the same loop as xlanb.scan
+    with torch.no_grad():
+        z = _scanned(torch.randn(6, 9).to("xla"))
+        xlanb.sync()
+    q = xlanb.graphs()[-1].compile_profile
+    assert "loop at one line" not in _kinds(q), str(q)
+    assert y.shape == z.shape
+
+
+def test_a_large_constant_is_advised_an_argument():
+    x = torch.randn(700).to("xla")
+    idx = torch.triu_indices(600, 600, device="xla")  # made in the graph: a constant
+    y = (x[idx[0]] * x[idx[1]]).sum()
+    xlanb.sync()
+    p = xlanb.graphs()[-1].compile_profile
+    a = _kinds(p)["large constant"]
+    assert "s64[2,180300]" in a.text and "argument" in a.text, a
+    # control: the same indices made on the CPU and passed in
+    idx = torch.triu_indices(600, 600).to("xla")
+    z = (x[idx[0]] * x[idx[1]]).sum() + 1
+    xlanb.sync()
+    q = xlanb.graphs()[-1].compile_profile
+    assert "large constant" not in _kinds(q), str(q)
+    assert y.shape == z.shape

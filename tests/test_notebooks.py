@@ -317,6 +317,11 @@ def test_notebook_runs(path):
         assert re.search(r"xlanb.run: graph #\d+ .* on v5e:1x1", all_text), all_text[-2000:]
         html = [o for c in code for o in _outputs(c) if "text/html" in o.get("data", {})]
         assert any("xlanb-target" in o["data"]["text/html"] for o in html)
+    if path.stem == "08_compile_time":
+        # the loop at one line is named first, advised, and gone once it is xlanb.scan
+        assert re.search(r"slowest line to compile: In\[\d+\]:9 ", all_text), all_text
+        assert re.search(r"loop at one line: In\[\d+\]:9: .* xlanb\.scan", all_text)
+        assert "300 × scan compiled once" in all_text and "advice now: none" in all_text
     if path.stem == "05_reading_hlo":
         assert "same module for 0.1 and 0.2: True" in all_text
     if path.stem == "sharding":

@@ -210,3 +210,37 @@ def test_tables_trace_and_chart_explain_themselves(tmp_path):
             overlap = a["ts"] < b["ts"] + b["dur"] and b["ts"] < a["ts"] + a["dur"]
             assert not overlap or inside(a, b) or inside(b, a), (a, b)
     y = None
+
+
+def test_compile_spans_nest_under_the_graph_they_compiled(tmp_path):
+    """Issue 48 item 5: a graph compiled while profiled is a ``compile graph <hash>``
+    slice inside its ``CompileTime`` sample, with the compile's phases (xlanb's lowering,
+    XLA's own spans or the profile's parts) nested under it on the same thread."""
+    xlanb.set_mode("lazy")
+    with xlanb.profile() as p:
+        x = torch.randn(5, 13).to("xla")
+        y = (x @ x.T).relu().sum() * 7
+        xlanb.sync()
+    g = xlanb.graphs()[-1]
+    assert g._compile_raw is not None, "the graph was loaded, not compiled"
+    path = p.export(str(tmp_path / "c.json"))
+    events = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X"]
+    (top,) = [e for e in events if e["name"] == f"compile graph {g.hash[:12]}"]
+    assert top["cat"] == "compile" and top["args"]["graph"] == g.hash
+    assert set(top["args"]["phases"]) >= {"lowering", "unattributed"}
+
+    def inside(a, b):
+        return b["ts"] <= a["ts"] + 1e-3 and a["ts"] + a["dur"] <= b["ts"] + b["dur"] + 1e-3
+    assert any(e["name"] == "CompileTime" and e["tid"] == top["tid"] and inside(top, e)
+               for e in events)
+    phases = [e for e in events if e.get("cat") == "compile phase" and e["tid"] == top["tid"]]
+    names = {e["name"] for e in phases}
+    assert "xlanb's trace and lowering" in names and len(names) >= 2, names
+    assert all(inside(e, top) for e in phases)
+    if g._compile_raw.spans:  # XLA's own spans, at the times it measured
+        assert "PjRtCpuClient::Compile" in names, names
+    for a in phases:  # properly nested
+        for b in phases:
+            overlap = a["ts"] < b["ts"] + b["dur"] - 1e-3 and b["ts"] < a["ts"] + a["dur"] - 1e-3
+            assert not overlap or inside(a, b) or inside(b, a), (a, b)
+    assert y.shape == ()

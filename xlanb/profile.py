@@ -77,6 +77,7 @@ SHARE_NOTE = ("share: the row's total time (with its device time, where shown) a
 UNNAMED_SCOPE_NOTE = ("Parent.?Module: a module its parent made during the call (not one of "
                       "its attributes, e.g. a loss built inside forward), named by its class")
 _current_node = torch._C._current_autograd_node
+_XLA_TID = 1 << 40  # tids for XLA's compile threads in an export (no real thread's)
 
 
 class OpEvent(NamedTuple):
@@ -467,12 +468,80 @@ class Profile:
             ev.append({"name": e.name, "cat": e.phase or "background", "ph": "X",
                        "ts": us(e.start), "dur": round(e.dur * 1e6, 3), "pid": pid,
                        "tid": e.tid, "args": {"line": format_loc(e.src), "scope": e.scope}})
+        ev += self._compile_slices(us)
         for i, (s0, s1) in enumerate(self.steps):
             ev.append({"name": f"step {i}", "cat": "step", "ph": "X", "ts": us(s0),
                        "dur": round((s1 - s0) * 1e6, 3), "pid": pid, "tid": 0})
         ev.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 0,
                    "args": {"name": "steps"}})
         return ev + self._jax_events()
+
+    def _compile_slices(self, us) -> list[dict]:
+        """Each graph compiled while the profile recorded, as a slice ``compile graph
+        <hash>`` on the thread that compiled it (inside its ``CompileTime`` sample), with
+        the compile's phases nested under it (``graphs()[i].compile_profile``): xlanb's
+        lowering, then XLA's own spans where they were traced (the HLO pass pipelines,
+        ``CpuCompiler::RunBackend``, ``Codegen``, each fusion's emitter), at the times
+        XLA measured; else the profile's parts one after another, each as long as
+        measured (the args say so)."""
+        out: list[dict] = []
+        pid = os.getpid()
+        threads: dict = {}  # XLA's other compile threads -> their tid here
+        for g in list(graph_log):
+            raw = g._compile_raw
+            if raw is None or not self.t0 <= raw.perf_started <= (self.t1 or time.perf_counter()):
+                continue
+            if g._exe is None and g._compile_profile is None:
+                continue  # reading its module would load a dropped executable again
+            t1 = raw.perf_started
+            t2 = t1 + raw.compile_s
+            around = [e for e in self.phase_events if e.phase == "compile" or
+                      e.name.endswith("CompileTime")]
+            around = [e for e in around if e.start <= t1 and t2 <= e.start + e.dur]
+            tid = min(around, key=lambda e: e.dur).tid if around else self._tid
+            prof = g.compile_profile
+
+            def slice_(name, cat, start, dur, args, on=tid):
+                out.append({"name": name, "cat": cat, "ph": "X", "ts": us(start),
+                            "dur": round(max(dur, 0.0) * 1e6, 3), "pid": pid, "tid": on,
+                            "args": args})
+
+            slice_(f"compile graph {g.hash[:12]}", "compile", t1 - raw.lower_s,
+                   raw.lower_s + raw.compile_s,
+                   {"graph": g.hash, "slowest line": prof.short(),
+                    "phases": {k: round(v, 6) for k, v in prof.phases().items()},
+                    "advice": [a.text for a in prof.advice]})
+            slice_("xlanb's trace and lowering", "compile phase", t1 - raw.lower_s,
+                   raw.lower_s, {"measured by": "xlanb's timer"})
+            if raw.spans:
+                # the spans of XLA's thread that ran the compile nest under it; a span of
+                # another of its threads (parallel codegen) goes on a thread of its own
+                main = next((sp.line for sp in raw.spans
+                             if sp.name == "PjRtCpuClient::Compile"), raw.spans[0].line)
+                for sp in raw.spans:  # ns from the profiler session's start (= t1)
+                    a = max(t1 + sp.start * 1e-9, t1)
+                    b = min(t1 + sp.end * 1e-9, t2)
+                    if b <= a:
+                        continue
+                    if sp.line != main and sp.line not in threads:
+                        threads[sp.line] = _XLA_TID + len(threads)
+                        out.append({"name": "thread_name", "ph": "M", "pid": pid,
+                                    "tid": threads[sp.line],
+                                    "args": {"name": f"XLA compile ({sp.line})"}})
+                    slice_(sp.name, "compile phase", a, b - a,
+                           {k: str(v) for k, v in sp.args.items()},
+                           tid if sp.line == main else threads[sp.line])
+                continue
+            at = t1
+            for part in prof.parts:
+                if part.phase == "lowering" or at >= t2:
+                    continue
+                dur = min(part.seconds, t2 - at)
+                slice_(part.name, "compile phase", at, dur,
+                       {"phase": part.phase, "measured by": part.how,
+                        "placed": "in order, as long as measured (no span timed it)"})
+                at += dur
+        return out
 
     def _scope_slices(self, us) -> list[dict]:
         """Module scopes as slices around their ops, nested as the modules were (as

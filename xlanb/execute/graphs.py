@@ -83,7 +83,7 @@ class CompiledGraph:
                 self._compile_raw, self.executable.as_text(), f"graph {self.hash[:12]}",
                 self.compile_time, recorded=compile_time.recorded_lines(self.summary),
                 loops=compile_time.loop_layers(self.lowering.repeats if self.lowering else None),
-                platform=jax_device(self.device).platform)
+                platform=jax_device(self.device).platform, summary=self.summary)
         return self._compile_profile
 
     @property

@@ -19,15 +19,17 @@ instructions, and the profile says so.
 from __future__ import annotations
 
 import html
+import linecache
 import re
 import time
 from collections import defaultdict
 from typing import NamedTuple
 
 from ..base.frames import source_text
-from ..base.tables import format_duration, format_table
+from ..base.tables import format_bytes, format_duration, format_table
 from .hlo_text import (
     _INSTR,
+    array_sizes,
     aten_of,
     attr,
     computations,
@@ -54,6 +56,17 @@ class CompileRow(NamedTuple):
     ops: int
 
 
+class Advice(NamedTuple):
+    """What a finding of the profile suggests (``CompileProfile.advice``): ``kind`` is
+    ``unrolled stack``, ``loop at one line`` or ``large constant``; ``where`` the scope,
+    line or constant; ``share`` the compile share of what it names (0 for a constant,
+    which is no instruction)."""
+    kind: str
+    where: str
+    share: float
+    text: str
+
+
 _TRIVIAL = frozenset(("parameter", "constant", "get-tuple-element", "tuple", "bitcast",
                       "after-all", "partition-id", "replica-id"))
 _CONTAINERS = frozenset(("fusion", "call", "while", "conditional", "async-start",
@@ -72,7 +85,7 @@ class CompileProfile:
     scope (``by_scope()``, a repeated layer stack as one row, ``24 × encoder.layer``)."""
 
     def __init__(self, what: str, platform: str, total_s: float, parts, unattributed_s: float,
-                 lines, scopes, method: str, notes=()):
+                 lines, scopes, method: str, notes=(), advice=()):
         self.what = what
         self.platform = platform
         self.total_s = total_s
@@ -82,6 +95,7 @@ class CompileProfile:
         self._scopes: list[CompileRow] = scopes
         self.method = method
         self.notes: tuple[str, ...] = tuple(notes)
+        self.advice: tuple[Advice, ...] = tuple(advice)
 
     def phases(self) -> dict[str, float]:
         """Seconds per phase (lowering, hlo passes, backend, loading, other,
@@ -136,6 +150,7 @@ class CompileProfile:
             out.append("  by scope:")
             out.append(format_table(("scope", "seconds", "share", "ops"),
                                     self._rows(self.by_scope()), right=(1, 2, 3), indent="    "))
+        out += [f"  advice: {a.text}" for a in self.advice]
         out += [f"  note: {n}" for n in self.notes]
         return "\n".join(out)
 
@@ -164,6 +179,9 @@ class CompileProfile:
             parts.append(f"<div>by line ({e(self.method)})</div>")
             parts.append(table(("line", "seconds", "share", "ops"), self._rows(self.by_line())))
             parts.append(table(("scope", "seconds", "share", "ops"), self._rows(self.by_scope())))
+        if self.advice:
+            parts.append("<ul class='xlanb-compile-advice'>" + "".join(
+                f"<li><b>{e(a.kind)}</b>: {e(a.text)}</li>" for a in self.advice) + "</ul>")
         parts += [f"<div><i>note: {e(n)}</i></div>" for n in self.notes]
         return "<div class='xlanb-compile-profile'>" + "\n".join(parts) + "</div>"
 
@@ -384,11 +402,76 @@ def _scope_key(scope: str) -> tuple[str, str]:
     return ".".join(parts) or "(no scope)", ""
 
 
+BACKWARD = " (backward)"
+OPTIMIZER = "optimizer.step"
+NO_SCOPE = "(no scope)"
+_STEP_CALL = re.compile(r"\.step\(")
+
+
+def _forward_scopes(ops, recorded: dict | None) -> dict[str, tuple[str, set]]:
+    """Each line at which ops with a module scope were recorded -> (the scope key most
+    of them have, its layers seen there): autograd records a backward op at the line of
+    the forward op it differentiates, with no scope (``graph/repeats.py`` reasons the
+    same). Where one line calls several modules (``x = torch.tanh(layer(x))``), which of
+    them a backward op differentiates is not known: the line's main scope is a guess."""
+    at: dict = defaultdict(list)
+    for op in ops:
+        if op.scope and op.source and op.source[0] != "(":
+            at[op.source].append(op.scope)
+    for (_aten, scope), src in (recorded or {}).items():
+        if scope:
+            at[src].append(scope)
+    out: dict = {}
+    for src, scopes in at.items():
+        keys = [_scope_key(sc) for sc in scopes]
+        counts: dict = defaultdict(int)
+        for k, _layer in keys:
+            counts[k] += 1
+        name = max(counts, key=lambda k: (counts[k], k))
+        out[src] = (name, {layer for k, layer in keys if k == name and layer})
+    return out
+
+
+def _is_step_line(source: str) -> bool:
+    """The user's line calls an optimizer's ``step()`` (its ops carry the user's line:
+    torch's own frames are skipped), read from the source as linecache has it."""
+    file, _, line = source.rpartition(":")
+    return bool(line.isdigit() and _STEP_CALL.search(linecache.getline(file, int(line))))
+
+
+def _op_scope(op: _Op, forward: dict, steps: dict) -> tuple[str, str]:
+    """(scope key, layer) of one instruction: its own scope; else, by its line, the
+    forward scope it differentiates (``name (backward)``) or the optimizer's step."""
+    if op.scope:
+        return _scope_key(op.scope)
+    src = op.source
+    if src in forward:
+        name, layers = forward[src]
+        return name + BACKWARD, (min(layers) if len(layers) == 1 else "")
+    if src and src[0] != "(":
+        if src not in steps:
+            steps[src] = _is_step_line(src)
+        if steps[src]:
+            return OPTIMIZER, ""
+    return NO_SCOPE, ""
+
+
+class _Stats(NamedTuple):
+    """What the advice reads: per stack key (backward rows folded in) its share, layers,
+    whether it compiled as a loop and its instructions; per line its instruction count."""
+    stacks: dict
+    line_ops: dict
+    step_lines: frozenset
+    stack_lines: frozenset  # lines whose forward ops are a numbered stack's layers
+
+
 def attribute(text: str, total_s: float, fusion_pool_s: float, fusion_weights: dict,
-              recorded: dict | None = None, loops: dict | None = None
+              recorded: dict | None = None, loops: dict | None = None, stats: list | None = None
               ) -> tuple[list[CompileRow], list[CompileRow], str]:
     """Spread ``total_s`` over the module's ops: ``fusion_pool_s`` by ``fusion_weights``
-    (fusion name -> measured seconds, split evenly among its ops), the rest evenly."""
+    (fusion name -> measured seconds, split evenly among its ops), the rest evenly.
+    An op with no scope is put by its line under the forward scope it differentiates,
+    or the optimizer's step (``_op_scope``). ``stats``: a list the ``_Stats`` go into."""
     ops, fusions = module_ops(text, recorded)
     if not ops:
         return [], [], "no instructions"
@@ -408,12 +491,14 @@ def attribute(text: str, total_s: float, fusion_pool_s: float, fusion_weights: d
               if pooled else f"evenly over {len(ops)} instructions")
     by_line: dict = defaultdict(lambda: [0.0, 0])
     by_scope: dict = defaultdict(lambda: [0.0, 0, set()])
+    forward = _forward_scopes(ops, recorded)
+    steps: dict = {}
     for op, s in zip(ops, share):
         row = by_line[source_text(op.source) if op.source and op.source[0] != "(" else
                       op.source or NO_LINE]
         row[0] += s
         row[1] += 1
-        key, layer = _scope_key(op.scope)
+        key, layer = _op_scope(op, forward, steps)
         srow = by_scope[key]
         srow[0] += s
         srow[1] += 1
@@ -422,18 +507,121 @@ def attribute(text: str, total_s: float, fusion_pool_s: float, fusion_weights: d
     t = total_s or 1.0
     lines = sorted((CompileRow(k, v[0], v[0] / t, v[1]) for k, v in by_line.items()),
                    key=lambda r: -r.seconds)
+
+    def looped(key: str) -> int:
+        base = key.removesuffix(BACKWARD)
+        return next((n for name, n in (loops or {}).items()
+                     if base == name or base.endswith("." + name)), 0)
+
+    def layers_of(key: str) -> int:
+        # a stack's backward counts the stack's layers (its ops carry no layer of their own)
+        n = looped(key)
+        if n:
+            return n
+        seen = by_scope.get(key.removesuffix(BACKWARD))
+        return len(seen[2]) if seen is not None else 0
+
     def label(key: str, layers: set) -> str:
         # a stack lowered as one loop compiles one layer's body (its ops carry layer 0's
         # scope): named by the loop's layer count
-        n = next((n for name, n in (loops or {}).items()
-                  if key == name or key.endswith("." + name)), 0)
-        if n:
-            return f"{n} × {key} (one loop)"
-        return f"{len(layers)} × {key}" if len(layers) > 1 else key
+        base, backward = key.removesuffix(BACKWARD), key.endswith(BACKWARD)
+        n = layers_of(key)
+        if looped(key):
+            return f"{n} × {base} ({'backward, ' if backward else ''}one loop)"
+        return f"{n} × {key}" if n > 1 else key
 
     scopes = sorted((CompileRow(label(k, v[2]), v[0], v[0] / t, v[1])
                      for k, v in by_scope.items()), key=lambda r: -r.seconds)
+    if stats is not None:
+        stacks: dict = defaultdict(lambda: [0.0, 0, False, 0])
+        for k, v in by_scope.items():
+            n = layers_of(k)
+            if n > 1:
+                st = stacks[k.removesuffix(BACKWARD)]
+                st[0] += v[0] / t
+                st[1] = max(st[1], n)
+                st[2] = st[2] or bool(looped(k))
+                st[3] += v[1]
+        stats.append(_Stats(dict(stacks), {k: v[1] for k, v in by_line.items()},
+                            frozenset(source_text(s) for s, yes in steps.items() if yes),
+                            frozenset(source_text(s) for s, (_k, layers) in forward.items()
+                                      if len(layers) > 1)))
     return lines, scopes, method
+
+
+# ---------------------------------------------------------------------------------------
+# Advice: only what was checked on an example that shows it (tests/test_compile_profile.py,
+# docs/compile-time.md). A torch.cat in a loop was checked too and left out: on XLA:CPU
+# 150 concatenations compiled no slower than one cat of the same pieces.
+
+# An unrolled stack worth a loop: a fifth of the compile or more, and big enough that the
+# loop's own instructions (stacking and slicing each layer's weights and results, a few
+# seconds to compile on XLA:CPU) are the smaller cost. Measured on XLA:CPU with a training
+# step of residual MLP blocks (docs/compile-time.md): 6 blocks (2,600 instructions)
+# compiled 2.4x slower as a loop, 12 (8,600) 1.8x faster, 24 (31,000) 4.3x faster.
+STACK_SHARE = 0.2
+STACK_OPS = 5000
+LOOP_SHARE = 0.25       # a line worth a loop op: a quarter of the compile or more
+LOOP_OPS = 60           # ... with this many recorded ops
+LOOP_REPEATS = 10       # ... each distinct op this many times on average
+CONSTANT_BYTES = 1 << 20  # a constant worth passing as an argument
+
+
+def _constants(text: str, tables: dict) -> list[tuple[int, str, str]]:
+    """(bytes, type, user's line) of each constant of the optimized module of at least
+    ``CONSTANT_BYTES``."""
+    out = []
+    for line in text.splitlines():
+        m = _INSTR.match(line)
+        if m is None or m.group("opcode") != "constant":
+            continue
+        size = sum(b for b, _ in array_sizes(m.group("shape")))
+        if size >= CONSTANT_BYTES:
+            _t, _n, source = origin(line, tables)
+            out.append((size, array_sizes(m.group("shape"))[0][1],
+                        source_text(source) if source else ""))
+    return sorted(out, reverse=True)
+
+
+def advise(profile: CompileProfile, stats: _Stats | None, text: str,
+           summary=None) -> list[Advice]:
+    """What the profile's findings suggest: an unrolled layer stack (a loop compiles one
+    layer), a Python loop unrolled at one line (``xlanb.scan``), a large constant
+    folded into the graph (pass it as an argument)."""
+    out: list[Advice] = []
+    if stats is not None:
+        for key, (share, n, as_loop, ops) in sorted(stats.stacks.items(),
+                                                    key=lambda kv: -kv[1][0]):
+            if not as_loop and n > 1 and share >= STACK_SHARE and ops >= STACK_OPS:
+                out.append(Advice("unrolled stack", key, share, (
+                    f"{n} × {key} compiled unrolled ({100 * share:.0f}% of the compile, "
+                    f"{ops} instructions with its backward): XLANB_SCAN_LAYERS=1 (or "
+                    f"xlanb.scan_layers(layers, x)) compiles one layer as a loop; on the "
+                    f"CPU a looped step may run slower, so weigh the compile saved against "
+                    f"the steps to run")))
+        names: dict = defaultdict(list)
+        for o in getattr(summary, "ops", ()) or ():
+            if o.src is not None:
+                names[source_text(f"{o.src.file}:{o.src.line}")].append(o.name)
+        rows = {r.key: r for r in profile.by_line(None)}
+        for key, ops in names.items():
+            row = rows.get(key)
+            # an optimizer's step loops over the parameters; a layer stack's loop line
+            # has the stack's advice
+            if (row is None or row.share < LOOP_SHARE or key in stats.step_lines
+                    or key in stats.stack_lines or len(ops) < LOOP_OPS or len(ops) < LOOP_REPEATS * len(set(ops))):
+                continue
+            out.append(Advice("loop at one line", key, row.share, (
+                f"{key}: {len(ops)} ops recorded at one line, of {len(set(ops))} kinds "
+                f"({100 * row.share:.0f}% of the compile): a Python loop unrolled into the "
+                f"graph; xlanb.scan(fn, init, xs) compiles one iteration as a loop")))
+    for size, typ, where in _constants(text, stack_tables(text)):
+        at = f"{where}: " if where else ""
+        out.append(Advice("large constant", where or typ, 0.0, (
+            f"{at}a {typ} constant ({format_bytes(size)}) is folded into the graph, and "
+            f"XLA compiles its data into the executable: make it once (on the CPU, or in "
+            f"a step of its own) and pass it in as a tensor argument")))
+    return out
 
 
 def loop_layers(repeats) -> dict:
@@ -456,12 +644,13 @@ def recorded_lines(summary) -> dict:
 
 def build(raw, text: str, what: str, total_s: float | None = None, tpu_log: str = "",
           recorded: dict | None = None, loops: dict | None = None,
-          platform: str = "?") -> CompileProfile:
+          platform: str = "?", summary=None) -> CompileProfile:
     """The profile of one compile: ``raw`` (a ``RawCompile``, None if the executable
     was loaded from the store) and the optimized module's ``text``. ``total_s``: the
     time the caller measured around it all (its extra part is xlanb's own
     bookkeeping). ``recorded``: see ``module_ops``; ``loops``: the layer stacks lowered
-    as loops, ``{"bert.encoder.layer": 24}``."""
+    as loops, ``{"bert.encoder.layer": 24}``; ``summary``: the graph's
+    ``GraphSummary`` (the ops recorded at each line, for the advice)."""
     notes: list[str] = []
     if raw is None:
         secs = total_s or 0.0
@@ -497,10 +686,14 @@ def build(raw, text: str, what: str, total_s: float | None = None, tpu_log: str 
         parts.append(CompilePart("other", "xlanb (store, summary)", total_s - measured,
                                  "xlanb's timer − the compile"))
         total = total_s
-    lines, scopes, method = (attribute(text, total, fusion_pool, weights, recorded, loops)
+    stats: list = []
+    lines, scopes, method = (attribute(text, total, fusion_pool, weights, recorded, loops, stats)
                              if text else ([], [], ""))
-    return CompileProfile(what, raw.platform, total, parts, unattributed, lines, scopes,
-                          method, notes)
+    profile = CompileProfile(what, raw.platform, total, parts, unattributed, lines, scopes,
+                             method, notes)
+    if text:
+        profile.advice = tuple(advise(profile, stats[0] if stats else None, text, summary))
+    return profile
 
 
 # ---------------------------------------------------------------------------------------
@@ -529,6 +722,11 @@ class CompileSummary:
                              key=lambda r: -r.seconds)
         self._scopes = sorted((CompileRow(k, v[0], v[0] / t, v[1]) for k, v in scopes.items()),
                               key=lambda r: -r.seconds)
+        seen: dict = {}
+        for p in self.profiles:  # a finding once, however many graphs show it
+            for a in p.advice:
+                seen.setdefault((a.kind, a.where), a)
+        self.advice: tuple[Advice, ...] = tuple(seen.values())
 
     def by_line(self, n: int | None = 10) -> list[CompileRow]:
         return self._lines[:n]
@@ -558,6 +756,7 @@ class CompileSummary:
         out.append("  by scope:")
         out.append(format_table(("scope", "seconds", "share", "ops"),
                                 CompileProfile._rows(self.by_scope()), right=(1, 2, 3), indent="    "))
+        out += [f"  advice: {a.text}" for a in self.advice]
         return "\n".join(out)
 
     __repr__ = __str__

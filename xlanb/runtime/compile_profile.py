@@ -75,6 +75,9 @@ class RawCompile:
     ended: float = 0.0      # has wall-clock timestamps)
     note: str = ""          # why the phases were not measured, where they were not
     trace_s: float = 0.0    # what measuring cost: starting, stopping and reading the trace
+    perf_started: float = 0.0  # time.perf_counter() at the compile's start: the clock of
+    # xlanb.profile's traces, and (within the profiler's start-up, ~0.1 ms) the zero of
+    # the spans' times, which count from the profiler session's start
 
 
 _raw: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -163,7 +166,7 @@ def recording(lowered, platform: str, metric: str, lower_s: float):
     t0 = time.perf_counter()
     rec.start()
     rec.raw.started = time.time()
-    t1 = time.perf_counter()
+    t1 = rec.raw.perf_started = time.perf_counter()
     try:
         yield exe_box.append
     finally:
