@@ -466,7 +466,7 @@ class XlaMagics(Magics):
             svg, note = xd.graph_svg(xlanb.render_dot(g.summary, label=label))
         why = xd.graph_why(g, self.resolver, gs)
         self._show(xd.PendingGraph(text, g.n_nodes, svg=svg, note=note,
-                                   title=f"graph #{index % len(gs)} {g.hash[:12]} ({why})",
+                                   title=f"graph #{index % len(gs)} {xlanb.format_hash(g.hash)} ({why})",
                                    compiled=True))
 
     # ------------------------------------------------------------------ %xla_compile_time
@@ -612,7 +612,7 @@ class XlaMagics(Magics):
                 if r is None or r.target != target:
                     r = xlanb.compile_for(target, g)
             except Exception as e:  # noqa: BLE001 - one graph's failure is one line
-                print(f"xla explain: graph {g.hash[:12]} not compiled for {target.name}: "
+                print(f"xla explain: graph {xlanb.format_hash(g.hash)} not compiled for {target.name}: "
                       f"{type(e).__name__}: {e}")
                 continue
             out.append((g, r))

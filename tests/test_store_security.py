@@ -27,7 +27,8 @@ import pytest
 import xlanb
 from conftest import _child_env, counter
 from xlanb.runtime import store as exe_store
-from xlanb.base.config import Config, config, parse_bytes
+from xlanb.base.config import Config, config
+from xlanb.base.formats import parse_bytes
 
 pytestmark = pytest.mark.slow  # -m "not slow" leaves it out (tests/conftest.py)
 

@@ -24,7 +24,8 @@ from .backend import register as _register
 from .base import metrics
 from .base import rng as _rng
 from .base.config import MODES, check_mode, config
-from .base.tables import format_bytes, format_cell_loc, format_duration, format_table
+from .base.formats import (format_bytes, format_cell_loc, format_duration, format_fits, format_hash,
+                           format_location, format_pct, format_table, format_table_html)
 from .base.frames import SourceLoc, debugger_active, file_label, set_location_labeler
 from .base.scopes import install_scope_hooks as _install_scope_hooks
 from .base.session import session as _session, starting_mode as _starting_mode
@@ -82,7 +83,8 @@ __all__ = ["device", "device_count", "set_mode", "switch_mode", "get_mode", "mod
            "SummaryDiff",
            "RecompileWarning", "metrics", "config", "XlaTensor", "CompiledGraph",
            "manual_seed", "set_trace", "compile", "CompiledFunction", "debugger_active",
-           "format_table", "format_bytes", "format_duration", "format_cell_loc",
+           "format_table", "format_table_html", "format_bytes", "format_duration", "format_cell_loc",
+           "format_hash", "format_pct", "format_fits", "format_location",
            "set_location_labeler", "file_label", "debug_nans", "NonFiniteError",
            "ExecutableLimitError", "where_made",
            "compare_cpu", "CompareReport", "CompareRow", "profile", "Profile", "ProfileTable",

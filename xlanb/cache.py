@@ -15,8 +15,8 @@ import os
 import sys
 import time
 
-from .base.config import config, parse_bytes
-from .base.tables import format_bytes
+from .base.config import config
+from .base.formats import format_bytes, parse_bytes
 from .runtime import store as exe_store
 
 def main(argv: list[str] | None = None) -> int:

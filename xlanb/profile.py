@@ -52,7 +52,7 @@ from .base import metrics
 from .base.frames import SourceLoc, format_loc, user_frame
 from .base.scopes import current_scope
 from .base.session import mode_state, session
-from .base.tables import format_table
+from .base.formats import format_table
 from .execute.background import compiles_in_flight
 from .runtime import libtpu
 from .debug import backward_origin, note_forward
@@ -279,7 +279,7 @@ class Profile:
         for g in self.graphs:
             for n in g.plan.op_nodes:
                 if n.src is not None:
-                    locs.setdefault(f"{n.src.file}:{n.src.line}", n.src)
+                    locs.setdefault(n.src.where, n.src)
                     recorded.setdefault((n.info.name, n.scope), n.src)
         origins: dict = {}
         found = defaultdict(float)

@@ -42,6 +42,8 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
+from .formats import parse_bytes
+
 INSPECT_CHOICES = ("peek", "sync", "meta")
 MODES = ("lazy", "eager", "opbyop")
 # XLA's precisions for float32 dots and convolutions (torch_xla's set_mat_mul_precision)
@@ -68,20 +70,6 @@ def default_store_key() -> str:
     return os.path.join(base, "xlanb", "store-key")
 
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_bytes(text: str) -> int:
-    """``"2G"`` -> 2147483648: a positive byte count, with an optional K/M/G/T suffix."""
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    unit = t[-1:] if t[-1:] in _UNITS else ""
-    try:
-        n = int(float(t[:len(t) - len(unit)]) * _UNITS[unit])
-    except (ValueError, OverflowError):
-        n = 0
-    if n <= 0:
-        raise ValueError(f"not a positive size in bytes (e.g. 2147483648, 500M, 2G): {text!r}")
-    return n
 
 
 PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 
 from .caches import cache
+from .formats import format_location
 
 
 class SourceLoc(NamedTuple):
@@ -31,7 +32,13 @@ class SourceLoc(NamedTuple):
         """``model.py:42 forward``: how xlanb shows a location (``In[5]:3 forward`` for a
         notebook cell, once the IPython extension has installed its labeler)."""
         return (_first_label(_labelers, self)
-                or f"{file_label(self.file, short=True)}:{self.line} {self.function}")
+                or format_location(file_label(self.file, short=True), self.line, self.function))
+
+    @property
+    def where(self) -> str:
+        """``/path/to/model.py:42``: the full ``file:line``, as HLO metadata holds it
+        (``source_text`` names it for people)."""
+        return format_location(self.file, self.line)
 
     def __str__(self) -> str:
         return self.short
@@ -76,7 +83,7 @@ def source_text(where: str) -> str:
     file, sep, line = where.rpartition(":")
     if not sep or not line.isdigit():
         return file_label(where, short=True) if where else ""
-    return f"{file_label(file, short=True)}:{line}"
+    return format_location(file_label(file, short=True), line)
 
 
 def warn_at(loc: SourceLoc, message: str, category: type) -> None:

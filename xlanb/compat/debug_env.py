@@ -163,7 +163,7 @@ def _frame_lines(prefix: str, frames: list[SourceLoc], fallback) -> list[str]:
         if i >= _s.max_frames:
             lines.append(f"{prefix}  ..........")
             break
-        lines.append(f"{prefix}  {loc.function} ({loc.file}:{loc.line})")
+        lines.append(f"{prefix}  {loc.function} ({loc.where})")
     return lines
 
 
@@ -228,7 +228,7 @@ def _saved_block(plan, rec, mode: str, cause: str, frames) -> str:
     else:  # text, and an op-by-op run's HLO (it has no module of its own)
         graph = render_text(summarize(plan))
     head = ["[ScheduleSyncTensorsGraph]", "TensorsGraphInfo:"]
-    head += [f"  {loc.function} ({loc.file}:{loc.line})" for loc in frames]
+    head += [f"  {loc.function} ({loc.where})" for loc in frames]
     head += ["", f"Cause: {cause} ({mode})"]
     ghash = rec.hash_full if rec is not None else "(op by op)"
     return ("\n".join(head) + "\n\n## BEGIN_GRAPH\n" + graph.rstrip("\n")

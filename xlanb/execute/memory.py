@@ -28,11 +28,11 @@ from typing import NamedTuple
 import jax
 import torch
 
-from ..base.config import config, parse_bytes
+from ..base.config import config
 from ..base.caches import cache
 from ..base.frames import SourceLoc, format_loc
 from ..base.session import session
-from ..base.tables import format_bytes, format_table
+from ..base.formats import format_bytes, format_hash, format_table, parse_bytes
 from ..graph.hlo_text import array_sizes, entry_buffers
 from ..ir import result_bytes
 from ..ops.infos import getitem_infos, infos
@@ -727,7 +727,7 @@ class MemoryForecast(NamedTuple):
             f"; fits under the limit of {format_bytes(self.limit)}" if self.fits
             else f"; does NOT fit under the limit of {format_bytes(self.limit)}")
         return (f"projected peak {format_bytes(self.projected)} = {format_bytes(self.live)} live + "
-                f"{format_bytes(mem.extra_bytes)} to run graph {self.graph.hash[:12]} ({mem}){verdict}")
+                f"{format_bytes(mem.extra_bytes)} to run graph {format_hash(self.graph.hash)} ({mem}){verdict}")
 
     __repr__ = __str__
 

@@ -25,7 +25,7 @@ from collections import defaultdict
 from typing import NamedTuple
 
 from ..base.frames import source_text
-from ..base.tables import format_duration, format_table
+from ..base.formats import format_duration, format_table
 from .hlo_text import (
     _INSTR,
     aten_of,
@@ -450,7 +450,7 @@ def recorded_lines(summary) -> dict:
     out: dict = {}
     for o in getattr(summary, "ops", ()):
         if o.src is not None:
-            out.setdefault((o.name, o.scope.replace(".", "/")), f"{o.src.file}:{o.src.line}")
+            out.setdefault((o.name, o.scope.replace(".", "/")), o.src.where)
     return out
 
 
