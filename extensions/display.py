@@ -175,13 +175,7 @@ def _table_text(header: tuple, rows: list[tuple], right: set[int] = frozenset())
 
 def _table_html(header: tuple, rows: list[tuple], right: set[int] = frozenset(),
                 cls: str = "xlanb-table") -> str:
-    def cell(tag, i, v):
-        align = "right" if i in right else "left"
-        return f"<{tag} style='text-align:{align}'>{escape(str(v))}</{tag}>"
-    head = "".join(cell("th", i, h) for i, h in enumerate(header))
-    body = "".join("<tr>" + "".join(cell("td", i, v) for i, v in enumerate(r)) + "</tr>"
-                   for r in rows)
-    return f"<table class='{cls}'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return xlanb.format_table_html(header, rows, right=tuple(right), cls=cls)
 
 
 # --------------------------------------------------------------------------- what ran

@@ -879,15 +879,14 @@ def _tensor_html(t):
     return xd.tensor_html(t)
 
 
-# Modules whose frames are never the user's line (xlanb, what it calls, IPython itself).
-_INTERNAL = ("xlanb", "torch", "jax", "jaxlib", "IPython", "ipykernel", "contextlib",
-             "functools")
+# Beyond xlanb's own answer (xlanb, torch, the REPL machinery): what an error passes
+# through between a cell and xlanb (JAX, IPython itself, functools' wrappers).
+_INTERNAL = ("jax", "jaxlib", "IPython", "ipykernel", "functools")
 
 
 def _internal(frame) -> bool:
     name = frame.f_globals.get("__name__") or ""
-    return (name.split(".")[0] in _INTERNAL
-            or frame.f_code.co_filename.startswith("<decorator-gen"))
+    return xlanb.is_internal_frame(frame) or name.split(".")[0] in _INTERNAL
 
 
 def _deliberate_errors() -> tuple:

@@ -117,7 +117,7 @@ def test_small_formats_have_one_home():
     loc = xlanb.SourceLoc("/tmp/model.py", 42, "forward")
     assert loc.where == "/tmp/model.py:42" and loc.short == "model.py:42 forward"
     html = xlanb.format_table_html(["op", "bytes"], [["<add>", "12"]], right=[1])
-    assert "&lt;add&gt;" in html and '<td style="text-align:right">12</td>' in html
+    assert "&lt;add&gt;" in html and "<td style='text-align:right'>12</td>" in html
     from xlanb.base.formats import parse_bytes
     assert parse_bytes("1.5K") == 1536 and parse_bytes("2GiB") == 2 << 30
     with pytest.raises(ValueError):

@@ -199,3 +199,25 @@ def test_the_format_check_sees_a_copy():
     found = _small_format_offenders("x.py", ast.parse(
         'a = g.hash[:8]\nb = f"{loc.file}:{loc.line} {loc.function}"\nc = format_hash(g.hash)\n'))
     assert [f.split(":")[1] for f in found] == ["1", "2"]
+
+
+def test_is_this_frame_xlanbs_is_answered_in_frames_only():
+    """``base/frames.py`` holds the one list of frames that are never the user's line and
+    the package's folder (issue 44); elsewhere they are asked, not copied: no module reads
+    its private lists or works the package's folder out from ``__file__``."""
+    home = os.path.join("xlanb", "base", "frames.py")
+    offenders = []
+    for rel, tree in _library_trees():
+        if rel == home:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Name, ast.Attribute, ast.alias)):
+                name = getattr(node, "id", None) or getattr(node, "attr", None) or node.name
+                if name in ("_SKIP_PREFIXES", "_SKIP_SUFFIXES", "_forward_ops"):
+                    offenders.append(f"{rel}:{node.lineno}: {name}")
+            if (isinstance(node, ast.Call) and ast.unparse(node.func) == "os.path.dirname"
+                    and node.args and any(isinstance(n, ast.Name) and n.id == "__file__"
+                                          for n in ast.walk(node.args[0]))
+                    and rel.startswith("xlanb")):
+                offenders.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    assert not offenders, "\n".join(offenders)

@@ -26,7 +26,8 @@ from .base import rng as _rng
 from .base.config import MODES, check_mode, config
 from .base.formats import (format_bytes, format_cell_loc, format_duration, format_fits, format_hash,
                            format_location, format_pct, format_table, format_table_html)
-from .base.frames import SourceLoc, debugger_active, file_label, set_location_labeler
+from .base.frames import (SourceLoc, debugger_active, file_label, is_internal_frame, is_xlanb_module,
+                          register_internal, set_location_labeler)
 from .base.scopes import install_scope_hooks as _install_scope_hooks
 from .base.session import session as _session, starting_mode as _starting_mode
 from .capture.function import CompiledFunction, compile
@@ -85,7 +86,8 @@ __all__ = ["device", "device_count", "set_mode", "switch_mode", "get_mode", "mod
            "manual_seed", "set_trace", "compile", "CompiledFunction", "debugger_active",
            "format_table", "format_table_html", "format_bytes", "format_duration", "format_cell_loc",
            "format_hash", "format_pct", "format_fits", "format_location",
-           "set_location_labeler", "file_label", "debug_nans", "NonFiniteError",
+           "set_location_labeler", "file_label", "register_internal", "is_internal_frame",
+           "is_xlanb_module", "debug_nans", "NonFiniteError",
            "ExecutableLimitError", "where_made",
            "compare_cpu", "CompareReport", "CompareRow", "profile", "Profile", "ProfileTable",
            "spmd", "distributed", "collectives", "scan", "scan_layers",

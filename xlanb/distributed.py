@@ -51,7 +51,7 @@ import torch
 
 from .base.config import config, launch_settings
 from .base.formats import format_hash, format_location
-from .base.frames import _SKIP_PREFIXES, _SKIP_SUFFIXES, SourceLoc, format_loc, user_frame
+from .base.frames import PACKAGE_DIR, SourceLoc, format_loc, is_internal_file, user_frame
 from .base.session import mode_state, session
 from .execute.graphs import CompiledGraph
 from .execute.single_op import _Sharded
@@ -325,7 +325,7 @@ def _colls_text(colls) -> str:
     return ", ".join(f"{n} {k}" for k, n in counts.items()) + f", {total} B #{key}"
 
 
-_XLANB_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_XLANB_DIR = PACKAGE_DIR + os.sep
 _LIBS = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, np))
 # where a thread's innermost frame is xlanb's, JAX's or torch's own work
 _THIS_FILE = os.path.abspath(__file__)
@@ -343,8 +343,7 @@ def _short(fs) -> str:
 
 def _is_user(fs) -> bool:
     name = fs.filename
-    return not (name.startswith(_SKIP_PREFIXES) or name.endswith(_SKIP_SUFFIXES)
-                or name.startswith(_LIBS) or name.startswith("<frozen"))
+    return not (is_internal_file(name) or name.startswith(_LIBS) or name.startswith("<frozen"))
 
 
 def _where_now(frame, thread_id: int | None = None) -> dict:

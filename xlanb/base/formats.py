@@ -29,15 +29,15 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], *,
 
 
 def format_table_html(header: Sequence[str], rows: Sequence[Sequence[str]], *,
-                      right: Sequence[int] = (), style: str = "") -> str:
-    """The same table as HTML; cells are plain text (escaped here)."""
-    e = html.escape
-    align = [' style="text-align:right"' if c in right else "" for c in range(len(header))]
-    head = "".join(f"<th{a}>{e(h)}</th>" for h, a in zip(header, align))
-    body = "".join("<tr>" + "".join(f"<td{a}>{e(str(v))}</td>" for v, a in zip(r, align))
-                   + "</tr>" for r in rows)
-    st = f' style="{e(style)}"' if style else ""
-    return f"<table{st}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+                      right: Sequence[int] = (), cls: str = "xlanb-table") -> str:
+    """The same table as HTML (cells are plain text, escaped here), for notebooks."""
+    def cell(tag, i, v):
+        align = "right" if i in right else "left"
+        return f"<{tag} style='text-align:{align}'>{html.escape(str(v))}</{tag}>"
+    head = "".join(cell("th", i, h) for i, h in enumerate(header))
+    body = "".join("<tr>" + "".join(cell("td", i, v) for i, v in enumerate(r)) + "</tr>"
+                   for r in rows)
+    return f"<table class='{cls}'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def format_bytes(n: int) -> str:

@@ -16,7 +16,7 @@ from ..base.config import config
 from ..base.frames import SourceLoc, format_loc, warn_at
 from ..base.session import session
 from ..base.formats import (HASH_ID, format_bytes, format_duration, format_fits, format_hash,
-                            format_table)
+                            format_table, format_table_html)
 from ..graph import compile_time
 from ..graph.collectives import CollectiveList, parse_collectives
 from ..graph.explain import explain
@@ -332,13 +332,9 @@ class GraphList(list):
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        import html
-        head = "".join(f"<th>{html.escape(c)}</th>"
-                       for c in ("#",) + tuple(c.header for c in self.columns()) + ("why",))
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r)
-                       + f"<td>{html.escape(g.explanation)}</td></tr>"
-                       for r, g in zip(self.rows(), self))
-        return f"<table class='xlanb-graphs'><tr>{head}</tr>{body}</table>"
+        header = ("#",) + tuple(c.header for c in self.columns()) + ("why",)
+        rows = [tuple(r) + (g.explanation,) for r, g in zip(self.rows(), self)]
+        return format_table_html(header, rows, cls="xlanb-graphs")
 
 
 _graph_cache = graph_cache  # execute/resident.py

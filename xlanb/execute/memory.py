@@ -30,7 +30,7 @@ import torch
 
 from ..base.config import config
 from ..base.caches import cache
-from ..base.frames import SourceLoc, format_loc
+from ..base.frames import PACKAGE_DIR, SourceLoc, format_loc
 from ..base.session import session
 from ..base.formats import format_bytes, format_hash, format_table, parse_bytes
 from ..graph.hlo_text import array_sizes, entry_buffers
@@ -615,7 +615,7 @@ def _live_contributors(index: int) -> list[Contributor]:
     return out
 
 
-_XLANB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_XLANB_DIR = PACKAGE_DIR + os.sep
 
 
 class GraphBuffer(NamedTuple):

@@ -28,7 +28,7 @@ from ..base import metrics
 from ..base.frames import SourceLoc, source_text
 from ..base.session import session
 from ..base.formats import (BYTE_UNITS, format_bytes, format_duration, format_fits, format_hash,
-                            format_pct, format_table)
+                            format_pct, format_table, format_table_html)
 from ..graph import compile_time
 from ..graph.collectives import CollectiveList, parse_collectives
 from ..graph.hlo_text import counted_loops, entry_buffers, with_entry
@@ -251,10 +251,8 @@ class TargetReport:
         for note in self.notes:
             parts.append(f"<div><i>note: {e(note)}</i></div>")
         if self.padding:
-            head = "".join(f"<th>{c}</th>" for c in PaddingList._COLUMNS)
-            body = "".join("<tr>" + "".join(f"<td>{e(v)}</td>" for v in r) + "</tr>"
-                           for r in self.padding.rows())
-            parts.append(f"<table class='xlanb-padding'><tr>{head}</tr>{body}</table>")
+            parts.append(format_table_html(PaddingList._COLUMNS, self.padding.rows(),
+                                           cls="xlanb-padding"))
         if self.collectives:
             parts.append(self.collectives._repr_html_())
         return "\n".join(parts)

@@ -25,7 +25,7 @@ from collections import defaultdict
 from typing import NamedTuple
 
 from ..base.frames import source_text
-from ..base.formats import format_duration, format_table
+from ..base.formats import format_duration, format_table, format_table_html
 from .hlo_text import (
     _INSTR,
     aten_of,
@@ -152,9 +152,7 @@ class CompileProfile:
             f"background:{colours.get(p.phase, '#bbb')}'></div>" for p in self.parts)
 
         def table(head, rows):
-            h = "".join(f"<th>{e(c)}</th>" for c in head)
-            b = "".join("<tr>" + "".join(f"<td>{e(v)}</td>" for v in r) + "</tr>" for r in rows)
-            return f"<table class='xlanb-compile-time'><tr>{h}</tr>{b}</table>"
+            return format_table_html(head, rows, cls="xlanb-compile-time")
 
         parts = [(f"<div><b>compile of {e(self.what)}</b> on {e(self.platform)}: "
                   f"{e(format_duration(self.total_s))}</div>"),

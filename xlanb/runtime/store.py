@@ -52,6 +52,7 @@ from jax.experimental import serialize_executable
 
 from ..base import metrics
 from ..base.config import config, default_store_key
+from ..base.frames import PACKAGE_DIR
 from .devices import jax_device
 from .jit import user_cache_dir
 
@@ -73,7 +74,7 @@ KEY_SOURCES = ("lowering", "ops", "templates.py", "ir.py", "base/dtypes.py", "di
 # Bump when the entry format changes, or when code outside KEY_SOURCES starts to decide
 # what an executable computes.
 FORMAT_VERSION = 2
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the package
+_ROOT = PACKAGE_DIR
 
 _MAGIC = b"XLNBEXE2"
 _TAG_LEN = 32  # HMAC-SHA256
