@@ -442,7 +442,7 @@ class _Agreement:
     # -- the hook ------------------------------------------------------------------
     def __call__(self, what, where=None, arrays=None, src=None, scalars=()) -> None:
         """Before a run: ``what`` is a CompiledGraph (``where``: its sync's line), a
-        sharded single-op executable (``where``: its OpInfo, ``arrays``: its inputs,
+        sharded single-op executable (``where``: its OpSignature, ``arrays``: its inputs,
         ``src``: an op-by-op node's line) or an array a host read gathers. ``scalars``:
         the run's lifted Python numbers and random keys, whose values must agree too."""
         if not config.dist_check:

@@ -88,7 +88,7 @@ def graph_memory(executable) -> GraphMemory | None:
                        ma.generated_code_size_in_bytes, getattr(ma, "peak_memory_in_bytes", 0) or 0)
 
 
-_op_memory = cache({}, "OpInfo uid -> its single-op executable's memory analysis", compiled=True)
+_op_memory = cache({}, "OpSignature uid -> its single-op executable's memory analysis", compiled=True)
 
 
 def op_memory(info) -> GraphMemory | None:
