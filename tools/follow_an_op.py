@@ -70,7 +70,7 @@ print(json.dumps({"modules": mods, "calls": len(calls), "up": up}))
 
 def follow(name: str) -> dict:
     mode, warm, code = PATHS[name]
-    env = dict(os.environ, XLANB_CACHE_DIR="", PYTHONPATH=ROOT)
+    env = dict(os.environ, XLANB_STORE_DIR="", PYTHONPATH=ROOT)
     out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps([mode, warm, code])],
                          env=env, cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -90,9 +90,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
       "xlanb.compat.checkpoint", "xlanb.compat.scan", "xlanb.compat.scan_layers",
       "xlanb.compat.fsdp_wrap", "xlanb.compat.fsdp", "xlanb.compat.spmd_fsdp",
       "xlanb.compat.toplevel", "xlanb.compat")),
-    ("commands", "python -m xlanb.cache: the executable store; python -m xlanb.run: a "
+    ("commands", "python -m xlanb.store: the executable store; python -m xlanb.run: a "
      "torch_xla script on xlanb; python -m xlanb.launch: N local processes",
-     ("xlanb.cache", "xlanb.run", "xlanb.launch")),
+     ("xlanb.store", "xlanb.cache", "xlanb.run", "xlanb.launch")),
     ("front ends", "extensions/ (IPython, pdb, widgets), kernel/, and the xlanb.widgets shim",
      ("xlanb.extensions.*", "xlanb.kernel.*", "xlanb.widgets")),
 ]

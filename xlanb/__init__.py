@@ -45,7 +45,6 @@ from .execute.memory import (DeviceMemoryError, GraphBuffer, GraphMemory, Memory
                              memory_reserved, max_memory_reserved,
                              memory_summary, memory_timeline, reset_peak_memory_stats,
                              set_memory_line_bytes)
-memory_lines = set_memory_line_bytes  # its first name, kept for code that calls it
 from .execute.graphs import (Column, CompiledGraph, GraphList, RecompileWarning,
                              compile_summary, graph_columns, graphs)
 from .graph.compile_time import CompilePart, CompileProfile, CompileRow, CompileSummary
@@ -94,7 +93,7 @@ __all__ = ["device", "device_count", "set_mode", "switch_mode", "get_mode", "mod
            "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats",
            "memory_reserved", "max_memory_reserved",
            "memory_stats", "memory_summary", "memory_by_line", "memory_limit",
-           "memory_timeline", "set_memory_line_bytes", "memory_lines", "pending_memory", "MemoryForecast",
+           "memory_timeline", "set_memory_line_bytes", "pending_memory", "MemoryForecast",
            "DeviceMemoryError", "GraphMemory", "GraphBuffer",
            "MemoryByLine", "MemoryRow", "MemoryLimit", "MemorySample", "MemoryTimeline",
            "compile_for", "target", "set_target", "get_target", "Target", "TargetError",

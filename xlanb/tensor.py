@@ -62,11 +62,11 @@ class Storage:
 
     def __init__(self, node: Node, meta: TensorMeta, device: int):
         self.node = node
-        # SPMD: the sharding of the device data this storage held before its pending
-        # write, so that a graph that updates it in place keeps it where it was
         self.version = 0          # bumped on every write; views compare against it
         self.device = device
         self.meta = meta          # the base tensor's shape/stride/dtype
+        # SPMD: the sharding of the device data this storage held before its pending
+        # write, so that a graph that updates it in place keeps it where it was
         self.placed = None
 
 

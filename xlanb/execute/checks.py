@@ -1,4 +1,5 @@
-"""Errors CPU torch raises where XLA returns a value: integer division by zero.
+"""Errors CPU torch raises where XLA returns a value: integer division by zero, and
+indices out of range (``index_select``, ``gather``, embedding, losses' targets...).
 
 XLA's integer division by zero gives a value (-1, or the dividend), where CPU torch
 raises ``RuntimeError: ZeroDivisionError``. When an op runs on its own (eager mode,
