@@ -68,23 +68,24 @@ def parse_bytes(text: str) -> int:
     return n
 
 
-def format_duration(seconds: float | None) -> str:
+def format_duration(seconds: float | None, sep: str = " ") -> str:
     """``218 ms``, ``2.13 s``, ``310 µs``, ``3.12 ns``: a duration for people (three significant
-    digits; whole seconds from 100 s); ``-`` for None or NaN."""
+    digits; whole seconds from 100 s); ``-`` for None or NaN. ``sep=""`` packs it for a
+    ``key=value`` line (``total=1.5s``)."""
     if seconds is None or seconds != seconds:
         return "-"
     a = abs(seconds)
     if a == 0:
-        return "0 s"
+        return f"0{sep}s"
     if a >= 100:
-        return f"{seconds:.0f} s"
+        return f"{seconds:.0f}{sep}s"
     if a >= 1:
-        return f"{seconds:.3g} s"
+        return f"{seconds:.3g}{sep}s"
     if a >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
+        return f"{seconds * 1e3:.3g}{sep}ms"
     if a >= 1e-6:
-        return f"{seconds * 1e6:.3g} µs"
-    return f"{seconds * 1e9:.3g} ns"  # a tiny graph's TPU estimate (not 0.00312 µs)
+        return f"{seconds * 1e6:.3g}{sep}µs"
+    return f"{seconds * 1e9:.3g}{sep}ns"  # a tiny graph's TPU estimate (not 0.00312 µs)
 
 
 def format_cell_loc(number: int, line: int, function: str = "") -> str:
