@@ -114,7 +114,9 @@ class XlaMagics(Magics):
     def cell_label(self, loc) -> str | None:
         """``In[5]:3 forward`` for a line of a cell; None for a file."""
         number = self._cell_names().get(loc.file)
-        return f"In[{number}]:{loc.line} {loc.function}" if number is not None else None
+        if number is None:
+            return None
+        return xlanb.format_cell_loc(number, loc.line, loc.function)
 
     def file_label(self, file: str) -> str | None:
         """``In[5]`` for a cell's code name (a kernel's temp file included); None for a

@@ -24,7 +24,7 @@ def _resolve_graph(x, which: str):
         if not -len(gs) <= x < len(gs):
             raise IndexError(f"no compiled graph #{x}: xlanb.graphs() has {len(gs)}")
         i = x % len(gs)
-        return f"#{i} ({gs[i].xlanb.format_hash(hash)})", gs[i].summary, gs[i]
+        return f"#{i} ({xlanb.format_hash(gs[i].hash)})", gs[i].summary, gs[i]
     if getattr(x, "summary", None) is not None:
         i = next((k for k, g in enumerate(xlanb.graphs()) if g is x), None)
         return (f"#{i} ({xlanb.format_hash(x.hash)})" if i is not None else xlanb.format_hash(x.hash)), x.summary, x
