@@ -32,7 +32,7 @@ from ..base.config import config
 from ..base.caches import cache
 from ..base.frames import PACKAGE_DIR, SourceLoc, format_loc
 from ..base.session import session
-from ..base.formats import format_bytes, format_hash, format_table, parse_bytes
+from ..base.formats import format_bytes, format_hash, format_table, format_table_html, parse_bytes
 from ..graph.hlo_text import array_sizes, entry_buffers
 from ..ir import result_bytes
 from ..ops.infos import getitem_infos, infos
@@ -289,12 +289,9 @@ class MemoryByLine(list):
         import html
 
         def table(title, rows):
-            body = "".join(f"<tr><td style='text-align:right'>{format_bytes(r.bytes)}</td>"
-                           f"<td style='text-align:right'>{r.count}</td>"
-                           f"<td>{html.escape(r.source)}</td><td>{html.escape(r.scope)}</td></tr>"
-                           for r in rows)
-            return (f"<div>{html.escape(title)}</div><table class='xlanb-memory'><tr><th>bytes</th>"
-                    f"<th>tensors</th><th>source</th><th>scope</th></tr>{body}</table>")
+            cells = [(format_bytes(r.bytes), str(r.count), r.source, r.scope) for r in rows]
+            return f"<div>{html.escape(title)}</div>" + format_table_html(
+                ("bytes", "tensors", "source", "scope"), cells, right=(0, 1), cls="xlanb-memory")
         out = table(f"xla:{self.device}: {format_bytes(self.total_bytes)} in live tensors", self)
         if self.pending:
             out += table("pending (will take)", self.pending)
