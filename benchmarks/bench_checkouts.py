@@ -25,7 +25,8 @@ KEYS = ("eager_op_us", "eager_chain_us", "eager_scalar_us", "lazy_trace_us")
 
 def measure(checkout: str) -> dict:
     script = os.path.join(checkout, "benchmarks", "scenarios.py")
-    env = dict(os.environ, XLANB_CACHE_DIR="")  # no store: the same work in every round
+    # no store: the same work in every round (older checkouts read its first name)
+    env = dict(os.environ, XLANB_STORE_DIR="", XLANB_CACHE_DIR="")
     out = subprocess.run([sys.executable, script, "xlanb", "--only", "ops"], env=env,
                          capture_output=True, text=True, check=True).stdout
     return json.loads(out)

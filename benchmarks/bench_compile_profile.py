@@ -17,7 +17,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-os.environ.setdefault("XLANB_CACHE_DIR", "")  # nothing from the store
+os.environ.setdefault("XLANB_STORE_DIR", "")  # nothing from the store
 
 
 def _compile_times(g, rounds: int) -> dict:

@@ -18,7 +18,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-os.environ["XLANB_CACHE_DIR"] = ""
+os.environ["XLANB_STORE_DIR"] = ""
 
 
 def main() -> None:

@@ -123,7 +123,7 @@ def _jax_worker(k: int) -> dict:
 
 
 def run(python: str, backend: str, k: int, env_extra: dict | None = None) -> dict:
-    env = dict(os.environ, PJRT_DEVICE="CPU", XLANB_CACHE_DIR=tempfile.mkdtemp(prefix="xlanb-shapes-"),
+    env = dict(os.environ, PJRT_DEVICE="CPU", XLANB_STORE_DIR=tempfile.mkdtemp(prefix="xlanb-shapes-"),
                **(env_extra or {}))
     out = subprocess.run([python, HERE, "--worker", backend, "--shapes", str(k)],
                          capture_output=True, text=True, env=env, check=False)

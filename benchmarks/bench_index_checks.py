@@ -101,7 +101,7 @@ def main(argv=None) -> dict:
     for _ in range(args.rounds):  # interleaved, to share the machine's drift
         for ids in ("host", "device"):
             for check in ("1", "0"):
-                env = dict(os.environ, XLANB_CHECK_DEVICE_INDICES=check, XLANB_CACHE_DIR="",
+                env = dict(os.environ, XLANB_CHECK_DEVICE_INDICES=check, XLANB_STORE_DIR="",
                            XLANB_BACKGROUND_COMPILE="0")
                 out = subprocess.run([sys.executable, __file__, "--child", ids,
                                       "--steps", str(args.steps)], env=env, check=True,

@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 
-os.environ.setdefault("XLANB_CACHE_DIR", "")
+os.environ.setdefault("XLANB_STORE_DIR", "")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402

@@ -16,7 +16,7 @@ elsewhere (trial runs), ``--only`` runs some of the scenarios:
               cache, then in a second fresh process reusing that cache
 
 torch_xla is measured only when a Python with torch_xla installed is given (keep it out of
-CI: it is a download of several GB). XLANB_CACHE_DIR is pointed at an empty directory for
+CI: it is a download of several GB). XLANB_STORE_DIR is pointed at an empty directory for
 every process (except the warm half of ``coldwarm``) so first-step figures include real
 compiles.
 """
@@ -43,9 +43,9 @@ DEPTH_MODES = ("lazy", "lazy_scan", "eager")
 def run_backend(python: str, backend: str, steps: int, modes: str, only: str = "ops,bert",
                 cache_dir: str | None = None, layers: int = 2, env_extra: dict | None = None) -> dict:
     """Run ``scenarios.py`` once in a fresh process; ``cache_dir`` (default: a new empty
-    one) is both xlanb's XLANB_CACHE_DIR and torch_xla's persistent cache."""
+    one) is both xlanb's XLANB_STORE_DIR and torch_xla's persistent cache."""
     cache_dir = cache_dir or tempfile.mkdtemp(prefix="xlanb-bench-")
-    env = dict(os.environ, PJRT_DEVICE="CPU", XLANB_CACHE_DIR=cache_dir, **(env_extra or {}))
+    env = dict(os.environ, PJRT_DEVICE="CPU", XLANB_STORE_DIR=cache_dir, **(env_extra or {}))
     cmd = [python, os.path.join(HERE, "scenarios.py"), backend, "--steps", str(steps),
            "--modes", modes, "--only", only, "--layers", str(layers)]
     if backend == "torch_xla" and only == "first_step":
@@ -314,7 +314,7 @@ def table(results: dict) -> tuple[str, list[str]]:
     if cw_x:
         notes.append("cold vs warm: the 2-layer BERT step below, one mode per process, timing only the "
                      "first step (model setup excluded); the warm process reuses the cold one's "
-                     "persistent cache directory (XLANB_CACHE_DIR; for torch_xla initialize_cache).")
+                     "persistent cache directory (XLANB_STORE_DIR; for torch_xla initialize_cache).")
     return "\n".join(lines), notes
 
 

@@ -1,4 +1,4 @@
-"""Start-up cost: what ``import xlanb``, ``%load_ext xlanb`` and ``python -m xlanb.cache
+"""Start-up cost: what ``import xlanb``, ``%load_ext xlanb`` and ``python -m xlanb.store
 info`` take, beside ``import torch`` and ``import jax`` on their own, each in a fresh
 process, interleaved over rounds so that load drifts across all of them alike.
 
@@ -32,7 +32,7 @@ CASES = {
     "import xlanb": ["-c", "import xlanb"],
     "IPython shell": ["-c", "from IPython.testing.globalipapp import start_ipython; start_ipython()"],
     "IPython shell + %load_ext xlanb": ["-c", _LOAD_EXT],
-    "python -m xlanb.cache info": ["-m", "xlanb.cache", "info"],
+    "python -m xlanb.store info": ["-m", "xlanb.store", "info"],
 }
 
 
@@ -72,7 +72,7 @@ def main(argv=None) -> None:
     # a fresh IPython profile and store, so no user setting changes what is timed
     home = tempfile.mkdtemp(prefix="xlanb-startup-")
     env = dict(os.environ, IPYTHONDIR=os.path.join(home, "ipython"),
-               XLANB_CACHE_DIR=os.path.join(home, "cache"))
+               XLANB_STORE_DIR=os.path.join(home, "cache"))
     runs: dict = {name: [] for name in CASES}
     for name, args in CASES.items():   # warm the OS's file cache once
         run_once(args, env)

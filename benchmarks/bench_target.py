@@ -72,7 +72,7 @@ def cpu_steps(layers: int, steps: int, target: str | None) -> dict:
 
 
 def _child(kind: str, env_extra: dict | None = None, **kw) -> dict:
-    env = dict(os.environ, XLANB_CACHE_DIR="", **(env_extra or {}))
+    env = dict(os.environ, XLANB_STORE_DIR="", **(env_extra or {}))
     code = (f"import json, sys; sys.path.insert(0, {HERE!r}); import bench_target as b; "
             f"print('RESULT' + json.dumps(b.{kind}(**{kw!r})))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

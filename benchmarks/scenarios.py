@@ -44,7 +44,7 @@ class Backend:
             import torch_xla.debug.metrics as met
             if cache_dir:
                 # torch_xla's persistent cache must be set up before anything runs (xlanb
-                # reads XLANB_CACHE_DIR, which bench_modes.py sets, instead).
+                # reads XLANB_STORE_DIR, which bench_modes.py sets, instead).
                 import torch_xla.runtime as xr
                 xr.initialize_cache(cache_dir, readonly=False)
             self.x, self.xm, self.met = torch_xla, xm, met

@@ -182,7 +182,7 @@ def _phase_training(steps: int, switch_every: int, emit) -> float:
 
 
 def child(a) -> None:
-    import xlanb  # XLANB_CACHE_DIR and XLANB_MAX_EXECUTABLES come from the parent
+    import xlanb  # XLANB_STORE_DIR and XLANB_MAX_EXECUTABLES come from the parent
     from xlanb.base.session import session
     t0 = time.perf_counter()
 
@@ -204,11 +204,11 @@ def child(a) -> None:
 
 def run(a) -> dict:
     cache_dir = a.cache_dir or tempfile.mkdtemp(prefix="xlanb-soak-")
-    env = dict(os.environ, XLANB_CACHE_DIR=cache_dir, PYTHONFAULTHANDLER="1")
+    env = dict(os.environ, XLANB_STORE_DIR=cache_dir, PYTHONFAULTHANDLER="1")
     if a.max_executables:
         env["XLANB_MAX_EXECUTABLES"] = str(a.max_executables)
     if a.store_max_bytes:
-        env["XLANB_CACHE_MAX_BYTES"] = a.store_max_bytes
+        env["XLANB_STORE_MAX_BYTES"] = a.store_max_bytes
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--cache-dir", cache_dir,
            "--signatures", str(a.signatures), "--revisit", str(a.revisit), "--steps", str(a.steps),
@@ -250,7 +250,7 @@ def main(argv=None) -> dict | None:
     ap.add_argument("--switch-every", type=int, default=5)
     ap.add_argument("--max-executables", type=int, default=0,
                     help="XLANB_MAX_EXECUTABLES for the session (0: xlanb's default)")
-    ap.add_argument("--store-max-bytes", default="", help="XLANB_CACHE_MAX_BYTES (e.g. 20M)")
+    ap.add_argument("--store-max-bytes", default="", help="XLANB_STORE_MAX_BYTES (e.g. 20M)")
     ap.add_argument("--short", action="store_true",
                     help="the CI version: 400 signatures (100 revisited), 60 steps, 64 executables loaded, "
                          "a 2M store, so both evictions run")

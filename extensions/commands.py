@@ -110,7 +110,7 @@ def pending_or_graph(shell: Shell, tensors: list, index: int | None,
         raise CommandError(f"there is no graph #{index}: {len(gs)} graphs were compiled "
                            f"(see {shell.graphs})")
     g = gs[index]
-    return [g], f"{head} #{index % len(gs)} {g.hash[:12]} ({xd.plural(g.n_nodes, 'op')})"
+    return [g], f"{head} #{index % len(gs)} {xlanb.format_hash(g.hash)} ({xd.plural(g.n_nodes, 'op')})"
 
 
 def compile_for(target, what: list):

@@ -34,16 +34,6 @@ _CSS_MONO = "font-family: var(--jp-code-font-family, monospace); font-size: 12px
 
 # --------------------------------------------------------------------------- small helpers
 
-def fmt_time(seconds: float | None) -> str:
-    """``2.13 s``, ``25 ms``, ``310 µs``: the core's one duration format."""
-    return xlanb.format_duration(seconds)
-
-
-def fmt_bytes(n: int) -> str:
-    """``1.5 MiB``: the core's byte format, for summaries."""
-    return xlanb.format_bytes(n)
-
-
 def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n} {word if n == 1 else (many or word + 's')}"
 
@@ -122,8 +112,8 @@ class SourceResolver:
         if not file or not line.isdigit():
             return os.path.basename(where)
         number = self._cell_names().get(file)
-        return f"In[{number}]:{line}" if number is not None else \
-            f"{os.path.basename(file)}:{line}"
+        return xlanb.format_cell_loc(number, line) if number is not None else \
+            xlanb.format_location(os.path.basename(file), line)
 
 
 def _our_magic(loc: xlanb.SourceLoc) -> bool:
@@ -185,13 +175,7 @@ def _table_text(header: tuple, rows: list[tuple], right: set[int] = frozenset())
 
 def _table_html(header: tuple, rows: list[tuple], right: set[int] = frozenset(),
                 cls: str = "xlanb-table") -> str:
-    def cell(tag, i, v):
-        align = "right" if i in right else "left"
-        return f"<{tag} style='text-align:{align}'>{escape(str(v))}</{tag}>"
-    head = "".join(cell("th", i, h) for i, h in enumerate(header))
-    body = "".join("<tr>" + "".join(cell("td", i, v) for i, v in enumerate(r)) + "</tr>"
-                   for r in rows)
-    return f"<table class='{cls}'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return xlanb.format_table_html(header, rows, right=tuple(right), cls=cls)
 
 
 # --------------------------------------------------------------------------- what ran
@@ -535,8 +519,8 @@ class MetricsTable(Rich):
         d = xlanb.metrics.metric_data(name)
         if d is None or not d.count:
             return (name, "0", "", "", "", "", what)
-        return (name, str(d.count), fmt_time(d.total), fmt_time(d.mean),
-                fmt_time(d.percentile(50)), fmt_time(d.max), what)
+        return (name, str(d.count), xlanb.format_duration(d.total), xlanb.format_duration(d.mean),
+                xlanb.format_duration(d.percentile(50)), xlanb.format_duration(d.max), what)
 
     @staticmethod
     def _summary() -> str:
@@ -545,14 +529,14 @@ class MetricsTable(Rich):
         compile_t = m.metric_data("CompileTime")
         exe = m.metric_data("ExecuteTime")
         parts = [f"{plural(c('UncachedCompile') or 0, 'graph compile')}"
-                 + (f" ({fmt_time(compile_t.total)})" if compile_t and compile_t.count else ""),
+                 + (f" ({xlanb.format_duration(compile_t.total)})" if compile_t and compile_t.count else ""),
                  f"{plural(c('CachedCompile') or 0, 'cache hit')}",
                  f"{plural(c('OpCompile') or 0, 'op compile')}"]
         if c("EagerRunCompile") or c("EagerRunCacheHit"):  # eager: runs of ops
             parts.append(f"{plural(c('EagerRunCompile') or 0, 'run compile')}, "
                          f"{plural(c('EagerRunCacheHit') or 0, 'cached run')}")
         if exe and exe.count:
-            parts.append(f"{plural(exe.count, 'execution')} ({fmt_time(exe.total)})")
+            parts.append(f"{plural(exe.count, 'execution')} ({xlanb.format_duration(exe.total)})")
         fb = sum(c(n) or 0 for n in m.counter_names() if n.startswith("aten::"))
         if fb:
             parts.append(f"{plural(fb, 'CPU fallback')}")
@@ -664,30 +648,30 @@ class SyncSummary(Rich):
         a = self.a
         if self.n_ops == 0 and a.idle:
             return [f"xla sync ({self.mode}): nothing was pending"]
-        run = fmt_time(a.total("ExecuteTime"))
+        run = xlanb.format_duration(a.total("ExecuteTime"))
         out = []
         if a.new_graphs or a.hit_graphs:
             for g in a.new_graphs:  # in eager: a run of ops, compiled as one graph
                 out.append(f"xla sync ({self.mode}): {'a run of ' if g.quick else ''}"
-                           f"{plural(g.n_nodes, 'op')} -> graph {g.hash[:12]} · new "
-                           f"{'quick ' if g.quick else ''}compile {fmt_time(g.compile_time)}")
+                           f"{plural(g.n_nodes, 'op')} -> graph {xlanb.format_hash(g.hash)} · new "
+                           f"{'quick ' if g.quick else ''}compile {xlanb.format_duration(g.compile_time)}")
                 out.append(f"  why: {graph_why(g, self.resolver)}")
             for g, n in a.hit_graphs:
                 out.append(f"xla sync ({self.mode}): {plural(g.n_nodes, 'op')} -> graph "
-                           f"{g.hash[:12]} · cache hit (no compile; reused "
+                           f"{xlanb.format_hash(g.hash)} · cache hit (no compile; reused "
                            f"{plural(g.hits, 'time')} so far)")
                 out.append(f"  compiled earlier at {graph_where(g, self.resolver) or '?'} "
-                           f"in {fmt_time(g.compile_time)}")
+                           f"in {xlanb.format_duration(g.compile_time)}")
             out.append(f"  run: {run}")
         else:
             ran = (f"{plural(self.n_ops, 'op')} that waited for background compiles ran"
                    if self.mode == "eager" else f"{plural(self.n_ops, 'op')} run one by one")
             wait = a.total("OpCompileWaitTime")
             if self.mode == "eager" and wait:
-                ran = f"waited {fmt_time(wait)} for background compiles; {ran}"
+                ran = f"waited {xlanb.format_duration(wait)} for background compiles; {ran}"
             out.append(f"xla sync ({self.mode}): {ran} · "
                        f"{plural(a.op_compiles, 'op compile')} "
-                       f"({fmt_time(a.total('OpCompileTime'))}), "
+                       f"({xlanb.format_duration(a.total('OpCompileTime'))}), "
                        f"{plural(a.op_hits, 'op cache hit')} · run {run}")
         if a.fallbacks:
             out.append("  CPU fallbacks: " + ", ".join(f"{k} ×{v}" for k, v in a.fallbacks.items()))
@@ -735,8 +719,8 @@ class ExplainReport(Rich):
             by_src: dict[str, int] = {}
             for g in a.new_graphs:
                 by_src[g.src] = by_src.get(g.src, 0) + 1
-                items.append(f"graph {g.hash[:12]}: {plural(g.n_nodes, 'op')}, "
-                             f"compiled in {fmt_time(g.compile_time)}, cause: {g.cause}")
+                items.append(f"graph {xlanb.format_hash(g.hash)}: {plural(g.n_nodes, 'op')}, "
+                             f"compiled in {xlanb.format_duration(g.compile_time)}, cause: {g.cause}")
                 items.append(f"    synced at  {self._where_graph(g)}")
                 items.append(f"    why        {graph_why(g, self.resolver)}")
                 for line in getattr(g, "repeats", ()):  # layers compiled once (a loop)
@@ -744,7 +728,7 @@ class ExplainReport(Rich):
                 if g.memory is not None:
                     items.append(f"    memory     {g.memory}")
             secs.append((f"{plural(len(a.new_graphs), 'graph')} compiled "
-                         f"({fmt_time(a.total('CompileTime'))})", items))
+                         f"({xlanb.format_duration(a.total('CompileTime'))})", items))
             hot = {s: n for s, n in by_src.items() if n > 1}
             if hot:
                 s = max(hot, key=hot.get)
@@ -755,32 +739,32 @@ class ExplainReport(Rich):
                     "on data, a Python value baked in), so every step compiles again.",
                     "The 'why' lines above name the first difference."]))
         if a.hit_graphs:
-            items = [f"graph {g.hash[:12]} ×{n} ({plural(g.n_nodes, 'op')}, first compiled at "
+            items = [f"graph {xlanb.format_hash(g.hash)} ×{n} ({plural(g.n_nodes, 'op')}, first compiled at "
                      f"{graph_where(g, self.resolver) or '?'})" for g, n in a.hit_graphs[:8]]
             if len(a.hit_graphs) > 8:
                 items.append(f"... and {len(a.hit_graphs) - 8} more")
             secs.append((f"{plural(a.cache_hits, 'graph')} reused from the cache", items))
         if a.op_compiles or a.op_hits:
             secs.append(("single-op executables", [
-                f"{a.op_compiles} compiled ({fmt_time(a.total('OpCompileTime'))}), "
+                f"{a.op_compiles} compiled ({xlanb.format_duration(a.total('OpCompileTime'))}), "
                 f"{a.op_hits} reused from the op cache"]))
         n_exec = a.samples("ExecuteTime")
         if n_exec:
-            secs.append(("executed", [f"{plural(n_exec, 'run')}, {fmt_time(a.total('ExecuteTime'))} "
+            secs.append(("executed", [f"{plural(n_exec, 'run')}, {xlanb.format_duration(a.total('ExecuteTime'))} "
                                       "on the device"]))
-        xfer = [f"{a.samples(n)} {w} ({fmt_time(a.total(n))})"
+        xfer = [f"{a.samples(n)} {w} ({xlanb.format_duration(a.total(n))})"
                 for n, w in (("TransferToDeviceTime", "host -> device"),
                              ("TransferFromDeviceTime", "device -> host")) if a.samples(n)]
         if xfer:
             secs.append(("transfers", [", ".join(xfer)]))
         if self.memory_before is not None and self.memory_after is not None:
-            items = [f"{fmt_bytes(self.memory_before)} before the cell, "
-                     f"{fmt_bytes(self.memory_after)} after"]
+            items = [f"{xlanb.format_bytes(self.memory_before)} before the cell, "
+                     f"{xlanb.format_bytes(self.memory_after)} after"]
             ran = [g for g in a.new_graphs if g.memory] + [g for g, _ in a.hit_graphs if g.memory]
             if ran:
                 g = max(ran, key=lambda g: g.memory.peak_bytes)
-                items.append(f"the largest graph run needs {fmt_bytes(g.memory.peak_bytes)} at its "
-                             f"peak (graph {g.hash[:12]}: {g.memory})")
+                items.append(f"the largest graph run needs {xlanb.format_bytes(g.memory.peak_bytes)} at its "
+                             f"peak (graph {xlanb.format_hash(g.hash)}: {g.memory})")
             secs.append(("device memory (all buffers xlanb holds)", items))
         if self.target is not None:
             secs.append(self._target_section())
@@ -802,7 +786,7 @@ class ExplainReport(Rich):
 
     def _target_section(self) -> tuple[str, list[str]]:
         t = self.target
-        title = (f"on {t.name} ({t.num_devices} x {t.chip}, {fmt_bytes(t.hbm_bytes)} HBM per "
+        title = (f"on {t.name} ({t.num_devices} x {t.chip}, {xlanb.format_bytes(t.hbm_bytes)} HBM per "
                  "chip), compiled by the TPU compiler, not run")
         if not self.reports:
             why = ("eager mode runs op by op: no graph to compile" if self.mode == "eager"
@@ -811,7 +795,7 @@ class ExplainReport(Rich):
                            "compiles the pending graph"]
         items = []
         for g, r in self.reports:
-            items.append(f"graph {g.hash[:12]}: {r.summary_line().split(': ', 1)[-1]}")
+            items.append(f"graph {xlanb.format_hash(g.hash)}: {r.summary_line().split(': ', 1)[-1]}")
             if r.error and r.memory is not None:
                 items.append(f"    compiler   {r.error}")
             if r.cost is not None:
@@ -830,7 +814,7 @@ class ExplainReport(Rich):
             if a.run_compiles or a.run_hits:  # eager: runs of ops, one graph each
                 head += (f", {plural(a.run_compiles, 'run compile')}, "
                          f"{plural(a.run_hits, 'cached run')}")
-        wall = f" in {fmt_time(self.wall)}" if self.wall is not None else ""
+        wall = f" in {xlanb.format_duration(self.wall)}" if self.wall is not None else ""
         return f"xla explain ({self.mode}){wall}: {head}"
 
     def text(self) -> str:
@@ -867,7 +851,7 @@ def status_line(activity: Activity | None, resolver: SourceResolver = DEFAULT_RE
     a = activity
     if a is not None:
         if a.compiles:
-            detail = [fmt_time(a.total("CompileTime"))]
+            detail = [xlanb.format_duration(a.total("CompileTime"))]
             if a.new_graphs:
                 detail.append(graph_why(a.new_graphs[-1], resolver))
             parts.append(f"{plural(a.compiles, 'compile')} ({', '.join(detail)})")
@@ -876,7 +860,7 @@ def status_line(activity: Activity | None, resolver: SourceResolver = DEFAULT_RE
         if a.run_compiles:
             quick = a.count("QuickCompile")
             parts.append(f"{plural(a.run_compiles, 'run compile')} "
-                         f"({fmt_time(a.total('EagerRunCompileTime'))}"
+                         f"({xlanb.format_duration(a.total('EagerRunCompileTime'))}"
                          + (f", {quick} quick" if quick else "") + ")")
         if a.run_hits:
             parts.append(plural(a.run_hits, "cached run"))
@@ -884,9 +868,9 @@ def status_line(activity: Activity | None, resolver: SourceResolver = DEFAULT_RE
             parts.append(plural(a.count("GraphTierUp") + a.count("OpTierUp"), "tier-up"))
         if a.op_compiles:
             parts.append(f"{plural(a.op_compiles, 'op compile')} "
-                         f"({fmt_time(a.total('OpCompileTime'))})")
+                         f"({xlanb.format_duration(a.total('OpCompileTime'))})")
         if a.samples("ExecuteTime"):
-            parts.append(f"run {fmt_time(a.total('ExecuteTime'))}")
+            parts.append(f"run {xlanb.format_duration(a.total('ExecuteTime'))}")
         if a.fallbacks:
             parts.append("CPU fallback: " + ", ".join(a.fallbacks))
     target = xlanb.get_target()
@@ -948,14 +932,14 @@ class GraphMemoryReport(Rich):
             self.buffers = []
 
     def _rows(self) -> list[tuple]:
-        return [(fmt_bytes(b.bytes), b.opcode, b.op or "?", b.scope,
+        return [(xlanb.format_bytes(b.bytes), b.opcode, b.op or "?", b.scope,
                  (self.resolver.label(b.loc) or "") if b.loc is not None else "",
                  b.shape if b.shape.count(",") < 6 else b.shape.split(", ")[0] + ", ...")
                 for b in self.buffers]
 
     def text(self) -> str:
         g = self.g
-        head = f"graph #{self.index} {g.hash[:12]} ({plural(g.n_nodes, 'op')}, synced at " \
+        head = f"graph #{self.index} {xlanb.format_hash(g.hash)} ({plural(g.n_nodes, 'op')}, synced at " \
                f"{graph_where(g, self.resolver) or '?'})"
         mem = g.memory
         out = [head, f"  {mem}" if mem else "  XLA gives no memory analysis for it"]
@@ -974,7 +958,7 @@ EXAMPLE_TOPOLOGIES = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v
 
 def target_text(t) -> str:
     """``v5e:2x2 (4 x TPU v5 lite, 16.0 GiB HBM per chip)``."""
-    return f"{t.name} ({t.num_devices} x {t.chip}, {fmt_bytes(t.hbm_bytes)} HBM per chip)"
+    return f"{t.name} ({t.num_devices} x {t.chip}, {xlanb.format_bytes(t.hbm_bytes)} HBM per chip)"
 
 
 class TargetStatus(Rich):
@@ -988,7 +972,7 @@ class TargetStatus(Rich):
     def __init__(self, target, headline: str) -> None:
         self.current = target
         self.headline = headline  # the shell's words (extensions/commands.target_headline)
-        self.rows = [(gen, c.device_kind, fmt_bytes(c.hbm_bytes), f"{c.peak_flops / 1e12:.0f} TFLOP/s",
+        self.rows = [(gen, c.device_kind, xlanb.format_bytes(c.hbm_bytes), f"{c.peak_flops / 1e12:.0f} TFLOP/s",
                       f"{c.hbm_bytes_per_s / 1e9:,.0f} GB/s", EXAMPLE_TOPOLOGIES.get(gen, gen + ":1x1"))
                      for gen, c in xlanb.CHIPS.items()]
         self.sources = [c.source for c in xlanb.CHIPS.values()]
@@ -1017,8 +1001,8 @@ def padding_rows(report, resolver: SourceResolver = DEFAULT_RESOLVER, n: int = 1
     """A ``TargetReport``'s padding rows (most padding first) as table cells, each
     source line named by ``resolver`` (``In[5] line 3`` for a cell)."""
     return [(r.kind, r.name + (f" [{r.scope}]" if r.scope else ""), r.type, r.layout,
-             fmt_bytes(r.logical_bytes), fmt_bytes(r.padded_bytes),
-             _pad(r.padded_bytes - r.logical_bytes, r.logical_bytes),
+             xlanb.format_bytes(r.logical_bytes), xlanb.format_bytes(r.padded_bytes),
+             xlanb.format_pct(r.padded_bytes - r.logical_bytes, r.logical_bytes),
              resolver.label_text(r.source))
             for r in list(report.padding)[:n]]
 
@@ -1072,7 +1056,7 @@ def _bar_html(m, t, fits) -> str:
     seg = [("arguments", m.argument_bytes, "#69c"),
            ("outputs", m.output_bytes - m.alias_bytes, "#9c6"),
            ("temporaries", m.temp_bytes, "#e94")]
-    bars = "".join(f"<div title='{escape(n)} {escape(fmt_bytes(b))}' style='display:inline-block;"
+    bars = "".join(f"<div title='{escape(n)} {escape(xlanb.format_bytes(b))}' style='display:inline-block;"
                    f"height:14px;width:{100 * max(b, 0) / scale:.2f}%;background:{c}'></div>"
                    for n, b, c in seg)
     colour = "#c33" if fits is False else "#3a7"
@@ -1100,21 +1084,21 @@ class TargetMemory(Rich):
         if m is None:
             out.append(f"  not compiled: {r.error}")
             return out
-        verdict = {True: "fits", False: "DOES NOT FIT", None: "?"}[r.fits]
-        out.append(f"  peak {fmt_bytes(m.peak_bytes)} of {fmt_bytes(t.hbm_bytes)} HBM: {verdict} "
+        verdict = xlanb.format_fits(r.fits)
+        out.append(f"  peak {xlanb.format_bytes(m.peak_bytes)} of {xlanb.format_bytes(t.hbm_bytes)} HBM: {verdict} "
                    f"({100 * m.peak_bytes / t.hbm_bytes:.3g}% of HBM)")
         if r.error:
             out.append(f"  compiler: {r.error}")
         else:
-            out.append(f"  arguments {fmt_bytes(m.argument_bytes)}, outputs {fmt_bytes(m.output_bytes)}"
-                       f", temporaries {fmt_bytes(m.temp_bytes)}, aliased {fmt_bytes(m.alias_bytes)}")
+            out.append(f"  arguments {xlanb.format_bytes(m.argument_bytes)}, outputs {xlanb.format_bytes(m.output_bytes)}"
+                       f", temporaries {xlanb.format_bytes(m.temp_bytes)}, aliased {xlanb.format_bytes(m.alias_bytes)}")
         for kind in ("argument", "output"):
             rows = [p for p in r.padding if p.kind == kind]
             logical = sum(p.logical_bytes for p in rows)
             padded = sum(p.padded_bytes for p in rows)
             if padded:
-                out.append(f"  {kind}s: {fmt_bytes(logical)} logical, {fmt_bytes(padded)} in TPU "
-                           f"layouts ({_pad(padded - logical, logical)})")
+                out.append(f"  {kind}s: {xlanb.format_bytes(logical)} logical, {xlanb.format_bytes(padded)} in TPU "
+                           f"layouts ({xlanb.format_pct(padded - logical, logical)})")
         out.extend(f"  note: {x}" for x in r.notes)
         return out
 
@@ -1133,14 +1117,6 @@ class TargetMemory(Rich):
         table = _table_html(self.HEADER, self.rows, self.RIGHT, "xlanb-padding") if self.rows else ""
         return (f"<div class='xlanb-target-memory'><b>{escape(ls[0])}</b>{bar}{body}"
                 f"{table}</div>")
-
-
-def _pad(extra: int, base: int) -> str:
-    if not base:
-        return "-"
-    if extra > 9 * base:
-        return f"x{(base + extra) / base:.0f}"
-    return f"+{100 * extra / base:.1f}%" if extra else "0%"
 
 
 def memory_timeline_figure(timeline, device: int = 0, title: str | None = None):

@@ -114,7 +114,9 @@ class XlaMagics(Magics):
     def cell_label(self, loc) -> str | None:
         """``In[5]:3 forward`` for a line of a cell; None for a file."""
         number = self._cell_names().get(loc.file)
-        return f"In[{number}]:{loc.line} {loc.function}" if number is not None else None
+        if number is None:
+            return None
+        return xlanb.format_cell_loc(number, loc.line, loc.function)
 
     def file_label(self, file: str) -> str | None:
         """``In[5]`` for a cell's code name (a kernel's temp file included); None for a
@@ -466,7 +468,7 @@ class XlaMagics(Magics):
             svg, note = xd.graph_svg(xlanb.render_dot(g.summary, label=label))
         why = xd.graph_why(g, self.resolver, gs)
         self._show(xd.PendingGraph(text, g.n_nodes, svg=svg, note=note,
-                                   title=f"graph #{index % len(gs)} {g.hash[:12]} ({why})",
+                                   title=f"graph #{index % len(gs)} {xlanb.format_hash(g.hash)} ({why})",
                                    compiled=True))
 
     # ------------------------------------------------------------------ %xla_compile_time
@@ -613,7 +615,7 @@ class XlaMagics(Magics):
                 if r is None or r.target != target:
                     r = xlanb.compile_for(target, g)
             except Exception as e:  # noqa: BLE001 - one graph's failure is one line
-                print(f"xla explain: graph {g.hash[:12]} not compiled for {target.name}: "
+                print(f"xla explain: graph {xlanb.format_hash(g.hash)} not compiled for {target.name}: "
                       f"{type(e).__name__}: {e}")
                 continue
             out.append((g, r))
@@ -880,15 +882,14 @@ def _tensor_html(t):
     return xd.tensor_html(t)
 
 
-# Modules whose frames are never the user's line (xlanb, what it calls, IPython itself).
-_INTERNAL = ("xlanb", "torch", "jax", "jaxlib", "IPython", "ipykernel", "contextlib",
-             "functools")
+# Beyond xlanb's own answer (xlanb, torch, the REPL machinery): what an error passes
+# through between a cell and xlanb (JAX, IPython itself, functools' wrappers).
+_INTERNAL = ("jax", "jaxlib", "IPython", "ipykernel", "functools")
 
 
 def _internal(frame) -> bool:
     name = frame.f_globals.get("__name__") or ""
-    return (name.split(".")[0] in _INTERNAL
-            or frame.f_code.co_filename.startswith("<decorator-gen"))
+    return xlanb.is_internal_frame(frame) or name.split(".")[0] in _INTERNAL
 
 
 def _deliberate_errors() -> tuple:

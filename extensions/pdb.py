@@ -71,8 +71,7 @@ def _is_core_module(name) -> bool:
     """xlanb's library modules; not its front ends (this debugger, the IPython extension,
     the kernel, whose ``launch`` frame is below every cell), which may run user code
     below them."""
-    return isinstance(name, str) and (name == "xlanb" or name.startswith("xlanb.")) \
-        and not name.startswith(("xlanb.extensions", "xlanb.kernel"))
+    return xlanb.is_xlanb_module(name, front_ends=False)
 
 
 def _called_from_core(frame) -> bool:

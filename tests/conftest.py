@@ -25,7 +25,7 @@ import torch
 # change. The store itself is tested in child processes with directories of their own.
 _SESSION_CACHE = tempfile.mkdtemp(prefix="xlanb-test-cache-")
 atexit.register(shutil.rmtree, _SESSION_CACHE, ignore_errors=True)
-os.environ["XLANB_CACHE_DIR"] = _SESSION_CACHE  # for kernels and notebooks we start
+os.environ["XLANB_STORE_DIR"] = _SESSION_CACHE  # for kernels and notebooks we start
 
 # Bytecode for xlanb's own sources, once. Where PYTHONDONTWRITEBYTECODE is set (as on this
 # project's machines) Python would otherwise compile them anew in each of the suite's
@@ -39,7 +39,7 @@ if sys.dont_write_bytecode:
 import xlanb  # noqa: E402
 
 # pytest has imported xlanb already (for the RecompileWarning filter), so set it here too
-xlanb.config.cache_dir = _SESSION_CACHE
+xlanb.config.store_dir = _SESSION_CACHE
 
 MODES = tuple(xlanb.MODES)
 _START_MODE = xlanb.get_mode()

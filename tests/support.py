@@ -20,7 +20,7 @@ def child_env(extra: dict | None = None, **more) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_INHERITED)}
     env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in [env.get("PYTHONPATH")] if p])
     env.setdefault("PYTHONWARNINGS", "ignore")
-    env["XLANB_CACHE_DIR"] = ""
+    env["XLANB_STORE_DIR"] = ""
     for k, v in {**(extra or {}), **more}.items():
         if v is None:
             env.pop(k, None)

@@ -512,11 +512,11 @@ def test_names_common_scripts_use(tx, tmp_path, monkeypatch, capsys):
     import torch_xla.runtime as xr
     from xlanb.runtime import store
     # the executable store moves to initialize_cache's folder; readonly writes nothing
-    monkeypatch.setattr(xlanb.config, "cache_dir", xlanb.config.cache_dir)
-    monkeypatch.setattr(xlanb.config, "cache_readonly", False)
+    monkeypatch.setattr(xlanb.config, "store_dir", xlanb.config.store_dir)
+    monkeypatch.setattr(xlanb.config, "store_readonly", False)
     monkeypatch.setattr(xlanb.config, "store_key_file", str(tmp_path / "key"))
     xr.initialize_cache(str(tmp_path / "xc"), readonly=True)
-    assert xlanb.config.cache_dir == str(tmp_path / "xc") and xlanb.config.cache_readonly
+    assert xlanb.config.store_dir == str(tmp_path / "xc") and xlanb.config.store_readonly
     assert store.directory().startswith(str(tmp_path / "xc"))
     written = []
     monkeypatch.setattr(store, "_write", lambda path, key, body: written.append(path))
@@ -525,14 +525,14 @@ def test_names_common_scripts_use(tx, tmp_path, monkeypatch, capsys):
     store.store("k" * 64, object())  # a read-only process writes nothing
     assert written == []
     xr.initialize_cache(tmp_path / "xc")
-    assert not xlanb.config.cache_readonly
+    assert not xlanb.config.store_readonly
     store.store("k" * 64, object())
     assert len(written) == 1 and written[0].startswith(str(tmp_path / "xc"))
     xr.pause_store()  # as XLA_FLAGS=--xla_dump_to does: the folder counts after the dump
     xr.initialize_cache(str(tmp_path / "later"))
-    assert xlanb.config.cache_dir is None
+    assert xlanb.config.store_dir is None
     xr.resume_store()
-    assert xlanb.config.cache_dir == str(tmp_path / "later")
+    assert xlanb.config.store_dir == str(tmp_path / "later")
     # the device type: this platform's, silently; TPU with a note; another, an error
     xr.set_device_type("CPU")
     assert capsys.readouterr().err == ""

@@ -27,7 +27,7 @@ SCRIPT = os.path.join(HERE, "scripts", "compile_profile_script.py")
 @pytest.fixture(scope="module")
 def measured():
     args = [sys.executable, SCRIPT] + (["--tpu"] if libtpu.installed() else [])
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE), XLANB_CACHE_DIR="")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE), XLANB_STORE_DIR="")
     out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600,
                          check=False)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -129,7 +129,7 @@ print(xlanb.metrics.counter_value("PersistentCacheHit") or 0)
 """
     # runs off: each op's own executable is compiled and stored (a run's quick graph is
     # stored only once it tiers up)
-    env = {"XLANB_CACHE_DIR": str(tmp_path), "XLANB_EAGER_RUNS": "0"}
+    env = {"XLANB_STORE_DIR": str(tmp_path), "XLANB_EAGER_RUNS": "0"}
     assert python_child(code, env).split() == ["0"]  # compiled
     assert int(python_child(code, env).split()[-1]) >= 3  # loaded: qr, slogdet, lu_factor
 

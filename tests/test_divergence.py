@@ -34,7 +34,7 @@ ENDS = {"lazy:stop": "lazy:fence,lazy:stop", "opbyop:stop": "opbyop:fence,opbyop
 def _env(**extra) -> dict:
     # the session's store (conftest) is shared with the processes: they compile the same
     # graphs many times over; XLA_FLAGS off: each case says how many devices it has
-    return child_env({"XLANB_CACHE_DIR": os.environ.get("XLANB_CACHE_DIR", ""),
+    return child_env({"XLANB_STORE_DIR": os.environ.get("XLANB_STORE_DIR", ""),
                       "XLA_FLAGS": None, **extra})
 
 

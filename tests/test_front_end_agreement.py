@@ -45,13 +45,9 @@ def test_eager_pending_ops_are_said_to_wait_for_background_compiles(monkeypatch)
 
 def test_one_duration_format_everywhere():
     """``218 ms`` in the magics' summaries, the graph table, the TPU report: one format."""
-    from xlanb.execute.target import format_seconds
     for secs, text in ((0.218, "218 ms"), (2.134, "2.13 s"), (0.00031, "310 µs"),
                        (250.0, "250 s"), (0.0, "0 s"), (3.12e-9, "3.12 ns")):
         assert xlanb.format_duration(secs) == text
-        assert xd.fmt_time(secs) == text
-        if secs:
-            assert format_seconds(secs) == text
     compile_col = next(c for c in xlanb.graph_columns([]) if c.header == "compile")
     run_col = next(c for c in xlanb.graph_columns([]) if c.header == "run")
 
@@ -104,3 +100,25 @@ def test_replica_groups_use_the_mesh_axis_names():
         "mesh['data'=2,'model'=4] {'data','model'}"
     # another mesh than the graph's: XLA's own words stay
     assert _named_axes("mesh['axis_0'=8] {'axis_0'}", axes) == "mesh['axis_0'=8] {'axis_0'}"
+
+
+def test_small_formats_have_one_home():
+    """The TPU report, the display and the graph table share these (issue 44): one
+    verdict, one percent, one shown hash, one location."""
+    assert [xlanb.format_pct(e, b) for e, b in ((0, 8), (1, 8), (100, 8), (3, 0))] == \
+        ["0%", "+12.5%", "x14", "-"]
+    assert [xlanb.format_fits(f) for f in (True, False, None)] == ["fits", "DOES NOT FIT", "?"]
+    assert [xlanb.format_fits(f, column=True) for f in (True, False, None)] == ["yes", "NO", "?"]
+    h = "0123456789abcdef0123"
+    assert xlanb.format_hash(h) == h[:12]
+    assert xlanb.format_location("m.py", 3, "f") == "m.py:3 f"
+    assert xlanb.format_location("m.py", 3) == "m.py:3"
+    assert xlanb.format_cell_loc(5, 3) == "In[5]:3"
+    loc = xlanb.SourceLoc("/tmp/model.py", 42, "forward")
+    assert loc.where == "/tmp/model.py:42" and loc.short == "model.py:42 forward"
+    html = xlanb.format_table_html(["op", "bytes"], [["<add>", "12"]], right=[1])
+    assert "&lt;add&gt;" in html and "<td style='text-align:right'>12</td>" in html
+    from xlanb.base.formats import parse_bytes
+    assert parse_bytes("1.5K") == 1536 and parse_bytes("2GiB") == 2 << 30
+    with pytest.raises(ValueError):
+        parse_bytes("0")

@@ -261,7 +261,7 @@ def test_eager_index_waiting_on_a_background_compile_raises_at_the_op(tmp_path):
         "except IndexError as e:\n"
         "    print('raised', e)\n"
         "print(other.cpu().tolist(), a[ind.clamp(max=4)].cpu().sum().item())\n")
-    env = dict(__import__("os").environ, XLANB_CACHE_DIR=str(tmp_path))
+    env = dict(__import__("os").environ, XLANB_STORE_DIR=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -175,7 +175,7 @@ print(json.dumps({"interrupted": interrupted, "loss": loss}))
 @pytest.mark.stress
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_random_ctrl_c_in_eager_training_never_aborts(seed):
-    rc, out, err = _run(LOOP, {"XLANB_CACHE_DIR": "", "SEED": str(seed)}, timeout=400)
+    rc, out, err = _run(LOOP, {"XLANB_STORE_DIR": "", "SEED": str(seed)}, timeout=400)
     _assert_alive(rc, err)
     got = last_json_line(out)
     assert got["interrupted"] >= 6, got  # most timers fire inside a step

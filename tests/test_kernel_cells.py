@@ -45,7 +45,7 @@ def kc(request, tmp_path_factory):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("XLANB_") and k != "PYTHONBREAKPOINT"}
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
-    env["XLANB_CACHE_DIR"] = os.environ.get("XLANB_CACHE_DIR", "")
+    env["XLANB_STORE_DIR"] = os.environ.get("XLANB_STORE_DIR", "")
     km.start_kernel(env=env)
     client = km.client()
     client.kind = request.param

@@ -147,3 +147,77 @@ def test_xlanb_settings_are_read_in_config_only():
                         if read.search(line):
                             offenders.append(f"{os.path.relpath(path, ROOT)}:{i}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def _library_trees():
+    """Every parsed module of the library and its front ends, with its path from ROOT."""
+    for top in ("xlanb", "extensions", "kernel"):
+        for dirpath, _, files in os.walk(os.path.join(ROOT, top)):
+            for f in files:
+                if f.endswith(".py"):
+                    path = os.path.join(dirpath, f)
+                    with open(path, encoding="utf-8") as fh:
+                        yield os.path.relpath(path, ROOT), ast.parse(fh.read())
+
+
+def _name(node) -> str:
+    """``g.hash`` -> ``hash``, ``line`` -> ``line``; "" for anything else (a call...)."""
+    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+
+
+def _small_format_offenders(rel: str, tree) -> list[str]:
+    out = []
+    for node in ast.walk(tree):
+        # a hash cut by hand: ``g.hash[:12]``
+        if (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice)
+                and node.slice.lower is None and isinstance(node.slice.upper, ast.Constant)
+                and "hash" in _name(node.value).lower()):
+            out.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+        # a location built by hand: ``f"{src.file}:{src.line}"``
+        if isinstance(node, ast.JoinedStr):
+            parts = node.values
+            for a, colon, b in zip(parts, parts[1:], parts[2:]):
+                if (isinstance(a, ast.FormattedValue) and isinstance(colon, ast.Constant)
+                        and str(colon.value).startswith(":")
+                        and isinstance(b, ast.FormattedValue)
+                        and _name(b.value) in ("line", "lineno", "f_lineno")):
+                    out.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def test_hashes_and_locations_are_formatted_in_one_place():
+    """A shown hash and a ``file:line`` are written by ``xlanb/base/formats.py`` alone
+    (``format_hash``, ``format_location``; issue 44): a copy elsewhere drifts (a widget
+    once showed 8 characters of the hash the tables show 12 of)."""
+    home = os.path.join("xlanb", "base", "formats.py")
+    offenders = [o for rel, tree in _library_trees() if rel != home
+                 for o in _small_format_offenders(rel, tree)]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_format_check_sees_a_copy():
+    found = _small_format_offenders("x.py", ast.parse(
+        'a = g.hash[:8]\nb = f"{loc.file}:{loc.line} {loc.function}"\nc = format_hash(g.hash)\n'))
+    assert [f.split(":")[1] for f in found] == ["1", "2"]
+
+
+def test_is_this_frame_xlanbs_is_answered_in_frames_only():
+    """``base/frames.py`` holds the one list of frames that are never the user's line and
+    the package's folder (issue 44); elsewhere they are asked, not copied: no module reads
+    its private lists or works the package's folder out from ``__file__``."""
+    home = os.path.join("xlanb", "base", "frames.py")
+    offenders = []
+    for rel, tree in _library_trees():
+        if rel == home:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Name, ast.Attribute, ast.alias)):
+                name = getattr(node, "id", None) or getattr(node, "attr", None) or node.name
+                if name in ("_SKIP_PREFIXES", "_SKIP_SUFFIXES", "_forward_ops"):
+                    offenders.append(f"{rel}:{node.lineno}: {name}")
+            if (isinstance(node, ast.Call) and ast.unparse(node.func) == "os.path.dirname"
+                    and node.args and any(isinstance(n, ast.Name) and n.id == "__file__"
+                                          for n in ast.walk(node.args[0]))
+                    and rel.startswith("xlanb")):
+                offenders.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    assert not offenders, "\n".join(offenders)

@@ -175,7 +175,7 @@ print(json.dumps({"mode": start, "value": val,
                   "compiled": {n: metrics.counter_value(n) or 0 for n in names}}))
 """
     # no store: a stored single-op executable would let eager run an op at once
-    out = python_child(code, {"XLANB_MODE": env_mode, "XLANB_CACHE_DIR": ""})
+    out = python_child(code, {"XLANB_MODE": env_mode, "XLANB_STORE_DIR": ""})
     got = json.loads(out.strip().splitlines()[-1])
     assert got["mode"] == env_mode
     assert got["value"] == 15.0

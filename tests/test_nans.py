@@ -282,7 +282,7 @@ def test_compare_cpu_finds_an_injected_wrong_op(monkeypatch):
     key = op if op in registry.LOWERINGS else op.overloadpacket
     good = registry.LOWERINGS[key]
     wrong = dataclasses.replace(good, fn=lambda *a, **k: good.fn(*a, **k) + 1e-3)
-    monkeypatch.setattr(xlanb.config, "cache_dir", None)  # never store the wrong executable
+    monkeypatch.setattr(xlanb.config, "store_dir", None)  # never store the wrong executable
     xlanb.reset()
     monkeypatch.setitem(registry.LOWERINGS, key, wrong)
     try:

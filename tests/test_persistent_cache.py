@@ -1,6 +1,6 @@
 """Executables persist across processes in xlanb's executable store: a second process
 running the same script reads them (whole graphs and single-op executables) without
-lowering anything, and the metrics say so. ``XLANB_CACHE_DIR=""`` turns it off."""
+lowering anything, and the metrics say so. ``XLANB_STORE_DIR=""`` turns it off."""
 from __future__ import annotations
 
 import json
@@ -51,14 +51,14 @@ def _files_under(path) -> list[str]:
 
 def test_second_process_reads_persistent_cache(python_child, tmp_path):
     cache = tmp_path / "cache"
-    env = {"XLANB_CACHE_DIR": str(cache), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    env = {"XLANB_STORE_DIR": str(cache), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
     first = _run(python_child, env)
     c1 = first["counters"]
     assert c1["UncachedCompile"] >= 1 and c1["OpCompile"] >= 1, c1
     assert c1["EagerRunCompile"] == 1, c1  # eager's new ops: one run, one quick graph
     assert c1["PersistentCacheMiss"] >= 1 and c1["PersistentCacheHit"] == 0, c1
     written = _files_under(cache)
-    assert written, "nothing written to XLANB_CACHE_DIR"
+    assert written, "nothing written to XLANB_STORE_DIR"
     # single-op executables and eager runs are stored too: at least one entry per compile
     compiled = c1["UncachedCompile"] + c1["OpCompile"] + c1["EagerRunCompile"]
     assert len(written) >= compiled, (len(written), c1)
@@ -84,7 +84,7 @@ def test_second_process_reads_persistent_cache(python_child, tmp_path):
 
 def test_unreadable_entry_is_a_miss_and_is_replaced(python_child, tmp_path):
     cache = tmp_path / "cache"
-    env = {"XLANB_CACHE_DIR": str(cache)}
+    env = {"XLANB_STORE_DIR": str(cache)}
     first = _run(python_child, env)
     entries = _files_under(cache)
     for path in entries:  # truncated writes, or another build's files
@@ -108,7 +108,7 @@ def test_unwritable_cache_dir_warns_once_and_runs(tmp_path):
     blocker.write_text("")  # the cache directory would have to live inside a file
     script = SCRIPT.replace('warnings.simplefilter("ignore")', 'warnings.simplefilter("default")')
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=_child_env({"XLANB_CACHE_DIR": str(blocker / "cache")}), timeout=180)
+                          env=_child_env({"XLANB_STORE_DIR": str(blocker / "cache")}), timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["counters"]["UncachedCompile"] >= 1 and got["counters"]["OpCompile"] >= 1
@@ -137,7 +137,7 @@ def test_empty_cache_dir_turns_cache_off(python_child, tmp_path):
     home = tmp_path / "home"
     xdg = tmp_path / "xdg"
     home.mkdir()
-    env = {"XLANB_CACHE_DIR": "", "XDG_CACHE_HOME": str(xdg), "HOME": str(home)}
+    env = {"XLANB_STORE_DIR": "", "XDG_CACHE_HOME": str(xdg), "HOME": str(home)}
     for _ in range(2):
         got = _run(python_child, env)
         c = got["counters"]
@@ -149,7 +149,7 @@ def test_empty_cache_dir_turns_cache_off(python_child, tmp_path):
 def test_cache_on_by_default_in_user_cache_dir(python_child, tmp_path):
     xdg = tmp_path / "xdg"
     env = {"XDG_CACHE_HOME": str(xdg), "HOME": str(tmp_path / "home"),
-           "XLANB_CACHE_DIR": None}  # unset: the default place (support.child_env)
+           "XLANB_STORE_DIR": None}  # unset: the default place (support.child_env)
     first = _run(python_child, env)["counters"]
     assert first["PersistentCacheMiss"] >= 1, first
     written = _files_under(xdg)

@@ -135,7 +135,7 @@ def test_graph_executables_are_bounded_and_come_back_when_needed(few_graphs, sto
     keep the last few used loaded; a dropped graph stays listed, runs again from the
     store (or compiles again with the store off) and still shows its HLO."""
     if not store:
-        monkeypatch.setattr(xlanb.config, "cache_dir", None)
+        monkeypatch.setattr(xlanb.config, "store_dir", None)
     xlanb.set_mode("lazy")
     first = len(xlanb.graphs())
     base = 600 if store else 700  # signatures no other test compiles
@@ -163,7 +163,7 @@ def test_dropped_graph_executables_are_freed(few_graphs, monkeypatch):
     """A dropped graph's executable leaves the process with its code mappings. Records
     that kept the graph's JAX function kept it loaded in JAX's own caches (keyed by the
     function, its jaxpr and its module): ~4 mappings per graph, for up to 2,048 graphs."""
-    monkeypatch.setattr(xlanb.config, "cache_dir", None)
+    monkeypatch.setattr(xlanb.config, "store_dir", None)
     xlanb.set_mode("lazy")
     _distinct_graphs(800, 806)  # warm up
     before = maps.count()

@@ -19,7 +19,7 @@ def test_reset_forgets_compiles_and_keeps_values(count):
     z = y + 1                  # pending again: reset must sync it, not drop it
     assert xlanb.graphs() and infos and dispatch.plans
     filled = {what for what, n in caches.registered() if n}
-    assert {"op signature -> OpInfo", "(device, structural key) -> CompiledGraph",
+    assert {"op signature -> OpSignature", "(device, structural key) -> CompiledGraph",
             "(shape, stride, dtype, device, offset) -> SigKey",
             "weakrefs of pending storages, in write order"} <= filled
     xlanb.reset()
@@ -58,5 +58,5 @@ def test_compiled_caches_are_marked():
     """What a lowering setting (the mat-mul precision) must forget: compiled code, and
     nothing a tensor's value depends on."""
     marked = {c.what for c in caches._caches if c.compiled}
-    assert "op signature -> OpInfo" in marked and "(device, structural key) -> CompiledGraph" in marked
+    assert "op signature -> OpSignature" in marked and "(device, structural key) -> CompiledGraph" in marked
     assert "weakrefs of pending storages, in write order" not in marked

@@ -25,7 +25,7 @@ BAD = [
     ("XLANB_PEEK_CACHE_BYTES", "abc", "size in bytes >= 0"),
     ("XLANB_MEMORY_LINE_BYTES", "lots", "size in bytes >= 0"),
     ("XLANB_MEMORY_LIMIT", "-3G", "size in bytes > 0"),
-    ("XLANB_CACHE_MAX_BYTES", "0", "size in bytes > 0"),
+    ("XLANB_STORE_MAX_BYTES", "0", "size in bytes > 0"),
     ("XLANB_MODE", "fast", "one of lazy, eager, opbyop"),
     ("XLANB_INSPECT", "all", "one of peek, sync, meta"),
     ("XLANB_PLATFORM", "quantum", "one of cpu, gpu"),
@@ -99,10 +99,10 @@ RUN_TIME_BAD = [("scan_layers", "sometimes"), ("scan_layers", 2), ("memory_limit
                 ("memory_limit", -1), ("mat_mul_precision", "ultra"), ("debug", "maybe"),
                 ("debug_nans", 2), ("background_compile", "off please"),
                 ("quick_peeks", None), ("check_device_indices", "sometimes"),
-                ("warn_fallbacks", []), ("cache_readonly", "ro"), ("dist_check", 3),
+                ("warn_fallbacks", []), ("store_readonly", "ro"), ("dist_check", 3),
                 ("memory_limit_target", "yes please"), ("memory_line_bytes", "lots"),
-                ("cache_max_bytes", 0), ("start_mode", "fast"), ("inspect", "values"),
-                ("platform", "quantum"), ("cache_dir", 3), ("store_key_file", None),
+                ("store_max_bytes", 0), ("start_mode", "fast"), ("inspect", "values"),
+                ("platform", "quantum"), ("store_dir", 3), ("store_key_file", None),
                 ("eager_runs", -1), ("tier_up", "often"), ("quick_compiles", "very")]
 
 
@@ -165,7 +165,7 @@ def test_processes_a_test_starts_inherit_no_xlanb_setting(monkeypatch):
     monkeypatch.setenv("XLANB_DEBUG", "1")
     monkeypatch.setenv("PYTHONBREAKPOINT", "xlanb.set_trace")
     code = ("import os, xlanb; print(xlanb.get_mode(), xlanb.config.debug, "
-            "repr(xlanb.config.cache_dir), os.environ.get('PYTHONBREAKPOINT'), xlanb.__file__)")
+            "repr(xlanb.config.store_dir), os.environ.get('PYTHONBREAKPOINT'), xlanb.__file__)")
     out = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
                          text=True, timeout=180, cwd="/")
     assert out.returncode == 0, out.stderr[-2000:]
@@ -173,3 +173,30 @@ def test_processes_a_test_starts_inherit_no_xlanb_setting(monkeypatch):
     assert (mode, debug, cache, hook) == ("lazy", "False", "None", "None")  # store off
     assert where.startswith(os.path.join(ROOT, "xlanb"))
     assert child_env({"XLANB_MODE": "eager"})["XLANB_MODE"] == "eager"  # given, not inherited
+
+
+def test_the_kernel_spec_knows_the_modes_xlanb_has():
+    """kernel/spec.py keeps its own copy of the modes (it imports neither torch nor JAX):
+    the copy and its message are xlanb's."""
+    from kernel import spec
+    assert spec.MODES == xlanb.MODES
+    for bad in ("fast", "Lazy "):
+        with pytest.raises(ValueError) as theirs:
+            spec.kernel_json(bad)
+        with pytest.raises(ValueError) as ours:
+            xlanb.set_mode(bad)
+        assert str(theirs.value) == str(ours.value)
+
+
+def test_the_starting_mode_is_the_setting():
+    """``xlanb.reset()`` returns to ``config.start_mode`` (read once from ``XLANB_MODE``)."""
+    before = xlanb.config.start_mode
+    other = "opbyop" if before != "opbyop" else "eager"
+    try:
+        xlanb.config.start_mode = other
+        xlanb.reset()
+        assert xlanb.get_mode() == other
+    finally:
+        xlanb.config.start_mode = before
+        xlanb.reset()
+    assert xlanb.get_mode() == before

@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_short_soak_survives_and_matches_cpu(tmp_path):
     env = dict(os.environ)
-    env.pop("XLANB_CACHE_DIR", None)  # the soak makes its own store
+    env.pop("XLANB_STORE_DIR", None)  # the soak makes its own store
     # its subject is the bound on single-op executables (issue 26): each new eager op
     # compiles alone, as with runs off (runs are graphs, bounded by XLANB_MAX_GRAPHS)
     env["XLANB_EAGER_RUNS"] = "0"

@@ -23,7 +23,7 @@ MODES = ("lazy", "eager", "opbyop")
 
 def _env(**extra) -> dict:
     flags = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-    return child_env({"XLANB_CACHE_DIR": os.environ.get("XLANB_CACHE_DIR", ""),
+    return child_env({"XLANB_STORE_DIR": os.environ.get("XLANB_STORE_DIR", ""),
                       "XLA_FLAGS": flags, **extra})
 
 

@@ -22,7 +22,7 @@ KEY = "cd" + "0" * 62
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     """A store of this test's own: cache dir and signing key under ``tmp_path``."""
-    monkeypatch.setattr(config, "cache_dir", str(tmp_path / "cache"))
+    monkeypatch.setattr(config, "store_dir", str(tmp_path / "cache"))
     monkeypatch.setattr(config, "store_key_file", str(tmp_path / "config" / "xlanb" / "store-key"))
     monkeypatch.setattr(exe_store, "_rejected", [])
     monkeypatch.setattr(exe_store, "_write_failed", [])
@@ -30,8 +30,8 @@ def store(tmp_path, monkeypatch):
 
 
 def _cli(*args) -> subprocess.CompletedProcess:
-    env = _child_env({"XLANB_CACHE_DIR": config.cache_dir, "XLANB_STORE_KEY": config.store_key_file})
-    return subprocess.run([sys.executable, "-m", "xlanb.cache", *args], env=env, cwd=REPO,
+    env = _child_env({"XLANB_STORE_DIR": config.store_dir, "XLANB_STORE_KEY": config.store_key_file})
+    return subprocess.run([sys.executable, "-m", "xlanb.store", *args], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -75,7 +75,7 @@ def test_leftover_temporary_files_count_toward_the_cap_and_show_in_info(store, m
     assert "leftover temporary files: 1, 4.9 KiB" in info.stdout, info.stdout
     # over the cap, the leftover goes first; the write in progress is left alone
     monkeypatch.setattr(exe_store, "_usage", {})
-    monkeypatch.setattr(config, "cache_max_bytes", 3000)
+    monkeypatch.setattr(config, "store_max_bytes", 3000)
     exe_store._write(exe_store._path("ef" + "0" * 62), "ef" + "0" * 62, b"y" * 100)
     assert not os.path.exists(dead) and os.path.exists(fresh)
     assert os.path.exists(exe_store._path(KEY))
@@ -85,7 +85,7 @@ def test_a_refused_directory_is_not_written_into(store):
     cache = store / "open"
     cache.mkdir()
     os.chmod(cache, 0o777)
-    config.cache_dir = str(cache)
+    config.store_dir = str(cache)
     with pytest.warns(RuntimeWarning, match="writable by group or others"):
         assert exe_store.directory() is None
     assert os.listdir(cache) == [], "created inside a refused directory"
@@ -97,7 +97,7 @@ def test_a_world_writable_subfolder_inside_a_private_root_refuses_the_store(stor
     exe_store._write(exe_store._path(KEY), KEY, b"body")
     shard = os.path.dirname(exe_store._path(KEY))
     os.chmod(shard, 0o777)
-    assert exe_store.dir_problem(config.cache_dir) == \
+    assert exe_store.dir_problem(config.store_dir) == \
         f"{shard} is writable by group or others (mode 0777)"
     exe_store._refusals.clear()
     with pytest.warns(RuntimeWarning, match=f"{shard} is writable by group or others"):

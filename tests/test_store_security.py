@@ -27,7 +27,8 @@ import pytest
 import xlanb
 from conftest import _child_env, counter
 from xlanb.runtime import store as exe_store
-from xlanb.base.config import Config, config, parse_bytes
+from xlanb.base.config import Config, SettingError, config
+from xlanb.base.formats import parse_bytes
 
 pytestmark = pytest.mark.slow  # -m "not slow" leaves it out (tests/conftest.py)
 
@@ -49,7 +50,7 @@ class _Planted:
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     """A store of this test's own: cache dir and signing key under ``tmp_path``."""
-    monkeypatch.setattr(config, "cache_dir", str(tmp_path / "cache"))
+    monkeypatch.setattr(config, "store_dir", str(tmp_path / "cache"))
     monkeypatch.setattr(config, "store_key_file", str(tmp_path / "config" / "xlanb" / "store-key"))
     monkeypatch.setattr(exe_store, "_rejected", [])  # its warn-once state
     return tmp_path
@@ -129,7 +130,7 @@ def test_entry_that_is_not_a_private_file_is_rejected(store, kind):
 def test_store_is_created_private(store):
     exe_store._write(exe_store._path(KEY), KEY, b"body")
     root = exe_store.directory()
-    levels = [config.cache_dir, root, os.path.join(root, exe_store.env_tag()),
+    levels = [config.store_dir, root, os.path.join(root, exe_store.env_tag()),
               os.path.dirname(exe_store._path(KEY))]
     modes = {d: stat.S_IMODE(os.stat(d).st_mode) for d in levels}
     assert all(m == 0o700 for m in modes.values()), modes
@@ -137,14 +138,14 @@ def test_store_is_created_private(store):
     key_file = config.store_key_file
     assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(os.path.dirname(key_file)).st_mode) == 0o700
-    assert not key_file.startswith(config.cache_dir)
+    assert not key_file.startswith(config.store_dir)
     assert os.path.getsize(key_file) == 32
 
 
 @pytest.mark.parametrize("level", ["cache dir", "store root"])
 @pytest.mark.parametrize("problem", ["0o777", "0o1777", "0o770", "foreign owner"])
 def test_directory_others_can_write_is_refused(store, level, problem):
-    d = config.cache_dir if level == "cache dir" else os.path.join(config.cache_dir, exe_store._DIR)
+    d = config.store_dir if level == "cache dir" else os.path.join(config.store_dir, exe_store._DIR)
     os.makedirs(d, 0o700)
     if problem == "foreign owner":
         os.chown(d, NOBODY, NOBODY)
@@ -163,11 +164,11 @@ def test_directory_others_can_write_is_refused(store, level, problem):
 
 
 def test_private_directory_is_accepted(store):
-    os.makedirs(config.cache_dir, 0o755)  # readable by others is fine, as for ssh
+    os.makedirs(config.store_dir, 0o755)  # readable by others is fine, as for ssh
     os.makedirs(os.path.dirname(config.store_key_file), 0o700)  # (a missing one is said)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert exe_store.directory() == os.path.join(config.cache_dir, exe_store._DIR)
+        assert exe_store.directory() == os.path.join(config.store_dir, exe_store._DIR)
 
 
 @pytest.mark.parametrize("problem", ["0o644", "foreign owner", "short"])
@@ -230,13 +231,13 @@ def test_racing_key_creation_keeps_one_key(store):
 # The cap
 
 def test_max_bytes_setting(monkeypatch):
-    monkeypatch.delenv("XLANB_CACHE_MAX_BYTES", raising=False)
-    assert Config().cache_max_bytes == 2 << 30
-    monkeypatch.setenv("XLANB_CACHE_MAX_BYTES", "500M")
-    assert Config().cache_max_bytes == 500 << 20
+    monkeypatch.delenv("XLANB_STORE_MAX_BYTES", raising=False)
+    assert Config().store_max_bytes == 2 << 30
+    monkeypatch.setenv("XLANB_STORE_MAX_BYTES", "500M")
+    assert Config().store_max_bytes == 500 << 20
     assert parse_bytes("4096") == 4096 and parse_bytes("1.5K") == 1536 and parse_bytes("2GiB") == 2 << 30
-    monkeypatch.setenv("XLANB_CACHE_MAX_BYTES", "lots")
-    with pytest.raises(ValueError, match="XLANB_CACHE_MAX_BYTES"):
+    monkeypatch.setenv("XLANB_STORE_MAX_BYTES", "lots")
+    with pytest.raises(ValueError, match="XLANB_STORE_MAX_BYTES"):
         Config()
 
 
@@ -252,13 +253,13 @@ def _plant_stale(root, rel: str, size: int, mtime: int) -> str:
 def test_cap_evicts_other_versions_first_then_least_recently_used(store, monkeypatch):
     body = b"b" * 1000
     size = len(exe_store._MAGIC) + exe_store._TAG_LEN + len(body)
-    monkeypatch.setattr(config, "cache_max_bytes", size * 11 // 2)  # room for 5.5 entries
+    monkeypatch.setattr(config, "store_max_bytes", size * 11 // 2)  # room for 5.5 entries
     root = exe_store.directory()
     keys = {name: name * 64 for name in "abcdfg"}  # a..g: hex keys
 
     def write(name):
         exe_store._write(exe_store._path(keys[name]), keys[name], body)
-        assert sum(e.size for e in exe_store.entries(root)) <= config.cache_max_bytes
+        assert sum(e.size for e in exe_store.entries(root)) <= config.store_max_bytes
 
     def left():
         names = {v: k for k, v in keys.items()}
@@ -283,7 +284,7 @@ def test_cap_evicts_other_versions_first_then_least_recently_used(store, monkeyp
 
 def test_cap_holds_across_processes_first_write_scans(store, monkeypatch):
     """A process that finds the store already over the cap trims it at its first write."""
-    monkeypatch.setattr(config, "cache_max_bytes", 10_000)
+    monkeypatch.setattr(config, "store_max_bytes", 10_000)
     root = exe_store.directory()
     for i in range(30):
         _plant_stale(root, f"{exe_store.env_tag()}/{i:02x}/{i:02x}{'0' * 62}", 1000, 1000 + i)
@@ -365,7 +366,7 @@ def _run(env, *, warn=False) -> tuple[dict, str]:
 
 def test_planted_store_does_not_run_code_end_to_end(tmp_path):
     """The review's reproduction: run once, replace every entry with a payload, run again."""
-    env = {"XLANB_CACHE_DIR": str(tmp_path / "cache"), "XLANB_STORE_KEY": str(tmp_path / "key")}
+    env = {"XLANB_STORE_DIR": str(tmp_path / "cache"), "XLANB_STORE_KEY": str(tmp_path / "key")}
     first, _ = _run(env)
     entries = _entry_files(tmp_path / "cache")
     assert len(entries) >= 2, entries
@@ -388,27 +389,27 @@ def test_world_writable_cache_dir_is_refused_and_the_program_runs(tmp_path):
     cache.mkdir()
     os.chmod(cache, 0o777)
     key = tmp_path / "key"
-    got, err = _run({"XLANB_CACHE_DIR": str(cache), "XLANB_STORE_KEY": str(key)}, warn=True)
+    got, err = _run({"XLANB_STORE_DIR": str(cache), "XLANB_STORE_KEY": str(key)}, warn=True)
     assert err.count("the executable store is turned off") == 1, err[-3000:]
     assert "writable by group or others (mode 0777)" in err
     c = got["counters"]
     assert c == {"PersistentCacheHit": 0, "PersistentCacheMiss": 0, "PersistentCacheRejected": 0}, c
     assert not _entry_files(cache) and not key.exists()
-    ok, _ = _run({"XLANB_CACHE_DIR": str(tmp_path / "private"), "XLANB_STORE_KEY": str(key)})
+    ok, _ = _run({"XLANB_STORE_DIR": str(tmp_path / "private"), "XLANB_STORE_KEY": str(key)})
     assert (got["a"], got["b"]) == (ok["a"], ok["b"])  # same results as with a store
 
 
 # ---------------------------------------------------------------------------------------
-# python -m xlanb.cache
+# python -m xlanb.store
 
 def _cli(store, *args) -> subprocess.CompletedProcess:
-    env = _child_env({"XLANB_CACHE_DIR": config.cache_dir, "XLANB_STORE_KEY": config.store_key_file})
-    return subprocess.run([sys.executable, "-m", "xlanb.cache", *args], env=env, cwd=REPO,
+    env = _child_env({"XLANB_STORE_DIR": config.store_dir, "XLANB_STORE_KEY": config.store_key_file})
+    return subprocess.run([sys.executable, "-m", "xlanb.store", *args], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=120)
 
 
 def test_cli_info_prune_clear(store):
-    root = os.path.join(config.cache_dir, exe_store._DIR)
+    root = os.path.join(config.store_dir, exe_store._DIR)
     info = _cli(store, "info")
     assert info.returncode == 0, info.stderr
     assert f"store:    {root}" in info.stdout and "status:   on" in info.stdout
@@ -438,7 +439,7 @@ def test_cli_info_prune_clear(store):
 
 def test_cli_refuses_a_store_others_can_write(store):
     exe_store._write(exe_store._path(KEY), KEY, b"body")
-    os.chmod(config.cache_dir, 0o777)
+    os.chmod(config.store_dir, 0o777)
     for command in ("prune", "clear"):
         proc = _cli(store, command)
         assert proc.returncode == 1, (command, proc.stdout, proc.stderr)
@@ -450,7 +451,36 @@ def test_cli_refuses_a_store_others_can_write(store):
 
 def test_cli_usage_errors():
     for args in ((), ("nonsense",), ("prune", "--max-bytes", "lots")):
-        proc = subprocess.run([sys.executable, "-m", "xlanb.cache", *args], cwd=REPO,
+        proc = subprocess.run([sys.executable, "-m", "xlanb.store", *args], cwd=REPO,
                               env=_child_env(None), capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, (args, proc.stderr)
-        assert "usage: python -m xlanb.cache" in proc.stderr
+        assert "usage: python -m xlanb.store" in proc.stderr
+
+
+def test_the_store_answers_to_its_first_names(store, tmp_path, monkeypatch):
+    """The store was once called the cache (issue 44 made "store" its one word): the old
+    variables, settings and command still work, and the new names win over the old."""
+    old = tmp_path / "old"
+    monkeypatch.delenv("XLANB_STORE_DIR", raising=False)
+    monkeypatch.delenv("XLANB_STORE_MAX_BYTES", raising=False)
+    monkeypatch.setenv("XLANB_CACHE_DIR", str(old))
+    monkeypatch.setenv("XLANB_CACHE_MAX_BYTES", "3M")
+    c = Config()
+    assert (c.store_dir, c.store_max_bytes) == (str(old), 3 << 20)
+    monkeypatch.setenv("XLANB_CACHE_MAX_BYTES", "lots")  # an error names what was set
+    with pytest.raises(SettingError, match="XLANB_CACHE_MAX_BYTES"):
+        Config()
+    monkeypatch.setenv("XLANB_STORE_DIR", "")  # the new name, set, wins: the store is off
+    monkeypatch.setenv("XLANB_STORE_MAX_BYTES", "5M")
+    c = Config()
+    assert (c.store_dir, c.store_max_bytes) == (None, 5 << 20)
+    c.cache_dir, c.cache_max_bytes, c.cache_readonly = str(old), "7M", "1"
+    assert (c.store_dir, c.store_max_bytes, c.store_readonly) == (str(old), 7 << 20, True)
+    assert (c.cache_dir, c.cache_max_bytes, c.cache_readonly) == (str(old), 7 << 20, True)
+
+    env = _child_env({"XLANB_CACHE_DIR": config.store_dir, "XLANB_STORE_KEY": config.store_key_file})
+    del env["XLANB_STORE_DIR"]  # the policy turns the store off by its new name
+    info = subprocess.run([sys.executable, "-m", "xlanb.cache", "info"], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert info.returncode == 0, info.stderr
+    assert f"store:    {os.path.join(config.store_dir, exe_store._DIR)}" in info.stdout

@@ -30,7 +30,7 @@ def _spawn(code: str, env: dict) -> subprocess.Popen:
 
 
 def test_four_processes_race_on_one_fresh_store(tmp_path):
-    env = {"XLANB_CACHE_DIR": str(tmp_path / "cache")}
+    env = {"XLANB_STORE_DIR": str(tmp_path / "cache")}
     procs = [_spawn(SCRIPT, env) for _ in range(4)]
     results = []
     for p in procs:
@@ -71,7 +71,7 @@ print("ok", flush=True)
 
 
 def test_sigint_inside_an_xla_compile_loses_nothing(tmp_path):
-    p = _spawn(SIGINT_CHILD, {"XLANB_CACHE_DIR": ""})
+    p = _spawn(SIGINT_CHILD, {"XLANB_STORE_DIR": ""})
     assert p.stdout.readline().strip() == "compiling"
     time.sleep(0.3)  # inside lowering or XLA's compile
     p.send_signal(signal.SIGINT)
@@ -85,7 +85,7 @@ def test_sigint_inside_an_xla_compile_loses_nothing(tmp_path):
 def test_full_store_disk_warns_once_and_runs(monkeypatch, tmp_path):
     """ENOSPC on every write: one warning, then the program runs on, compiling."""
     from xlanb.runtime import store
-    monkeypatch.setattr(xlanb.config, "cache_dir", str(tmp_path / "cache"))
+    monkeypatch.setattr(xlanb.config, "store_dir", str(tmp_path / "cache"))
     monkeypatch.setattr(store, "_write_failed", [])
 
     def full(*args, **kwargs):
@@ -158,7 +158,7 @@ print(json.dumps({"rss": rss, "graphs": len(xlanb.graphs()), "loss": loss.item()
 
 
 def test_a_thousand_steps_keep_memory_flat():
-    out, err = _spawn(RSS_CHILD, {"XLANB_CACHE_DIR": ""}).communicate(timeout=600)
+    out, err = _spawn(RSS_CHILD, {"XLANB_STORE_DIR": ""}).communicate(timeout=600)
     got = json.loads(out.strip().splitlines()[-1])
     rss = {int(k): v for k, v in got["rss"].items()}
     assert got["graphs"] <= 3, got  # the step compiles once (twice with optimizer setup)

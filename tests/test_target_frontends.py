@@ -107,7 +107,7 @@ def test_xla_target_sets_shows_and_turns_off(term):
     text = b["text/plain"]
     assert "xla target: off" in text
     for gen, chip in xlanb.CHIPS.items():  # the known generations, with their HBM
-        assert gen in text and chip.device_kind in text and xd.fmt_bytes(chip.hbm_bytes) in text
+        assert gen in text and chip.device_kind in text and xlanb.format_bytes(chip.hbm_bytes) in text
     _, out, _ = magic(term, "xla_target", TARGET)
     assert xlanb.get_target().name == TARGET
     assert f"off -> {TARGET} (1 x TPU v5 lite, 16.0 GiB HBM per chip)" in out

@@ -183,3 +183,30 @@ def test_readme_quick_start_prints_a_few_lines(capsys):
     exec(compile(code, "README.md", "exec"), {})
     out = capsys.readouterr().out
     assert "UncachedCompile" in out and len(out.splitlines()) <= 10, out
+
+
+def test_a_registered_folder_is_never_the_users_line(tmp_path):
+    """A front end outside the package registers its folder once
+    (``xlanb.register_internal``): an op made by code there is credited to its caller,
+    as an op made by xlanb's own code is; the registry is frames' one answer."""
+    helper = tmp_path / "frontend" / "helper.py"
+    helper.parent.mkdir()
+    helper.write_text("def double(t):\n    return t * 2\n")
+    sys.path.insert(0, str(helper.parent))
+    try:
+        import helper as mod
+        x = torch.ones(3, device="xla")
+
+        def src_of_double():
+            return xlanb.pending_summary(mod.double(x)).ops[-1].src
+        caller_line = sys._getframe().f_lineno - 1
+        with xlanb.mode("lazy"):
+            before = src_of_double()
+            xlanb.register_internal(str(helper.parent))
+            after = src_of_double()
+        assert (before.file, before.line) == (str(helper), 2)  # not registered yet
+        assert (after.file, after.line) == (__file__, caller_line), after
+        assert xlanb.is_internal_frame(sys._getframe()) is False
+    finally:
+        sys.path.remove(str(helper.parent))
+        sys.modules.pop("helper", None)

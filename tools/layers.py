@@ -24,8 +24,8 @@ DESIGN = os.path.join(ROOT, "docs", "DESIGN.md")
 # before it. ``xlanb.lowering.*`` is one unit: its modules import each other freely
 # (never in a cycle) and only ``xlanb.base`` below them.
 LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
-    ("base", "torch versions, settings, the cache registry, metrics, dtypes, tables, the session state, source locations, scopes, RNG",
-     ("xlanb.base.torch_compat", "xlanb.base.config", "xlanb.base.caches", "xlanb.base.metrics", "xlanb.base.dtypes", "xlanb.base.tables",
+    ("base", "torch versions, formats (durations, bytes, hashes, locations, tables), settings, the cache registry, metrics, dtypes, the session state, source locations, scopes, RNG",
+     ("xlanb.base.torch_compat", "xlanb.base.formats", "xlanb.base.config", "xlanb.base.caches", "xlanb.base.metrics", "xlanb.base.dtypes",
       "xlanb.base.session", "xlanb.base.frames", "xlanb.base.scopes", "xlanb.base.rng")),
     ("runtime", "JAX's private APIs, memory-mapping headroom, libtpu without a TPU, JAX devices and meshes, TPU "
      "targets, lowering and compiling, the executable store, array transfers",
@@ -90,9 +90,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
       "xlanb.compat.checkpoint", "xlanb.compat.scan", "xlanb.compat.scan_layers",
       "xlanb.compat.fsdp_wrap", "xlanb.compat.fsdp", "xlanb.compat.spmd_fsdp",
       "xlanb.compat.toplevel", "xlanb.compat")),
-    ("commands", "python -m xlanb.cache: the executable store; python -m xlanb.run: a "
+    ("commands", "python -m xlanb.store: the executable store; python -m xlanb.run: a "
      "torch_xla script on xlanb; python -m xlanb.launch: N local processes",
-     ("xlanb.cache", "xlanb.run", "xlanb.launch")),
+     ("xlanb.store", "xlanb.cache", "xlanb.run", "xlanb.launch")),
     ("front ends", "extensions/ (IPython, pdb, widgets), kernel/, and the xlanb.widgets shim",
      ("xlanb.extensions.*", "xlanb.kernel.*", "xlanb.widgets")),
 ]

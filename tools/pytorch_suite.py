@@ -44,7 +44,7 @@ def run_file(name: str, mode: str, results: str, timeout: int = 3600, nice: int 
     the environment to start from (default: this process's, as it is now)."""
     xml = os.path.join(results, f"{mode}__{name}.xml")
     env = dict(os.environ if base_env is None else base_env, TORCH_TEST_DEVICES=PLUGIN, PYTORCH_TESTING_DEVICE_ONLY_FOR="xla",
-               XLANB_SUITE_MODE=mode, XLANB_CACHE_DIR="")
+               XLANB_SUITE_MODE=mode, XLANB_STORE_DIR="")
     env.pop("XLANB_MODE", None)
     t0 = time.time()
     subprocess.run([sys.executable, "-m", "pytest", os.path.join(tests_dir(), name + ".py"),

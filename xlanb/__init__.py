@@ -24,8 +24,10 @@ from .backend import register as _register
 from .base import metrics
 from .base import rng as _rng
 from .base.config import MODES, check_mode, config
-from .base.tables import format_bytes, format_cell_loc, format_duration, format_table
-from .base.frames import SourceLoc, debugger_active, file_label, set_location_labeler
+from .base.formats import (format_bytes, format_cell_loc, format_duration, format_fits, format_hash,
+                           format_location, format_pct, format_table, format_table_html)
+from .base.frames import (SourceLoc, debugger_active, file_label, is_internal_frame, is_xlanb_module,
+                          register_internal, set_location_labeler)
 from .base.scopes import install_scope_hooks as _install_scope_hooks
 from .base.session import session as _session, starting_mode as _starting_mode
 from .capture.function import CompiledFunction, compile
@@ -43,7 +45,6 @@ from .execute.memory import (DeviceMemoryError, GraphBuffer, GraphMemory, Memory
                              memory_reserved, max_memory_reserved,
                              memory_summary, memory_timeline, reset_peak_memory_stats,
                              set_memory_line_bytes)
-memory_lines = set_memory_line_bytes  # its first name, kept for code that calls it
 from .execute.graphs import (Column, CompiledGraph, GraphList, RecompileWarning,
                              compile_summary, graph_columns, graphs)
 from .graph.compile_time import CompilePart, CompileProfile, CompileRow, CompileSummary
@@ -82,15 +83,17 @@ __all__ = ["device", "device_count", "set_mode", "switch_mode", "get_mode", "mod
            "SummaryDiff",
            "RecompileWarning", "metrics", "config", "XlaTensor", "CompiledGraph",
            "manual_seed", "set_trace", "compile", "CompiledFunction", "debugger_active",
-           "format_table", "format_bytes", "format_duration", "format_cell_loc",
-           "set_location_labeler", "file_label", "debug_nans", "NonFiniteError",
+           "format_table", "format_table_html", "format_bytes", "format_duration", "format_cell_loc",
+           "format_hash", "format_pct", "format_fits", "format_location",
+           "set_location_labeler", "file_label", "register_internal", "is_internal_frame",
+           "is_xlanb_module", "debug_nans", "NonFiniteError",
            "ExecutableLimitError", "where_made",
            "compare_cpu", "CompareReport", "CompareRow", "profile", "Profile", "ProfileTable",
            "spmd", "distributed", "collectives", "scan", "scan_layers",
            "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats",
            "memory_reserved", "max_memory_reserved",
            "memory_stats", "memory_summary", "memory_by_line", "memory_limit",
-           "memory_timeline", "set_memory_line_bytes", "memory_lines", "pending_memory", "MemoryForecast",
+           "memory_timeline", "set_memory_line_bytes", "pending_memory", "MemoryForecast",
            "DeviceMemoryError", "GraphMemory", "GraphBuffer",
            "MemoryByLine", "MemoryRow", "MemoryLimit", "MemorySample", "MemoryTimeline",
            "compile_for", "target", "set_target", "get_target", "Target", "TargetError",

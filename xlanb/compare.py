@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from .base.config import config
 from .base.frames import SourceLoc, format_loc, user_frame
 from .base.scopes import current_scope
-from .base.tables import format_table
+from .base.formats import format_table
 from .graph.render import render_dot
 from .graph.summary import GraphSummary, OpRecord, aval_text
 from .modes import get_mode, set_mode

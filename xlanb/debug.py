@@ -18,29 +18,20 @@ from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mod
 from torch.utils._pytree import tree_leaves
 
 from .base.config import config
-from .base.frames import backward_caller, user_frame
+from .base.frames import backward_caller, forward_op, note_forward_op, user_frame
 from .base.scopes import current_scope
 from .base.session import mode_state, session
 from .execute.nans import NonFiniteError, all_finite, deferred, make_error, origins, raise_deferred
 from .record import value_node
 from .tensor import XlaTensor
 
-_get_seq = torch._C._autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
-# autograd sequence number -> (forward aten op, SourceLoc, scope), in creation order
-_forward: dict[int, tuple] = {}
-_FORWARD_MAX = 1 << 18
 
 
 def note_forward(func) -> None:
     """Note the forward op ``func`` that autograd just made a node for (its aten op,
-    the user's line, the module scope), for ``backward_origin``."""
-    seq = _get_seq() - 1  # the node autograd made for this op, just before dispatching it
-    if seq >= 0 and seq not in _forward:
-        _forward[seq] = (func._schema.name, user_frame(), current_scope())
-        if len(_forward) > _FORWARD_MAX:
-            for k in list(_forward)[:_FORWARD_MAX // 2]:
-                del _forward[k]
+    the user's line, the module scope), for ``backward_origin``; in frames' one table."""
+    note_forward_op(func._schema.name, current_scope())
 
 
 def backward_origin(anode) -> tuple:
@@ -48,10 +39,10 @@ def backward_origin(anode) -> tuple:
     backward node ``anode`` running now. A node with no forward op noted (autograd's own
     AccumulateGrad: the ``detach`` and ``+=`` of a gradient) has forward op None and the
     line that called ``.backward()``."""
-    fwd = _forward.get(anode._sequence_nr())
-    if fwd is None:
+    fwd = forward_op(anode._sequence_nr())
+    if fwd is None or fwd.op is None:
         return (anode.name(), None, backward_caller(), "")
-    return (anode.name(), fwd[0], fwd[1], fwd[2])
+    return (anode.name(), fwd.op, fwd.loc, fwd.scope)
 
 
 class _NanMode(TorchDispatchMode):

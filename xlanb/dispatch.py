@@ -1,7 +1,7 @@
 """From an aten call on xla tensors to a recorded IR node or a run single-op executable.
 
 Per call: find the op's plan (ops/plan.py), compute its signature (ops/signature.py),
-look up the ``OpInfo`` for that signature, then record or run it (record.py). In-place
+look up the ``OpSignature`` for that signature, then record or run it (record.py). In-place
 ops, ``out=`` and views are reduced to functional nodes plus writes into storages; the
 ops that move data between host and device, or need a value, are handled here too
 (``SPECIAL``). Installed as the tensor's dispatch handler at import.
@@ -22,7 +22,7 @@ from .execute.checks import (INDEX_RULES, IndexCheck, add_pending_check, device_
                              index_error)
 from .execute.fills import fill_value, settle_fill
 from .fallback import cpu_fallback
-from .ir import OpInfo, TensorMeta
+from .ir import OpSignature, TensorMeta
 from .live import track, track_view
 from .ops.infos import as_f32, infos, new_info
 from .ops.plan import OpPlan, make_plan
@@ -43,7 +43,7 @@ aten = torch.ops.aten
 
 # id(OpOverload) -> OpPlan (OpOverload.__hash__ is Python code); their fast paths hold infos
 _plans = plans = cache({}, "id(OpOverload) -> OpPlan", compiled=True)
-_infos = infos  # signature -> OpInfo (ops/infos.py)
+_infos = infos  # signature -> OpSignature (ops/infos.py)
 _scope_stack = scope_stack
 
 
@@ -133,8 +133,8 @@ def _fast_kw_key(sig_args: tuple, kwargs: dict, tensors: list, scalars: list, li
     return (_KW, sig_args, tuple(sig_kwargs))
 
 
-def _functional(plan: OpPlan, info: OpInfo, tensors: list, scalars: list):
-    """Record or run a functional op whose OpInfo is known; its new result tensor(s)."""
+def _functional(plan: OpPlan, info: OpSignature, tensors: list, scalars: list):
+    """Record or run a functional op whose OpSignature is known; its new result tensor(s)."""
     recorder = session.recorder
     if recorder is not None:  # xlanb.compile: where the graph's inputs come from
         recorder.saw(tensors)
@@ -163,7 +163,7 @@ def _functional(plan: OpPlan, info: OpInfo, tensors: list, scalars: list):
 def _dispatch_general(plan: OpPlan, func, args, kwargs):
     """Every call the fast path does not take: special ops, host operands, ``out=``,
     views, in-place and mutating ops, and signatures seen for the first time. As JAX's
-    ``apply_primitive``: find (or make) the op's ``OpInfo``, record or run it, then write
+    ``apply_primitive``: find (or make) the op's ``OpSignature``, record or run it, then write
     its results back as the op's kind says (``_WRITE_BACK``)."""
     if plan.special is not None:
         res = plan.special(func, args, kwargs)
@@ -197,7 +197,7 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
         outs[0]._storage.device if outs else _factory_device(kwargs))
     if info is None:
         info = _info_for(plan, func, args, kwargs, tensors, scalars, device, outs, out_args)
-        if not isinstance(info, OpInfo):  # CPU torch answered instead (fallback, its error)
+        if not isinstance(info, OpSignature):  # CPU torch answered instead (fallback, its error)
             return info.value
         _infos[sig] = info
         if plan.fast is not None:
@@ -242,7 +242,7 @@ class _Answered:
 
 
 def _info_for(plan: OpPlan, func, args, kwargs, tensors, scalars, device, outs, out_args):
-    """The OpInfo of a signature seen for the first time, from torch's meta kernel; or
+    """The OpSignature of a signature seen for the first time, from torch's meta kernel; or
     ``_Answered`` where CPU torch decides instead: an op with no meta kernel falls back,
     and a call the meta kernel refuses gets CPU torch's own answer."""
     if any(t._storage.device != device for t in tensors):
@@ -328,12 +328,12 @@ _WRITE_BACK = {"functional": _write_functional, "out": _write_out,
                "inplace": _write_inplace, "mutating": _write_mutating}
 
 
-def _out_metas(info: OpInfo) -> list:
+def _out_metas(info: OpSignature) -> list:
     """The result layouts an out= op writes into its out tensors, in order."""
     return [info.out] if not info.multi else list(info.out)
 
 
-def _out_casts(outs: list, info: OpInfo) -> bool:
+def _out_casts(outs: list, info: OpSignature) -> bool:
     return any(isinstance(m, TensorMeta) and o.dtype != m.dtype
                for o, m in zip(outs, _out_metas(info)))
 
@@ -637,7 +637,7 @@ def _factory_device(kwargs) -> int:
     return device_index(kwargs.get("device"))
 
 
-def _view_result(func, info: OpInfo, src: XlaTensor):
+def _view_result(func, info: OpSignature, src: XlaTensor):
     storage = src._storage
     node = run_node(info, (value_node(src),), ())
     waiting = mode_state().deferred and node.data is None  # eager, waiting on a compile

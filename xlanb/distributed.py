@@ -50,7 +50,8 @@ import numpy as np
 import torch
 
 from .base.config import config, launch_settings
-from .base.frames import _SKIP_PREFIXES, _SKIP_SUFFIXES, SourceLoc, format_loc, user_frame
+from .base.formats import format_hash, format_location
+from .base.frames import PACKAGE_DIR, SourceLoc, format_loc, is_internal_file, user_frame
 from .base.session import mode_state, session
 from .execute.graphs import CompiledGraph
 from .execute.single_op import _Sharded
@@ -204,7 +205,7 @@ class RunRecord(NamedTuple):
     def __str__(self) -> str:
         stamp = time.strftime("%H:%M:%S", time.localtime(self.time)) + f".{int(self.time * 1000) % 1000:03d}"
         colls = f"; {self.collectives}" if self.collectives else ""
-        return (f"#{self.seq} {stamp} {self.what} {self.hash[:12]}{colls} at "
+        return (f"#{self.seq} {stamp} {self.what} {format_hash(self.hash)}{colls} at "
                 f"{self.line or '?'} [{self.status}]")
 
 
@@ -324,7 +325,7 @@ def _colls_text(colls) -> str:
     return ", ".join(f"{n} {k}" for k, n in counts.items()) + f", {total} B #{key}"
 
 
-_XLANB_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_XLANB_DIR = PACKAGE_DIR + os.sep
 _LIBS = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, np))
 # where a thread's innermost frame is xlanb's, JAX's or torch's own work
 _THIS_FILE = os.path.abspath(__file__)
@@ -337,13 +338,12 @@ BUSY_WAITS = 3
 
 
 def _short(fs) -> str:
-    return f"{os.path.basename(fs.filename)}:{fs.lineno} {fs.name}"
+    return format_location(os.path.basename(fs.filename), fs.lineno, fs.name)
 
 
 def _is_user(fs) -> bool:
     name = fs.filename
-    return not (name.startswith(_SKIP_PREFIXES) or name.endswith(_SKIP_SUFFIXES)
-                or name.startswith(_LIBS) or name.startswith("<frozen"))
+    return not (is_internal_file(name) or name.startswith(_LIBS) or name.startswith("<frozen"))
 
 
 def _where_now(frame, thread_id: int | None = None) -> dict:
@@ -442,7 +442,7 @@ class _Agreement:
     # -- the hook ------------------------------------------------------------------
     def __call__(self, what, where=None, arrays=None, src=None, scalars=()) -> None:
         """Before a run: ``what`` is a CompiledGraph (``where``: its sync's line), a
-        sharded single-op executable (``where``: its OpInfo, ``arrays``: its inputs,
+        sharded single-op executable (``where``: its OpSignature, ``arrays``: its inputs,
         ``src``: an op-by-op node's line) or an array a host read gathers. ``scalars``:
         the run's lifted Python numbers and random keys, whose values must agree too."""
         if not config.dist_check:
@@ -606,11 +606,11 @@ class _Agreement:
                  f"{config.dist_timeout:g} s (XLANB_DIST_TIMEOUT)"
                  + (f" and {busy_waits} more such wait{'s' * (busy_waits > 1)} while "
                     f"{'they were' if s else 'it was'} busy" if busy_waits else "") + ":",
-                 f"  process {self.me} waits there to run: {mine[4]} {mine[2][:12]} at {mine[5] or '?'}"]
+                 f"  process {self.me} waits there to run: {mine[4]} {format_hash(mine[2])} at {mine[5] or '?'}"]
         for k in missing:
             last = self.last.get(k)
             lines.append(f"  process {k}'s last multi-process run: " + (
-                f"#{last[0]} {last[4]} {last[2][:12]} at {last[5] or '?'}" if last else "none yet"))
+                f"#{last[0]} {last[4]} {format_hash(last[2])} at {last[5] or '?'}" if last else "none yet"))
             w = wheres[k]
             if w.get("at") is None:
                 lines.append(f"  process {k} did not say where it is (it crashed, or its "
@@ -680,7 +680,7 @@ class _Agreement:
                              f"(after {e[0]} multi-process runs)")
             else:
                 colls = f" ({e[3].split(' #')[0]})" if e[3] else " (no collectives)"
-                lines.append(f"  process {j}: {e[4]} {e[2][:12]}{colls} at {e[5] or '?'} [{e[6]}]")
+                lines.append(f"  process {j}: {e[4]} {format_hash(e[2])}{colls} at {e[5] or '?'} [{e[6]}]")
         for j in odd:
             a, b = summaries.get(ref), summaries.get(j)
             if a is None or b is None:

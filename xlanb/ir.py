@@ -1,6 +1,6 @@
 """The lazy IR: nodes, op signatures and structural hashing.
 
-A ``Node`` is one op application. Its ``info`` (an ``OpInfo``) is shared by every node and
+A ``Node`` is one op application. Its ``info`` (an ``OpSignature``) is shared by every node and
 every eager call with the same signature -- op, input shapes/dtypes, static args -- so
 the structural hash of a graph is a tuple of small ints, and the single-op executable of
 a signature is compiled once for eager mode, op-by-op mode and peeks alike.
@@ -49,13 +49,15 @@ def result_bytes(out) -> int:
     return 0
 
 
-# Never reset: a uid names an OpInfo for the life of the process (graph keys hold them).
+# Never reset: a uid names an OpSignature for the life of the process (graph keys hold them).
 _uids = itertools.count(1)
 GETITEM = "getitem"  # the name of the info that picks one output of a multi-output node
 
 
-class OpInfo:
-    """One op signature. ``fn(inputs, scalars)`` evaluates it on JAX values."""
+class OpSignature:
+    """One op at one signature (op, input shapes, dtypes, layouts, Python arguments):
+    its result metadata, its JAX evaluator ``fn(inputs, scalars)``, and its single-op
+    executable once compiled. (Not torch's ``OpInfo``, the test database.)"""
 
     __slots__ = ("uid", "name", "op", "sig", "fn", "out", "multi", "n_in", "scalar_specs",
                  "device", "plan", "in_metas", "template", "view",
@@ -95,7 +97,7 @@ class OpInfo:
         self.lines = self.nbytes >= config.memory_line_bytes
 
     def __repr__(self) -> str:
-        return f"<OpInfo {self.uid} {self.name}>"
+        return f"<OpSignature {self.uid} {self.name}>"
 
 
 _aval_ids = cache({}, "(shape, dtype) -> negative uid of a leaf type")
@@ -105,7 +107,7 @@ def aval_uid(meta: TensorMeta) -> int:
     key = (meta.shape, meta.dtype)
     uid = _aval_ids.get(key)
     if uid is None:
-        uid = _aval_ids[key] = -len(_aval_ids) - 1  # negative: never clashes with OpInfo uids
+        uid = _aval_ids[key] = -len(_aval_ids) - 1  # negative: never clashes with OpSignature uids
     return uid
 
 
@@ -114,7 +116,7 @@ class Node:
 
     __slots__ = ("info", "inputs", "scalars", "data", "src", "scope", "__weakref__")
 
-    def __init__(self, info: OpInfo, inputs: tuple = (), scalars: tuple = (), data=None,
+    def __init__(self, info: OpSignature, inputs: tuple = (), scalars: tuple = (), data=None,
                  src: SourceLoc | None = None, scope: str = ""):
         self.info = info
         self.inputs = inputs      # Nodes, in the order the op takes its tensors
@@ -146,7 +148,7 @@ class GraphPlan(NamedTuple):
     key: tuple                # structural hash: ops, shapes, dtypes, static args, wiring
     leaves: list              # Nodes whose data are the graph's array inputs
     scalars: list             # lifted scalar values, in step order
-    steps: list               # (OpInfo, input positions) per op node, topological
+    steps: list               # (OpSignature, input positions) per op node, topological
     op_nodes: list            # the Nodes of ``steps``, same order
     roots: list               # Nodes to materialize
     root_pos: tuple           # their positions in the value list
@@ -202,10 +204,10 @@ def plan_graph(roots: list[Node], known: dict | None = None) -> GraphPlan:
     return GraphPlan(tuple(key_parts), leaves, scalars, steps, op_nodes, roots, root_pos)
 
 
-_digests = cache({}, "OpInfo uid -> its process-independent digest")
+_digests = cache({}, "OpSignature uid -> its process-independent digest")
 
 
-def info_digest(info: OpInfo) -> bytes:
+def info_digest(info: OpSignature) -> bytes:
     """What ``info`` computes, as bytes that are the same in every process (uids are
     not): its signature (op, input layouts, static arguments), result layouts and lifted
     scalars. The executable store keys single-op executables by it."""

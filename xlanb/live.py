@@ -17,7 +17,6 @@ from .ir import Node
 # every recorded op; duplicates and dead entries are dropped when it is read or compacted.
 _live = cache([], "weakrefs of pending storages, in write order")
 _compact_at = 4096  # compact() sets it: twice the pending storages it left
-# Values computed by peeks, kept until the next sync, within a byte budget.
 
 
 def track(storage) -> None:

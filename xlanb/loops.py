@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from .base.scopes import current_scope, in_scope, iteration, module_name
 from .base.session import mode_state
 from .graph.repeats import LOOP_OP
-from .ir import OpInfo
+from .ir import OpSignature
 from .ops.infos import infos
 from .record import run_node, write
 from .templates import _In
@@ -31,12 +31,12 @@ from .tensor import XlaTensor
 __all__ = ["scan", "scan_layers"]
 
 
-def _step_info(meta, device: int) -> OpInfo:
+def _step_info(meta, device: int) -> OpSignature:
     """The identity that ends an iteration: one per layout."""
     sig = (LOOP_OP, meta, device)
     info = infos.get(sig)
     if info is None:
-        info = OpInfo(LOOP_OP, (LOOP_OP, (meta.shape, meta.dtype)),
+        info = OpSignature(LOOP_OP, (LOOP_OP, (meta.shape, meta.dtype)),
                       lambda args, scalars: args[0], meta, n_in=1, device=device,
                       in_metas=(meta,), template=((_In(0),), {}))
         infos[sig] = info

@@ -25,7 +25,7 @@ from .execute.memory import check_op
 from .execute.opbyop import run_op_by_op
 from .execute.prefix import missing_ops
 from .execute.single_op import direct_call, op_executable, run_op
-from .ir import GraphPlan, Node, OpInfo
+from .ir import GraphPlan, Node, OpSignature
 from .live import end_waiting, pending_roots
 from .realize import node_array, sync
 from .record import _x64, run_cached
@@ -39,9 +39,9 @@ class ModePolicy:
     name = ""
     recording = False
 
-    def op(self, state: ModeState, info: OpInfo, inputs: tuple, scalars: tuple,
+    def op(self, state: ModeState, info: OpSignature, inputs: tuple, scalars: tuple,
            depth: int = 3) -> Node:
-        """Record or run one op whose OpInfo is known; its node. ``depth``: where the walk
+        """Record or run one op whose OpSignature is known; its node. ``depth``: where the walk
         for the user's line starts (user_frame's), from this method's frame."""
         raise NotImplementedError
 

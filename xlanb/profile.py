@@ -52,7 +52,7 @@ from .base import metrics
 from .base.frames import SourceLoc, format_loc, user_frame
 from .base.scopes import current_scope
 from .base.session import mode_state, session
-from .base.tables import format_table
+from .base.formats import format_table, format_table_html
 from .execute.background import compiles_in_flight
 from .runtime import libtpu
 from .debug import backward_origin, note_forward
@@ -280,7 +280,7 @@ class Profile:
         for g in self.graphs:
             for n in g.plan.op_nodes:
                 if n.src is not None:
-                    locs.setdefault(f"{n.src.file}:{n.src.line}", n.src)
+                    locs.setdefault(n.src.where, n.src)
                     recorded.setdefault((n.info.name, n.scope), n.src)
         origins: dict = {}
         found = defaultdict(float)
@@ -701,15 +701,10 @@ class ProfileTable:
 
     def _repr_html_(self) -> str:
         # names left, numbers right: Jupyter right-aligns every cell unless told
-        align = lambda i: "left" if i == 0 else "right"  # noqa: E731
-        head = "".join(f"<th style='text-align:{align(i)}'>{html.escape(h)}</th>"
-                       for i, h in enumerate(self.head))
-        body = "".join("<tr>" + "".join(f"<td style='text-align:{align(i)}'>{html.escape(c)}</td>"
-                                        for i, c in enumerate(r)) + "</tr>"
-                       for r in self.rows)
+        table = format_table_html(self.head, self.rows, right=tuple(range(1, len(self.head))),
+                                  cls="xlanb-profile-table")
         note = "".join(f"<p><i>{html.escape(n)}</i></p>" for n in self.note.split("\n") if n)
-        return (f"<h4>{html.escape(self.title)}</h4><table class='xlanb-profile-table'>"
-                f"<tr>{head}</tr>{body}</table>{note}")
+        return f"<h4>{html.escape(self.title)}</h4>{table}{note}"
 
 
 def icicle_svg(p: Profile, width: int = 900, row_h: int = 18) -> str:

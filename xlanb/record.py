@@ -20,7 +20,7 @@ from .base.frames import user_frame
 from .base.scopes import current_scope
 from .base.session import mode_state, session
 from .execute.memory import device_oom, is_device_oom
-from .ir import Node, OpInfo, TensorMeta
+from .ir import Node, OpSignature, TensorMeta
 from .live import track, track_view
 from .ops.infos import getitem_info, set_decomposition_runner
 from .ops.leaves import from_array
@@ -60,7 +60,7 @@ def run_decomposition(decomp, template, arrays, scalars):
 set_decomposition_runner(run_decomposition)
 
 
-def run_node(info: OpInfo, inputs: tuple, scalars: tuple) -> Node:
+def run_node(info: OpSignature, inputs: tuple, scalars: tuple) -> Node:
     """Record or run one op, as the calling thread's mode does (``state.policy``,
     mode_policy.py); inside a decomposition ("direct"), evaluate it on JAX values now."""
     if session.direct:
@@ -69,7 +69,7 @@ def run_node(info: OpInfo, inputs: tuple, scalars: tuple) -> Node:
     return state.policy.op(state, info, inputs, scalars)
 
 
-def run_cached(info: OpInfo, call, inputs, scalars) -> Node:
+def run_cached(info: OpSignature, call, inputs, scalars) -> Node:
     """Run one op now through its compiled single-op executable ``call``: eager's hot
     path (dispatch calls it directly once the op's executable is known, and counts the
     cache hit)."""
@@ -123,7 +123,7 @@ def _scalar_arrays(scalars, device: int) -> list:
     return out
 
 
-def output_node(parent: Node, info: OpInfo, i: int) -> Node:
+def output_node(parent: Node, info: OpSignature, i: int) -> Node:
     gi = getitem_info(info, i)
     if parent.data is not None:
         return Node(gi, data=parent.data[i], src=parent.src, scope=parent.scope)
@@ -195,7 +195,7 @@ def rebase(t: XlaTensor, node: Node, meta: TensorMeta) -> None:
         track(t._storage)
 
 
-def wrap_results(node: Node, info: OpInfo, device: int):
+def wrap_results(node: Node, info: OpSignature, device: int):
     """New base tensors for an op's result(s)."""
     out = info.out
     if not info.multi:

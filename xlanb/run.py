@@ -28,6 +28,8 @@ import os
 import runpy
 import sys
 
+from .base.formats import format_hash
+
 USAGE = ("usage: python -m xlanb.run [--shadow] [--target T] [--compile-profile] script.py [args ...]\n"
          "       python -m xlanb.run [--shadow] [--target T] [--compile-profile] -m module [args ...]\n"
          "Runs a torch_xla program unchanged on xlanb; --shadow runs it on xlanb even "
@@ -49,14 +51,14 @@ def target_summary(file=None) -> None:
         try:
             report = g.target
         except Exception as e:  # noqa: BLE001 - one graph's failure is one line
-            lines.append(f"xlanb.run: graph #{i} {g.hash[:12]}: no target report "
+            lines.append(f"xlanb.run: graph #{i} {format_hash(g.hash)}: no target report "
                          f"({type(e).__name__}: {e})")
             continue
         if report is None:
             continue
         where = f" at {g.src.short}" if g.src is not None else ""
         ops = f"{g.n_nodes} op" + ("" if g.n_nodes == 1 else "s")
-        lines.append(f"xlanb.run: graph #{i} {g.hash[:12]} ({ops}{where}) on "
+        lines.append(f"xlanb.run: graph #{i} {format_hash(g.hash)} ({ops}{where}) on "
                      f"{report.summary_line()}")
     for line in lines:
         print(line, file=file)

@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .base.frames import user_frame
 from .base.session import mode_state, session
-from .ir import Node, OpInfo
+from .ir import Node, OpSignature
 from .ops.infos import infos
 from .ops.leaves import is_placed, placed_info
 from .realize import node_array, peek_node
@@ -72,7 +72,7 @@ def _spec_short(s: NamedSharding) -> str:
         e is not None for e in tuple(s.spec)) else "replicated"
 
 
-def constraint_info(meta, device: int, sharding: NamedSharding) -> OpInfo:
+def constraint_info(meta, device: int, sharding: NamedSharding) -> OpSignature:
     """The op that constrains a pending value to ``sharding``: one per (layout, sharding)."""
     sig = ("xlanb::mark_sharding", meta, device, sharding)
     info = infos.get(sig)
@@ -80,7 +80,7 @@ def constraint_info(meta, device: int, sharding: NamedSharding) -> OpInfo:
         def fn(args, scalars, _s=sharding):
             # retarget: the same constraint on a TPU target's devices (xlanb.compile_for)
             return jax.lax.with_sharding_constraint(args[0], retarget(_s))
-        info = OpInfo("xlanb::mark_sharding",
+        info = OpSignature("xlanb::mark_sharding",
                       ("xlanb::mark_sharding", (meta.shape, meta.dtype), sharding_text(sharding)),
                       fn, meta, n_in=1, device=device, in_metas=(meta,),
                       template=((_In(0), _SpecText(_spec_short(sharding))), {}))

@@ -1,5 +1,5 @@
 """Argument templates: an op's argument structure with slots where its tensors and lifted
-floats go, so one ``OpInfo`` can rebuild the call for any inputs: JAX arrays when lowering,
+floats go, so one ``OpSignature`` can rebuild the call for any inputs: JAX arrays when lowering,
 meta tensors for shapes, names when printing.
 """
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .ir import OpInfo
+from .ir import OpSignature
 
 class _In:
     __slots__ = ("i",)
@@ -66,7 +66,7 @@ def fill_call(template, ins, scs):
     return [fill(a, ins, scs) for a in targs], {k: fill(v, ins, scs) for k, v in tkwargs.items()}
 
 
-def format_call(info: OpInfo, input_names: list, scalars) -> str:
+def format_call(info: OpSignature, input_names: list, scalars) -> str:
     """``info``'s arguments as text, tensors named by ``input_names``."""
     template = info.template
     if template is None:

@@ -30,7 +30,7 @@ class SigKey:
     """A tensor's element in an op signature: its (shape, stride, dtype, device, offset),
     interned once per distinct layout. Signatures hash and compare it by identity, which
     is fast, and no static argument (an int, a bool, a tuple) can ever equal it: an int
-    key could, and ``mul(x, t)`` would then find the OpInfo of ``mul(x, 3)``."""
+    key could, and ``mul(x, t)`` would then find the OpSignature of ``mul(x, 3)``."""
 
     __slots__ = ("layout",)
 
@@ -62,11 +62,11 @@ class Storage:
 
     def __init__(self, node: Node, meta: TensorMeta, device: int):
         self.node = node
-        # SPMD: the sharding of the device data this storage held before its pending
-        # write, so that a graph that updates it in place keeps it where it was
         self.version = 0          # bumped on every write; views compare against it
         self.device = device
         self.meta = meta          # the base tensor's shape/stride/dtype
+        # SPMD: the sharding of the device data this storage held before its pending
+        # write, so that a graph that updates it in place keeps it where it was
         self.placed = None
 
 
@@ -76,7 +76,7 @@ class XlaTensor(torch.Tensor):
     # No __torch_function__ layer: ops go straight to the aten level.
     __torch_function__ = torch._C._disabled_torch_function_impl
 
-    # What a view holds: the view ops from its base's value ((OpInfo, output index | None),
+    # What a view holds: the view ops from its base's value ((OpSignature, output index | None),
     # ...), and its cached value (valid while _ver == storage.version). Class defaults,
     # so that a fresh base tensor (most results) sets only what it has.
     _view: tuple = ()

@@ -5,8 +5,6 @@ from __future__ import annotations
 import html
 import re
 
-import xlanb
-
 from .. import display as xd
 
 # A graph opens at the deepest scope depth that draws at most this many nodes.
@@ -80,11 +78,6 @@ class Snapshot:
 def _pre(text: str, note: str = "") -> str:
     n = f"<div style='color:#666; margin-bottom:4px'>{note}</div>" if note else ""
     return f"{n}<pre style='{_MONO} {_BOX} line-height:1.3'>{text}</pre>"
-
-
-def _fmt_bytes(n: float) -> str:
-    """The core's byte format (KiB, MiB), as every other table and chart prints bytes."""
-    return xlanb.format_bytes(int(n))
 
 
 def _fmt_count(n: float) -> str:

@@ -152,15 +152,15 @@ class MetricsDashboard(W.VBox):
         rate = f"{hits / (hits + compiles):.0%}" if hits + compiles else "-"
         op_rate = f"{op_h / (op_h + op_c):.0%}" if op_h + op_c else "-"
         cards = [
-            self._card("graph compiles", str(compiles), f"{xd.fmt_time(t_compile)} compiling",
+            self._card("graph compiles", str(compiles), f"{xlanb.format_duration(t_compile)} compiling",
                        C_COMPILE),
             self._card("graph cache hit rate", rate, f"{xd.plural(hits, 'hit')} of {xd.plural(hits + compiles, 'sync')}",
                        C_HIT),
             self._card("single-op compiles", str(op_c),
-                       f"{op_rate} reused · {xd.fmt_time(t_opc)}", C_OPCOMPILE),
-            self._card("executions", str(n_exec), f"{xd.fmt_time(t_exec)} running", C_EXECUTE),
+                       f"{op_rate} reused · {xlanb.format_duration(t_opc)}", C_OPCOMPILE),
+            self._card("executions", str(n_exec), f"{xlanb.format_duration(t_exec)} running", C_EXECUTE),
             self._card("transfers", f"↑{n_to} ↓{n_from}",
-                       f"{xd.fmt_time(t_to)} to, {xd.fmt_time(t_from)} from device", C_TO_DEV),
+                       f"{xlanb.format_duration(t_to)} to, {xlanb.format_duration(t_from)} from device", C_TO_DEV),
             self._card("CPU fallbacks", str(fallbacks), "ops with no lowering", C_FALLBACK),
         ]
         self._memory = self._memory_walk()
@@ -168,10 +168,10 @@ class MetricsDashboard(W.VBox):
         if mem is not None:
             limit = mem["limit_bytes"]
             cards.append(self._card(
-                "device memory", xd.fmt_bytes(mem["device_bytes.current"]),
-                f"peak {xd.fmt_bytes(mem['device_bytes.peak'])}"
-                + (f" · limit {xd.fmt_bytes(limit)}" if limit else "")
-                + f" · tensors {xd.fmt_bytes(mem['allocated_bytes.current'])}", C_MEMORY))
+                "device memory", xlanb.format_bytes(mem["device_bytes.current"]),
+                f"peak {xlanb.format_bytes(mem['device_bytes.peak'])}"
+                + (f" · limit {xlanb.format_bytes(limit)}" if limit else "")
+                + f" · tensors {xlanb.format_bytes(mem['allocated_bytes.current'])}", C_MEMORY))
         p_hit, p_miss = _num(d, "PersistentCacheHit"), _num(d, "PersistentCacheMiss")
         if p_hit or p_miss:
             cards.append(self._card("disk cache", f"{p_hit}/{p_hit + p_miss}",
@@ -187,8 +187,8 @@ class MetricsDashboard(W.VBox):
                  ("execute", _met(d, "ExecuteTime"), C_EXECUTE),
                  ("to device", _met(d, "TransferToDeviceTime"), C_TO_DEV),
                  ("from device", _met(d, "TransferFromDeviceTime"), C_FROM_DEV)]
-        time_rows = [(label, t, colour, f"{xd.fmt_time(t)} · {n}×",
-                      f"{label}: {n} times, {xd.fmt_time(t)} in all")
+        time_rows = [(label, t, colour, f"{xlanb.format_duration(t)} · {n}×",
+                      f"{label}: {n} times, {xlanb.format_duration(t)} in all")
                      for label, (n, t), colour in times]
         charts = [bar_chart_svg(time_rows, "Where the time went"),
                   stacked_bar_svg([("graph cache hits", hits, C_HIT),
@@ -233,11 +233,11 @@ class MetricsDashboard(W.VBox):
             out.append(bar_chart_svg(
                 [((res.label(r.loc) if r.loc is not None else r.source)
                   + (f" [{r.scope}]" if r.scope else ""), r.bytes, C_MEMORY,
-                  xd.fmt_bytes(r.bytes), f"{r.count} tensors, {xd.fmt_bytes(r.bytes)}")
+                  xlanb.format_bytes(r.bytes), f"{r.count} tensors, {xlanb.format_bytes(r.bytes)}")
                  for r in rows], "Memory by line (live tensors)"))
         if timeline:
             cols = [(str(s.index), [(s.device.get(0, 0), C_MEMORY)], "",
-                     f"sync {s.index} ({s.cause}): {xd.fmt_bytes(s.device.get(0, 0))}")
+                     f"sync {s.index} ({s.cause}): {xlanb.format_bytes(s.device.get(0, 0))}")
                     for s in timeline]
             out.append(column_chart_svg(cols, [("device bytes after the sync", C_MEMORY)],
                                         "Device memory after each sync"))
@@ -254,7 +254,7 @@ class MetricsDashboard(W.VBox):
                       C_TO_DEV)]
             c = _num(d, "UncachedCompile")
             total = sum(v for v, _ in parts)
-            hover = (f"{cell.label}: {xd.fmt_time(total)}; {c} graph compiles, "
+            hover = (f"{cell.label}: {xlanb.format_duration(total)}; {c} graph compiles, "
                      f"{_num(d, 'CachedCompile')} cache hits, {_num(d, 'OpCompile')} op compiles")
             cols.append((cell.label, parts, f"{c}c" if c else "", hover))
         legend = [("graph compile", C_COMPILE), ("op compile", C_OPCOMPILE),
@@ -270,7 +270,7 @@ class MetricsDashboard(W.VBox):
         top = sorted(gs, key=lambda ig: -ig[1].compile_time)[:8]
         rows = [(f"#{i} {_graph_where(g, res)}", g.compile_time,
                  C_OPCOMPILE if g.explanation else C_COMPILE,
-                 f"{xd.fmt_time(g.compile_time)} · {g.n_nodes} ops",
+                 f"{xlanb.format_duration(g.compile_time)} · {g.n_nodes} ops",
                  f"#{i}: {g.n_nodes} ops, {g.cause}"
                  + (f"; recompiled: {xd.recompile_reason(g, res, every)}" if g.explanation else ""))
                 for i, g in top]

@@ -24,10 +24,10 @@ def _resolve_graph(x, which: str):
         if not -len(gs) <= x < len(gs):
             raise IndexError(f"no compiled graph #{x}: xlanb.graphs() has {len(gs)}")
         i = x % len(gs)
-        return f"#{i} ({gs[i].hash[:8]})", gs[i].summary, gs[i]
+        return f"#{i} ({xlanb.format_hash(gs[i].hash)})", gs[i].summary, gs[i]
     if getattr(x, "summary", None) is not None:
         i = next((k for k, g in enumerate(xlanb.graphs()) if g is x), None)
-        return (f"#{i} ({x.hash[:8]})" if i is not None else x.hash[:8]), x.summary, x
+        return (f"#{i} ({xlanb.format_hash(x.hash)})" if i is not None else xlanb.format_hash(x.hash)), x.summary, x
     raise TypeError(f"GraphDiff takes compiled graphs (xlanb.graphs()[i]), their indices or "
                     f"GraphSummary objects; got {type(x).__name__}")
 

@@ -15,7 +15,7 @@ from xlanb import GraphSummary, render_text
 from .. import display as xd
 from ._style import (C_EXECUTE, C_FALLBACK, C_HIT, C_OPCOMPILE, C_TO_DEV, HIGHLIGHT,
                      MAX_DRAWN_NODES, READABLE_NODES, Snapshot, _BOX, _STATIC_BOX, _esc,
-                     _fmt_bytes, _fmt_count, _hlo_html, _pre, _resolver,
+                     _fmt_count, _hlo_html, _pre, _resolver,
                      _graph_where)
 from .charts import bar_chart_svg
 from .drawing import (_near_outputs, _svg_or_message, drawn_nodes, find_matches, graph_dot,
@@ -139,7 +139,7 @@ class GraphView(W.VBox):
                  "pending")]
         for i, g in enumerate(xlanb.graphs()):
             why = " · recompile" if g.explanation else ""
-            opts.append((f"#{i} {g.hash[:8]} · {xd.plural(g.n_nodes, 'op')} · "
+            opts.append((f"#{i} {xlanb.format_hash(g.hash)} · {xd.plural(g.n_nodes, 'op')} · "
                          f"{_graph_where(g, self._resolver)} · {g.cause}{why}"[:110], i))
         return opts
 
@@ -159,7 +159,7 @@ class GraphView(W.VBox):
                 cur = next(
                     (i for i, g in enumerate(xlanb.graphs()) if g is self._explicit), None)
                 if cur is None:  # a graph no longer in the log (cleared): show it anyway
-                    opts.append((f"{self._explicit.hash[:8]} (not in xlanb.graphs())",
+                    opts.append((f"{xlanb.format_hash(self._explicit.hash)} (not in xlanb.graphs())",
                                  "explicit"))
                     keys.append(cur := "explicit")
             elif self._tensors or xlanb.pending_count() or len(keys) == 1:
@@ -181,7 +181,7 @@ class GraphView(W.VBox):
             s = xlanb.pending_summary(*self._tensors)
             return _Graph(key, "pending graph", s, None, self._tensors)
         g = self._explicit if key == "explicit" else xlanb.graphs()[key]
-        name = f"graph {g.hash[:8]}" if key == "explicit" else f"graph #{key} ({g.hash[:8]})"
+        name = f"graph {xlanb.format_hash(g.hash)}" if key == "explicit" else f"graph #{key} ({xlanb.format_hash(g.hash)})"
         return _Graph(key, name, g.summary, g)
 
     def _on_source(self, change) -> None:
@@ -306,7 +306,7 @@ class GraphView(W.VBox):
                 f" · drawn: {_esc(what)}")
         if g.compiled is not None:
             c = g.compiled
-            head += (f"<br>compiled in {xd.fmt_time(c.compile_time)} at "
+            head += (f"<br>compiled in {xlanb.format_duration(c.compile_time)} at "
                      f"{_esc(_graph_where(c, self._resolver))} ({_esc(c.cause)}); "
                      f"{xd.plural(c.hits, 'cache hit')}")
             if c.explanation:
@@ -421,11 +421,11 @@ class GraphView(W.VBox):
             if cost.get("transcendentals"):
                 rows.append(("transcendentals", _fmt_count(cost["transcendentals"])))
             if nbytes is not None:
-                rows.append(("bytes accessed", _fmt_bytes(nbytes)))
+                rows.append(("bytes accessed", xlanb.format_bytes(int(nbytes))))
             if flops and nbytes:
                 rows.append(("flops per byte", f"{flops / nbytes:.2f}"))
-            rows.append(("compile time", xd.fmt_time(comp.compile_time)))
-            rows.append(("cache hits / run time", f"{comp.hits} / {xd.fmt_time(comp.run_time)}"))
+            rows.append(("compile time", xlanb.format_duration(comp.compile_time)))
+            rows.append(("cache hits / run time", f"{comp.hits} / {xlanb.format_duration(comp.run_time)}"))
             table = "".join(f"<tr><td style='padding-right:12px'>{_esc(k)}</td>"
                             f"<td style='text-align:right'><b>{_esc(v)}</b></td></tr>"
                             for k, v in rows)
@@ -437,7 +437,7 @@ class GraphView(W.VBox):
                           ("aliased", "alias_size_in_bytes", C_HIT),
                           ("generated code", "generated_code_size_in_bytes", C_FALLBACK))
                 mrows = [(label, float(getattr(mem, attr, 0) or 0), colour,
-                          _fmt_bytes(float(getattr(mem, attr, 0) or 0)))
+                          xlanb.format_bytes(int(getattr(mem, attr, 0) or 0)))
                          for label, attr, colour in fields]
                 parts.append(bar_chart_svg(mrows, "Device memory of the executable"))
         kinds = collections.Counter(o.name.removeprefix("aten::") for o in s.ops)

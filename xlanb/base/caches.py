@@ -1,7 +1,7 @@
 """Every cache and record a reset forgets, each defined beside the code that fills it.
 
 A module makes its container here once, at import: ``_infos = cache({}, "op signature ->
-OpInfo", compiled=True)``. ``xlanb.reset()`` empties them all in place (``clear_all``): the
+OpSignature", compiled=True)``. ``xlanb.reset()`` empties them all in place (``clear_all``): the
 containers themselves are never replaced, because modules and the per-op hot path hold
 them as module globals. ``compiled=True`` marks what holds lowered or compiled code, which
 a setting that changes the lowering (the mat-mul precision) must forget (``clear_compiled``).

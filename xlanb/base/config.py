@@ -2,9 +2,10 @@
 
 ``XLANB_MODE``       initial execution mode (lazy | eager | opbyop)
 ``XLANB_PLATFORM``   JAX platform for the xla device (cpu | gpu | tpu); default: JAX's default
-``XLANB_CACHE_DIR``  where executables persist between processes; empty turns it off
-``XLANB_CACHE_MAX_BYTES``  the cap on that store, in bytes or with a K, M, G or T suffix
-                     (powers of 1024); default 2G
+``XLANB_STORE_DIR``  where the executable store keeps executables between processes;
+                     empty turns it off (``XLANB_CACHE_DIR``, its first name, still works)
+``XLANB_STORE_MAX_BYTES``  the cap on that store, in bytes or with a K, M, G or T suffix
+                     (powers of 1024); default 2G (``XLANB_CACHE_MAX_BYTES`` still works)
 ``XLANB_STORE_KEY``  the file holding the secret that signs the store's entries;
                      default ``$XDG_CONFIG_HOME/xlanb/store-key`` (``~/.config/...``)
 ``XLANB_INSPECT``    how repr/print show a pending tensor (peek | sync | meta)
@@ -42,6 +43,8 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
+from .formats import parse_bytes
+
 INSPECT_CHOICES = ("peek", "sync", "meta")
 MODES = ("lazy", "eager", "opbyop")
 # XLA's precisions for float32 dots and convolutions (torch_xla's set_mat_mul_precision)
@@ -55,9 +58,21 @@ def check_mode(name) -> str:
     return name
 
 
-def _default_cache_dir() -> str | None:
-    if "XLANB_CACHE_DIR" in os.environ:
-        return os.environ["XLANB_CACHE_DIR"] or None
+# Settings renamed: new name -> the first one, still read when the new one is not set.
+RENAMED_VARIABLES = {"XLANB_STORE_DIR": "XLANB_CACHE_DIR",
+                     "XLANB_STORE_MAX_BYTES": "XLANB_CACHE_MAX_BYTES"}
+
+
+def _variable(name: str) -> str:
+    """``name``, or its first name when only that is set (so errors name what was set)."""
+    old = RENAMED_VARIABLES.get(name)
+    return old if old and name not in os.environ and old in os.environ else name
+
+
+def _default_store_dir() -> str | None:
+    var = _variable("XLANB_STORE_DIR")
+    if var in os.environ:
+        return os.environ[var] or None
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "xlanb", "jax")
 
@@ -68,20 +83,6 @@ def default_store_key() -> str:
     return os.path.join(base, "xlanb", "store-key")
 
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_bytes(text: str) -> int:
-    """``"2G"`` -> 2147483648: a positive byte count, with an optional K/M/G/T suffix."""
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    unit = t[-1:] if t[-1:] in _UNITS else ""
-    try:
-        n = int(float(t[:len(t) - len(unit)]) * _UNITS[unit])
-    except (ValueError, OverflowError):
-        n = 0
-    if n <= 0:
-        raise ValueError(f"not a positive size in bytes (e.g. 2147483648, 500M, 2G): {text!r}")
-    return n
 
 
 PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")
@@ -268,6 +269,19 @@ class _Checked:
         setattr(obj, self.slot, self.check(f"xlanb.config.{self.attr}", value, *self.args))
 
 
+class _Renamed:
+    """A setting's first name, kept working: reads and writes go to ``new``."""
+
+    def __init__(self, new: str):
+        self.new = new
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else getattr(obj, self.new)
+
+    def __set__(self, obj, value):
+        setattr(obj, self.new, value)
+
+
 class Config:
     """``xlanb.config``: a plain object whose setters validate. Every ``XLANB_*`` variable
     is read and checked here, once, at import: a bad value is a ``SettingError`` that names
@@ -276,9 +290,13 @@ class Config:
 
     start_mode = _Checked(check_choice, MODES)
     platform = _Checked(check_platform)
-    cache_dir = _Checked(optional(check_path))
-    cache_max_bytes = _Checked(check_size, 1)
-    cache_readonly = _Checked(check_flag)
+    store_dir = _Checked(optional(check_path))
+    store_max_bytes = _Checked(check_size, 1)
+    store_readonly = _Checked(check_flag)
+    # the store's settings by their first names, still accepted
+    cache_dir = _Renamed("store_dir")
+    cache_max_bytes = _Renamed("store_max_bytes")
+    cache_readonly = _Renamed("store_readonly")
     store_key_file = _Checked(check_path)
     inspect = _Checked(check_choice, INSPECT_CHOICES)
     warn_fallbacks = _Checked(check_flag)
@@ -310,13 +328,13 @@ class Config:
         self.platform = check_platform("XLANB_PLATFORM", os.environ.get("XLANB_PLATFORM"))
         # checked (and resolved) at import by xlanb.set_target
         self.target: str | None = os.environ.get("XLANB_TARGET") or None
-        self.cache_dir = _default_cache_dir()
+        self.store_dir = _default_store_dir()
         # The executable store's cap; least recently used entries go first.
-        self.cache_max_bytes = env_size("XLANB_CACHE_MAX_BYTES", 2 << 30)
+        self.store_max_bytes = env_size(_variable("XLANB_STORE_MAX_BYTES"), 2 << 30)
         # Load from the store but write nothing to it (torch_xla's
         # xr.initialize_cache(path, readonly=True), for processes beside one that writes).
-        self.cache_readonly: bool = False
-        # Signs the store's entries; outside the cache directory, readable only by the user.
+        self.store_readonly: bool = False
+        # Signs the store's entries; outside the store's directory, readable only by the user.
         self.store_key_file = os.environ.get("XLANB_STORE_KEY") or default_store_key()
         self.inspect = env_choice("XLANB_INSPECT", INSPECT_CHOICES, "peek")
         # Warn once per op that falls back to CPU torch.
@@ -327,7 +345,8 @@ class Config:
         self.check_device_indices = env_flag("XLANB_CHECK_DEVICE_INDICES", True)
         # Print every recompile with its explanation (XLANB_DEBUG=1).
         self.debug = env_flag("XLANB_DEBUG", False)
-        # Eager mode: compile new ops' executables on background threads (dispatch.py).
+        # Eager mode: compile new ops' executables on background threads (mode_policy.py,
+        # execute/background.py).
         self.background_compile = env_flag("XLANB_BACKGROUND_COMPILE", True)
         # Eager mode: new ops wait, recorded, until a value is needed, and that run of ops
         # compiles as one graph (one compile instead of one per op); at most this many
@@ -361,7 +380,7 @@ class Config:
         # Graph executables kept loaded (execute/resident.py); a dropped one comes back
         # from the executable store, or compiles again, when its graph runs again.
         self.max_graphs = env_count("XLANB_MAX_GRAPHS", 256, 1)
-        # Eager results of at least this many bytes remember their line (ir.LINE_BYTES)
+        # Eager results of at least this many bytes remember their line (OpSignature.lines)
         self.memory_line_bytes = env_size("XLANB_MEMORY_LINE_BYTES", 256 << 10, 0)
         # Device bytes a graph (or an eager op) may take, checked before it runs
         # (execute/memory.py; xlanb.memory_limit); None: no check.
@@ -393,7 +412,7 @@ class Config:
         _check_environment()
 
     def __repr__(self) -> str:
-        return (f"xlanb.config(platform={self.platform!r}, cache_dir={self.cache_dir!r}, "
+        return (f"xlanb.config(platform={self.platform!r}, store_dir={self.store_dir!r}, "
                 f"inspect={self.inspect!r})")
 
 

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 
 from .caches import cache
+from .formats import format_location
 
 
 class SourceLoc(NamedTuple):
@@ -31,7 +32,13 @@ class SourceLoc(NamedTuple):
         """``model.py:42 forward``: how xlanb shows a location (``In[5]:3 forward`` for a
         notebook cell, once the IPython extension has installed its labeler)."""
         return (_first_label(_labelers, self)
-                or f"{file_label(self.file, short=True)}:{self.line} {self.function}")
+                or format_location(file_label(self.file, short=True), self.line, self.function))
+
+    @property
+    def where(self) -> str:
+        """``/path/to/model.py:42``: the full ``file:line``, as HLO metadata holds it
+        (``source_text`` names it for people)."""
+        return format_location(self.file, self.line)
 
     def __str__(self) -> str:
         return self.short
@@ -76,7 +83,7 @@ def source_text(where: str) -> str:
     file, sep, line = where.rpartition(":")
     if not sep or not line.isdigit():
         return file_label(where, short=True) if where else ""
-    return f"{file_label(file, short=True)}:{line}"
+    return format_location(file_label(file, short=True), line)
 
 
 def warn_at(loc: SourceLoc, message: str, category: type) -> None:
@@ -94,15 +101,17 @@ def format_loc(loc: SourceLoc | None) -> str:
     return "" if loc is None else loc.short
 
 
+# The xlanb package's folder: the one place it is computed (the store hashes sources under
+# it, dynamo skips modules under it, messages tell its frames from the user's).
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _torch_dir = os.path.dirname(torch.__file__) + os.sep
-_xlanb_dir = os.path.dirname(os.path.dirname(__file__)) + os.sep
 _stdlib_dir = os.path.dirname(contextlib.__file__) + os.sep
-# Frames that are never "the user's line": torch, xlanb and its front ends (extensions/
-# may live outside xlanb/ in an editable install), and the debugger/REPL machinery that
-# runs a command typed at a prompt (so a sync from pdb is credited to where it stopped).
+# Frames that are never "the user's line": torch, xlanb (and its front ends, which
+# register their folder: extensions/ may live outside xlanb/ in an editable install), and
+# the debugger/REPL machinery that runs a command typed at a prompt (so a sync from pdb is
+# credited to where it stopped). The one answer to "is this frame xlanb's?".
 _SKIP_PREFIXES = (
-    _torch_dir, _xlanb_dir,
-    os.path.join(os.path.dirname(os.path.dirname(_xlanb_dir)), "extensions") + os.sep,
+    _torch_dir, PACKAGE_DIR + os.sep,
     contextlib.__file__,
     *(os.path.join(_stdlib_dir, m) for m in ("bdb.py", "pdb.py", "cmd.py", "code.py")),
     "<decorator-gen-",  # IPython's magic wrappers
@@ -116,15 +125,35 @@ _skip_file = cache({}, "file name -> never the user's line?")
 _locations = cache({}, "(file, line) -> SourceLoc, interned")
 
 
-# Autograd's sequence number of a forward op's node -> the user's line of that op: an op
+class ForwardOp(NamedTuple):
+    """A forward op autograd made a node for: its user's line and, where a dispatch mode
+    noted them (``debug_nans``, the profiler), its aten op and module scope."""
+    loc: SourceLoc | None
+    op: str | None = None
+    scope: str = ""
+
+
+# The one table of autograd's sequence number of a forward op's node -> that op: an op
 # recorded while backward runs (on autograd's thread, with no user frame) is credited to
 # the forward line it differentiates, in every view that shows a line (graphs, HLO
-# metadata, memory, profiles). Noted by the frame walk of the forward op itself.
-_forward_locs: dict[int, SourceLoc] = {}
+# metadata, memory, profiles, NaN reports). Noted by the frame walk of the forward op
+# itself, and with its op and scope by note_forward_op.
+_forward_ops: dict[int, ForwardOp] = {}
 _FORWARD_MAX = 1 << 18
 _current_node = torch._C._current_autograd_node
 _next_seq = torch._C._autograd._get_sequence_nr
 _grad_enabled = torch.is_grad_enabled
+
+
+def register_internal(path: str) -> None:
+    """Frames from ``path`` (a file, or a folder and everything under it) are never the
+    user's line: a front end that lives outside the package registers its folder once."""
+    global _SKIP_PREFIXES
+    path = os.path.abspath(path)
+    prefix = path + os.sep if os.path.isdir(path) else path
+    if prefix not in _SKIP_PREFIXES:
+        _SKIP_PREFIXES = _SKIP_PREFIXES + (prefix,)
+        _skip_file.clear()  # answers given before now may change
 
 
 def is_internal_file(name: str) -> bool:
@@ -132,13 +161,19 @@ def is_internal_file(name: str) -> bool:
     return name.startswith(_SKIP_PREFIXES) or name.endswith(_SKIP_SUFFIXES)
 
 
-def _is_internal(f) -> bool:
+def is_xlanb_module(name, front_ends: bool = True) -> bool:
+    """Is the module called ``name`` xlanb's? With ``front_ends=False`` only its core
+    counts, not the IPython extension, the debugger or the kernel, below which user code
+    runs."""
+    if not isinstance(name, str) or not (name == "xlanb" or name.startswith("xlanb.")):
+        return False
+    return front_ends or not name.startswith(("xlanb.extensions", "xlanb.kernel"))
+
+
+def is_internal_frame(f) -> bool:
     """Is ``f``'s code never the user's line (torch, xlanb, the REPL machinery)?"""
-    name = f.f_code.co_filename
-    module = f.f_globals.get("__name__")
     # by module name too: xlanb's front ends may be installed anywhere
-    return (is_internal_file(name)
-            or (isinstance(module, str) and (module == "xlanb" or module.startswith("xlanb."))))
+    return is_internal_file(f.f_code.co_filename) or is_xlanb_module(f.f_globals.get("__name__"))
 
 
 _seen_seq = -1  # autograd's sequence number when user_frame last looked
@@ -153,11 +188,33 @@ def _note_forward(loc: SourceLoc) -> None:
     if not _grad_enabled() or _current_node() is not None:
         return
     seq = nxt - 1
-    if seq >= 0 and seq not in _forward_locs:
-        _forward_locs[seq] = loc
-        if len(_forward_locs) > _FORWARD_MAX:
-            for k in list(_forward_locs)[:_FORWARD_MAX // 2]:
-                del _forward_locs[k]
+    if seq >= 0 and seq not in _forward_ops:
+        _remember_forward(seq, ForwardOp(loc))
+
+
+def _remember_forward(seq: int, entry: ForwardOp) -> None:
+    _forward_ops[seq] = entry
+    if len(_forward_ops) > _FORWARD_MAX:  # bounded: the oldest half goes
+        for k in list(_forward_ops)[:_FORWARD_MAX // 2]:
+            del _forward_ops[k]
+
+
+def note_forward_op(op: str, scope: str = "") -> None:
+    """Note the forward op ``op`` that autograd just made a node for, with its user's
+    line and module ``scope`` (a dispatch mode calls this before the op dispatches), for
+    ``forward_op``."""
+    seq = _next_seq() - 1
+    if seq < 0:
+        return
+    known = _forward_ops.get(seq)
+    if known is None or known.op is None:
+        loc = known.loc if known is not None else user_frame(3)
+        _remember_forward(seq, ForwardOp(loc, op, scope))
+
+
+def forward_op(seq: int) -> ForwardOp | None:
+    """The forward op of autograd's node number ``seq``, if one was noted."""
+    return _forward_ops.get(seq)
 
 
 def user_frame(depth: int = 2) -> SourceLoc | None:
@@ -174,7 +231,7 @@ def user_frame(depth: int = 2) -> SourceLoc | None:
         name = code.co_filename
         skip = skips.get(name)
         if skip is None:  # once per file: this runs on every recorded op
-            skip = skips[name] = _is_internal(f)
+            skip = skips[name] = is_internal_frame(f)
         if not skip:
             key = (name, f.f_lineno)
             loc = _locations.get(key)
@@ -189,7 +246,8 @@ def user_frame(depth: int = 2) -> SourceLoc | None:
         return None
     # autograd's own steps (AccumulateGrad's detach and ``+=`` of a gradient) have no
     # forward op: they belong to the line that called .backward()
-    return _forward_locs.get(node._sequence_nr()) or backward_caller()
+    fwd = _forward_ops.get(node._sequence_nr())
+    return (fwd.loc if fwd is not None else None) or backward_caller()
 
 
 # torch.autograd's Python entries into the engine: the thread that called .backward() (or
@@ -222,7 +280,7 @@ def backward_caller() -> SourceLoc | None:
         while f is not None:
             skip = _skip_file.get(f.f_code.co_filename)
             if skip is None:
-                skip = _skip_file[f.f_code.co_filename] = _is_internal(f)
+                skip = _skip_file[f.f_code.co_filename] = is_internal_frame(f)
             if not skip:
                 break
             f = f.f_back

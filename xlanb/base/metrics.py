@@ -92,6 +92,8 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Iterable, Iterator
 
+from .formats import format_duration
+
 __all__ = [
     "SAMPLE_CAPACITY",
     "MetricData",
@@ -463,19 +465,6 @@ def format_time(seconds: float) -> str:
     return sign + "".join(parts)
 
 
-def _short_time(seconds: float) -> str:
-    """Compact 3-significant-digit duration: ``1.23s``, ``45.6ms``, ``789us``."""
-    a = abs(seconds)
-    if math.isnan(a):
-        return "nan"
-    if a >= 60:
-        return format_time(seconds).split("s", 1)[0] + "s"  # e.g. 01h02m03s
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if a >= scale:
-            return f"{seconds / scale:.3g}{unit}"
-    return f"{seconds * 1e9:.3g}ns"
-
-
 def _all_data() -> tuple[list[tuple[str, MetricData]], list[tuple[str, int]]]:
     with _lock:
         mets = [(n, _data(_metrics[n], _epoch)) for n in sorted(_metrics)]
@@ -503,6 +492,9 @@ def report() -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
+_packed = functools.partial(format_duration, sep="")  # total=1.5s: no space in a value
+
+
 def short_report(names: str | Iterable[str] | None = None) -> str:
     """One line per metric / counter, for notebooks.
 
@@ -520,8 +512,8 @@ def short_report(names: str | Iterable[str] | None = None) -> str:
     for name, d in mets:
         if wanted is None or name in wanted:
             lines.append(
-                f"{name}: n={d.count} total={_short_time(d.total)} mean={_short_time(d.mean)} "
-                f"p50={_short_time(d.percentile(50))} max={_short_time(d.max)}"
+                f"{name}: n={d.count} total={_packed(d.total)} mean={_packed(d.mean)} "
+                f"p50={_packed(d.percentile(50))} max={_packed(d.max)}"
             )
     shown = [(n, v) for n, v in cnts if wanted is None or n in wanted]
     new = {n for n, _ in shown} & {"UncachedCompile", "OpCompile"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 
 from .caches import clear_all
-from .config import MODES, env_choice
+from .config import config
 
 
 # mode name -> its ModePolicy (mode_policy.py installs them at import: set_policies)
@@ -77,7 +77,8 @@ class Session:
 
 
 def starting_mode() -> str:
-    return env_choice("XLANB_MODE", MODES, "lazy")  # a bad value is named (base/config.py)
+    """The mode a session starts and ``xlanb.reset()`` returns to (``XLANB_MODE``)."""
+    return config.start_mode
 
 
 session = Session(starting_mode())

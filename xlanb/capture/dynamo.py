@@ -15,7 +15,6 @@ a second) is paid only by those who use it.
 """
 from __future__ import annotations
 
-import os
 import pkgutil
 import warnings
 
@@ -23,6 +22,7 @@ import torch
 import torch._dynamo.trace_rules
 from torch._dynamo.backends.registry import register_backend
 
+from ..base.frames import PACKAGE_DIR
 from .function import compile as xlanb_compile
 
 
@@ -32,7 +32,7 @@ def _skip_xlanb_frames() -> None:
     # xlanb.base.scopes stays traceable: its module hooks run inside every module call
     # dynamo traces, and a skipped hook would break the graph there. Modules one by one:
     # skipping a package skips its whole folder, scopes included.
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = PACKAGE_DIR
     names = [m.name for m in pkgutil.walk_packages([root], "xlanb.") if not m.ispkg]
     names += ["xlanb.extensions", "xlanb.kernel"]
     for name in names:

@@ -31,6 +31,7 @@ from torch.utils import _pytree as pytree
 
 from ..base import metrics, rng
 from ..base.config import config
+from ..base.formats import format_hash
 from ..base.frames import format_loc, user_frame
 from ..base.session import session
 from ..execute.checks import bad_indices, index_error, take_index_checks, without_failed
@@ -187,7 +188,7 @@ class CompiledFunction:
                  f"{self.replays} replays"]
         for i, e in enumerate(self._entries.values()):
             if e.replay is not None:
-                state = f"replaying graph {e.record.hash[:12]}" if e.record else "replaying"
+                state = f"replaying graph {format_hash(e.record.hash)}" if e.record else "replaying"
             elif e.lazy_reason:
                 state = f"lazy tracing: {e.lazy_reason}"
             else:

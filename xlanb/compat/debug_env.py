@@ -31,10 +31,8 @@ import atexit
 import os
 import sys
 
-import torch
-
 import xlanb
-from xlanb.base.frames import SourceLoc
+from xlanb.base.frames import SourceLoc, is_internal_file
 from xlanb.execute.graphs import graph_log
 from xlanb.execute.resident import graph_cache
 from xlanb.graph.render import render_dot, render_text
@@ -49,10 +47,9 @@ _RULE = "=" * 80
 _DASH = "-" * 80
 _TRUE = ("1", "true", "yes", "on")
 
-# not the program's lines: xlanb, torch, and the standard library (with site-packages,
-# where JAX lives), as xlanb's own source lines are chosen (base/frames.py)
-_SKIP = tuple(os.path.dirname(os.path.abspath(f)) + os.sep
-              for f in (xlanb.__file__, torch.__file__, os.__file__))
+# beyond xlanb's own answer (base/frames.py: xlanb, torch, the REPL machinery), the
+# standard library (with site-packages, where JAX lives) is not the program's either
+_STDLIB = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
 
 
 class _State:
@@ -149,7 +146,7 @@ def _user_frames() -> list[SourceLoc]:
     f = sys._getframe(1)
     while f is not None:
         name = f.f_code.co_filename
-        if not (name.startswith(_SKIP) or name.startswith("<frozen")):
+        if not (is_internal_file(name) or name.startswith((_STDLIB, "<frozen"))):
             out.append(SourceLoc(name, f.f_lineno, f.f_code.co_name))
         f = f.f_back
     return out
@@ -163,7 +160,7 @@ def _frame_lines(prefix: str, frames: list[SourceLoc], fallback) -> list[str]:
         if i >= _s.max_frames:
             lines.append(f"{prefix}  ..........")
             break
-        lines.append(f"{prefix}  {loc.function} ({loc.file}:{loc.line})")
+        lines.append(f"{prefix}  {loc.function} ({loc.where})")
     return lines
 
 
@@ -228,7 +225,7 @@ def _saved_block(plan, rec, mode: str, cause: str, frames) -> str:
     else:  # text, and an op-by-op run's HLO (it has no module of its own)
         graph = render_text(summarize(plan))
     head = ["[ScheduleSyncTensorsGraph]", "TensorsGraphInfo:"]
-    head += [f"  {loc.function} ({loc.file}:{loc.line})" for loc in frames]
+    head += [f"  {loc.function} ({loc.where})" for loc in frames]
     head += ["", f"Cause: {cause} ({mode})"]
     ghash = rec.hash_full if rec is not None else "(op by op)"
     return ("\n".join(head) + "\n\n## BEGIN_GRAPH\n" + graph.rstrip("\n")

@@ -34,16 +34,16 @@ _LOOPBACK = ("127.", "localhost", "[::1]", "::1")
 
 def initialize_cache(path: str, readonly: bool = False) -> None:
     """Keep compiled executables in ``path``: xlanb's executable store
-    (``xlanb.config.cache_dir``, what ``XLANB_CACHE_DIR`` sets; ``python -m xlanb.cache``
+    (``xlanb.config.store_dir``, what ``XLANB_STORE_DIR`` sets; ``python -m xlanb.store``
     manages it) moves there. ``readonly=True``: this process loads what is there and
-    writes nothing (``xlanb.config.cache_readonly``), as torch_xla's non-writing
+    writes nothing (``xlanb.config.store_readonly``), as torch_xla's non-writing
     processes do. Unlike torch_xla, it may be called after graphs have compiled."""
     path = os.fspath(path)
     if _paused:  # --xla_dump_to keeps the store off: the folder counts once that ends
         _paused[0] = path
     else:
-        xlanb.config.cache_dir = path
-    xlanb.config.cache_readonly = bool(readonly)
+        xlanb.config.store_dir = path
+    xlanb.config.store_readonly = bool(readonly)
 
 
 _paused: list = []  # [the store's folder to restore] while the store is paused
@@ -53,13 +53,13 @@ def pause_store() -> None:
     """Turn the executable store off until ``resume_store`` (``XLA_FLAGS=--xla_dump_to``:
     an executable loaded from the store is not compiled, so XLA would dump nothing)."""
     if not _paused:
-        _paused.append(xlanb.config.cache_dir)
-        xlanb.config.cache_dir = None
+        _paused.append(xlanb.config.store_dir)
+        xlanb.config.store_dir = None
 
 
 def resume_store() -> None:
     if _paused:
-        xlanb.config.cache_dir = _paused.pop()
+        xlanb.config.store_dir = _paused.pop()
 
 
 def set_device_type(pjrt_device: str) -> None:

@@ -11,7 +11,7 @@ import time
 
 from ..base import metrics
 from ..base.caches import cache
-from ..ir import OpInfo
+from ..ir import OpSignature
 from ..runtime.jit import background
 from .checks import checked
 from .compile import Build
@@ -21,7 +21,7 @@ from .single_op import tier_lock
 _in_flight = cache([], "Futures of background single-op compiles not yet seen done")
 
 
-def compile_op_ahead(info: OpInfo, quick: bool = False):
+def compile_op_ahead(info: OpSignature, quick: bool = False):
     """Start compiling ``info``'s single-op executable; returns its Future. Lowering
     happens here, so an op without a working lowering fails at its own line; XLA's
     compile runs on a background thread. An executable in the store is loaded now.
@@ -34,7 +34,7 @@ def compile_op_ahead(info: OpInfo, quick: bool = False):
     return info.compiling
 
 
-def prepare_op(info: OpInfo) -> tuple:
+def prepare_op(info: OpSignature) -> tuple:
     """What ``start_prepared`` needs, made on this thread: ``info``'s build and its
     stored executable, or else the build lowered."""
     build = Build.op(info)
@@ -44,7 +44,7 @@ def prepare_op(info: OpInfo) -> tuple:
     return build, exe
 
 
-def start_prepared(info: OpInfo, prepared: tuple, quick: bool = False) -> None:
+def start_prepared(info: OpSignature, prepared: tuple, quick: bool = False) -> None:
     """Start the compile of a ``prepare_op`` result (nothing if ``info`` got an
     executable or a compile meanwhile)."""
     if info.compiling is not None or info.exe is not None:
@@ -106,7 +106,7 @@ def drain_lowerings(stop) -> None:
                 pass
 
 
-def _tier_up(info: OpInfo, quick, better) -> None:
+def _tier_up(info: OpSignature, quick, better) -> None:
     """On the compile thread, once ``info``'s optimized executable is ready: it takes the
     quick one's place, as the compile to collect if nobody collected the quick one yet,
     else as the executable (its fast call cleared, so eager's next call picks it up).

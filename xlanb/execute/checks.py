@@ -1,4 +1,5 @@
-"""Errors CPU torch raises where XLA returns a value: integer division by zero.
+"""Errors CPU torch raises where XLA returns a value: integer division by zero, and
+indices out of range (``index_select``, ``gather``, embedding, losses' targets...).
 
 XLA's integer division by zero gives a value (-1, or the dividend), where CPU torch
 raises ``RuntimeError: ZeroDivisionError``. When an op runs on its own (eager mode,
@@ -18,7 +19,7 @@ import torch
 
 from ..base.caches import cache
 from ..base.frames import format_loc
-from ..ir import OpInfo, TensorMeta
+from ..ir import OpSignature, TensorMeta
 from ..templates import _In
 
 _INTEGER_DIVISION = frozenset(("aten::div", "aten::floor_divide", "aten::remainder",
@@ -26,7 +27,7 @@ _INTEGER_DIVISION = frozenset(("aten::div", "aten::floor_divide", "aten::remaind
 _any_zero = jax.jit(lambda d: jnp.any(d == 0))
 
 
-def integer_division(info: OpInfo) -> bool:
+def integer_division(info: OpSignature) -> bool:
     """Whether ``info`` divides integers (true division of ints gives floats: no error)."""
     if info.name not in _INTEGER_DIVISION or info.multi or info.template is None:
         return False
@@ -34,7 +35,7 @@ def integer_division(info: OpInfo) -> bool:
     return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
 
-def checked(exe, info: OpInfo):
+def checked(exe, info: OpSignature):
     """``info``'s single-op executable as it runs: with the divisor check where the op
     divides integers (``DivisorChecked``), else as it is."""
     return DivisorChecked(exe, info) if integer_division(info) else exe
@@ -45,7 +46,7 @@ class DivisorChecked:
 
     _call = None  # no C++ shortcut past the check (single_op.direct_call)
 
-    def __init__(self, exe, info: OpInfo):
+    def __init__(self, exe, info: OpSignature):
         self.exe = exe
         divisor = info.template[0][1] if len(info.template[0]) > 1 else None
         self._input = divisor.i if isinstance(divisor, _In) else None
@@ -343,7 +344,7 @@ _bounds_infos = cache({}, "index-bounds checks' OpInfos, by (metas, specs, devic
 BOUNDS_OP = "xlanb::index_bounds"
 
 
-def bounds_info(metas: tuple, specs: tuple, device: int) -> OpInfo:
+def bounds_info(metas: tuple, specs: tuple, device: int) -> OpSignature:
     """The op a sync adds to its graph: the (min, max) of each checked index, as one
     int64 vector ``[min0, max0, min1, max1, ...]``. Keyed by the indices' shapes and
     dtypes and each check's ``(ignore, measure)`` only: the bounds are compared on the
@@ -357,7 +358,7 @@ def bounds_info(metas: tuple, specs: tuple, device: int) -> OpInfo:
                 out.extend(_int_range(x, ignore, measure))
             return jnp.stack(out)
         out = TensorMeta((2 * len(metas),), (1,), torch.int64)
-        info = _bounds_infos[key] = OpInfo(BOUNDS_OP, key, fn, out, n_in=len(metas),
+        info = _bounds_infos[key] = OpSignature(BOUNDS_OP, key, fn, out, n_in=len(metas),
                                            device=device, in_metas=metas)
     return info
 

@@ -12,7 +12,7 @@ from ..base import metrics
 from ..base.dtypes import to_jax_dtype
 from ..base.frames import SourceLoc
 from ..graph.summary import aval_text
-from ..ir import OpInfo, info_digest
+from ..ir import OpSignature, info_digest
 from ..runtime import store
 from ..runtime.devices import jax_device
 from ..runtime.jit import compile_lowered, lower_jitted
@@ -77,7 +77,7 @@ def quick_options(device: int, single_op: bool = False):
     return _QUICK_OP_CPU if single_op else _QUICK_CPU
 
 
-def lower_op(info: OpInfo):
+def lower_op(info: OpSignature):
     n = info.n_in
     fn = info.fn
     specs = [tensor_spec(m, info.device) for m in info.in_metas]
@@ -150,7 +150,7 @@ class Build:
         self.metric = metric
 
     @classmethod
-    def op(cls, info: OpInfo) -> "Build":
+    def op(cls, info: OpSignature) -> "Build":
         """``info``'s single-op executable."""
         return cls(info.device, lambda: lower_op(info), description=info_digest(info),
                    tier="op", metric="OpCompileTime")
@@ -211,7 +211,7 @@ class Build:
         return exe if exe is not None else self.compile()
 
 
-def op_context(info: OpInfo, src: SourceLoc | None, scope: str) -> str:
+def op_context(info: OpSignature, src: SourceLoc | None, scope: str) -> str:
     """A failing op as a person finds it: ``aten::mm(f32[2,3], f32[4,5]) at model.py:42
     forward [Model.fc]``."""
     ins = ", ".join(aval_text(m) for m in info.in_metas if m is not None)
@@ -219,7 +219,7 @@ def op_context(info: OpInfo, src: SourceLoc | None, scope: str) -> str:
     return f"{info.name}({ins}){where}" + (f" [{scope}]" if scope else "")
 
 
-def add_op_note(err: BaseException, what: str, info: OpInfo, src, scope: str) -> None:
+def add_op_note(err: BaseException, what: str, info: OpSignature, src, scope: str) -> None:
     """Name the op in ``err``'s traceback (a note: its type and message stay)."""
     note = f"xlanb: {what} {op_context(info, src, scope)}"
     if note not in getattr(err, "__notes__", ()):

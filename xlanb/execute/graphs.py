@@ -15,7 +15,8 @@ from ..base.caches import cache
 from ..base.config import config
 from ..base.frames import SourceLoc, format_loc, warn_at
 from ..base.session import session
-from ..base.tables import format_bytes, format_duration, format_table
+from ..base.formats import (HASH_ID, format_bytes, format_duration, format_fits, format_hash,
+                            format_table, format_table_html)
 from ..graph import compile_time
 from ..graph.collectives import CollectiveList, parse_collectives
 from ..graph.explain import explain
@@ -32,7 +33,7 @@ from .memory import (GraphMemory, check_graph, device_oom, graph_buffers, graph_
                      is_device_oom)
 from .resident import admit_graph, graph_cache, resident_graphs
 from .stages import GraphLowering, kept_shardings, mesh_leaves, sharding_of
-from .target import check_target_fit, format_seconds, start_target_compile
+from .target import check_target_fit, start_target_compile
 
 @dataclass
 class CompiledGraph:
@@ -80,7 +81,7 @@ class CompiledGraph:
         scope (``graph/compile_time.py``). For an eager run's graph: its quick compile."""
         if self._compile_profile is None:
             self._compile_profile = compile_time.build(
-                self._compile_raw, self.executable.as_text(), f"graph {self.hash[:12]}",
+                self._compile_raw, self.executable.as_text(), f"graph {format_hash(self.hash)}",
                 self.compile_time, recorded=compile_time.recorded_lines(self.summary),
                 loops=compile_time.loop_layers(self.lowering.repeats if self.lowering else None),
                 platform=jax_device(self.device).platform, summary=self.summary)
@@ -236,15 +237,15 @@ def _estimate(r) -> str:
     if r.cost is None:
         return "?"
     secs = r.cost.seconds or r.cost.roofline_seconds  # XLA's, else the roofline's bound
-    return format_seconds(secs) + ("" if r.cost.seconds else "+")
+    return format_duration(secs) + ("" if r.cost.seconds else "+")
 
 
 def _fits(r) -> str:
-    return {True: "yes", False: "NO", None: "?"}[r.fits]
+    return format_fits(r.fits, column=True)
 
 
 GRAPH_COLUMNS = (
-    Column("hash", False, lambda g: g.hash[:12]),
+    Column("hash", False, lambda g: format_hash(g.hash)),
     Column("ops", True, lambda g: str(g.n_nodes)),
     Column("in", True, lambda g: str(g.n_inputs)),
     Column("out", True, lambda g: str(g.n_outputs)),
@@ -331,13 +332,9 @@ class GraphList(list):
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        import html
-        head = "".join(f"<th>{html.escape(c)}</th>"
-                       for c in ("#",) + tuple(c.header for c in self.columns()) + ("why",))
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r)
-                       + f"<td>{html.escape(g.explanation)}</td></tr>"
-                       for r, g in zip(self.rows(), self))
-        return f"<table class='xlanb-graphs'><tr>{head}</tr>{body}</table>"
+        header = ("#",) + tuple(c.header for c in self.columns()) + ("why",)
+        rows = [tuple(r) + (g.explanation,) for r, g in zip(self.rows(), self)]
+        return format_table_html(header, rows, cls="xlanb-graphs")
 
 
 _graph_cache = graph_cache  # execute/resident.py
@@ -393,7 +390,7 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
         metrics.counter("UncachedCompile")
     summary = summarize(plan)
     prev = next((g for g in reversed(graph_log) if g.src == src and g.device == device), None)
-    rec = CompiledGraph(lowering.hash[:16], device, len(plan.steps), len(plan.leaves),
+    rec = CompiledGraph(format_hash(lowering.hash, HASH_ID), device, len(plan.steps), len(plan.leaves),
                         len(plan.roots), cause, src, time.perf_counter() - t0, exe,
                         lowering=lowering,
                         explanation=explain(prev.summary, summary) if prev else "",
@@ -478,7 +475,7 @@ def _report_compile(rec: CompiledGraph, src) -> None:
     """XLANB_DEBUG printing, and the too-frequent warning that names the cause."""
     n = _compiles_at[rec.src] = _compiles_at.get(rec.src, 0) + 1
     if config.debug and rec.explanation:
-        print(f"xlanb: new graph {rec.hash[:12]} ({rec.cause} at {format_loc(rec.src)}): "
+        print(f"xlanb: new graph {format_hash(rec.hash)} ({rec.cause} at {format_loc(rec.src)}): "
               f"{rec.explanation}",
               file=sys.stderr)
     syncs = _syncs_at.get(rec.src, 0)
@@ -562,7 +559,7 @@ def run_compiled(rec: CompiledGraph, arrays, scalars, what: str, src) -> list:
             jax.block_until_ready(outs)
         except Exception as e:
             if is_device_oom(e):
-                raise device_oom(e, rec.device, f"the graph {rec.hash[:12]} ({what})",
+                raise device_oom(e, rec.device, f"the graph {format_hash(rec.hash)} ({what})",
                                  rec) from e
             raise
     dt = time.perf_counter() - t0

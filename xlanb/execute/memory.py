@@ -28,11 +28,11 @@ from typing import NamedTuple
 import jax
 import torch
 
-from ..base.config import config, parse_bytes
+from ..base.config import config
 from ..base.caches import cache
-from ..base.frames import SourceLoc, format_loc
+from ..base.frames import PACKAGE_DIR, SourceLoc, format_loc
 from ..base.session import session
-from ..base.tables import format_bytes, format_table
+from ..base.formats import format_bytes, format_hash, format_table, format_table_html, parse_bytes
 from ..graph.hlo_text import array_sizes, entry_buffers
 from ..ir import result_bytes
 from ..ops.infos import getitem_infos, infos
@@ -88,7 +88,7 @@ def graph_memory(executable) -> GraphMemory | None:
                        ma.generated_code_size_in_bytes, getattr(ma, "peak_memory_in_bytes", 0) or 0)
 
 
-_op_memory = cache({}, "OpInfo uid -> its single-op executable's memory analysis", compiled=True)
+_op_memory = cache({}, "OpSignature uid -> its single-op executable's memory analysis", compiled=True)
 
 
 def op_memory(info) -> GraphMemory | None:
@@ -289,12 +289,9 @@ class MemoryByLine(list):
         import html
 
         def table(title, rows):
-            body = "".join(f"<tr><td style='text-align:right'>{format_bytes(r.bytes)}</td>"
-                           f"<td style='text-align:right'>{r.count}</td>"
-                           f"<td>{html.escape(r.source)}</td><td>{html.escape(r.scope)}</td></tr>"
-                           for r in rows)
-            return (f"<div>{html.escape(title)}</div><table class='xlanb-memory'><tr><th>bytes</th>"
-                    f"<th>tensors</th><th>source</th><th>scope</th></tr>{body}</table>")
+            cells = [(format_bytes(r.bytes), str(r.count), r.source, r.scope) for r in rows]
+            return f"<div>{html.escape(title)}</div>" + format_table_html(
+                ("bytes", "tensors", "source", "scope"), cells, right=(0, 1), cls="xlanb-memory")
         out = table(f"xla:{self.device}: {format_bytes(self.total_bytes)} in live tensors", self)
         if self.pending:
             out += table("pending (will take)", self.pending)
@@ -615,7 +612,7 @@ def _live_contributors(index: int) -> list[Contributor]:
     return out
 
 
-_XLANB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_XLANB_DIR = PACKAGE_DIR + os.sep
 
 
 class GraphBuffer(NamedTuple):
@@ -727,7 +724,7 @@ class MemoryForecast(NamedTuple):
             f"; fits under the limit of {format_bytes(self.limit)}" if self.fits
             else f"; does NOT fit under the limit of {format_bytes(self.limit)}")
         return (f"projected peak {format_bytes(self.projected)} = {format_bytes(self.live)} live + "
-                f"{format_bytes(mem.extra_bytes)} to run graph {self.graph.hash[:12]} ({mem}){verdict}")
+                f"{format_bytes(mem.extra_bytes)} to run graph {format_hash(self.graph.hash)} ({mem}){verdict}")
 
     __repr__ = __str__
 

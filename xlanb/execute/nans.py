@@ -21,7 +21,7 @@ import numpy as np
 
 from ..base.frames import SourceLoc, format_loc
 from ..graph.summary import aval_text
-from ..ir import GETITEM, GraphPlan, Node, OpInfo
+from ..ir import GETITEM, GraphPlan, Node, OpSignature
 from .compile import op_context
 from .single_op import op_executable
 
@@ -143,7 +143,7 @@ _KEPT = ("  The pending tensors are unchanged (xlanb.pending_ir() shows them). T
          "names the results that still hold non-finite values.")
 
 
-def make_error(info: OpInfo, src: SourceLoc | None, scope: str, args, scalars, out,
+def make_error(info: OpSignature, src: SourceLoc | None, scope: str, args, scalars, out,
                origin, how: str, mode: str) -> NonFiniteError:
     """The error naming the op that made the first non-finite value."""
     ins = [array_stats(a) for a in jax.tree_util.tree_leaves(args)]

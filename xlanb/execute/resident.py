@@ -22,8 +22,8 @@ from ..base.caches import cache
 from ..base.config import config
 from ..runtime import maps
 
-# OpInfo uid -> OpInfo with an executable loaded or compiling, least recently used first
-_resident = resident = cache(OrderedDict(), "OpInfo uid -> OpInfo holding a single-op executable", compiled=True)
+# OpSignature uid -> OpSignature with an executable loaded or compiling, least recently used first
+_resident = resident = cache(OrderedDict(), "OpSignature uid -> OpSignature holding a single-op executable", compiled=True)
 # id -> CompiledGraph with its executable loaded, least recently used first
 _graphs = resident_graphs = cache(OrderedDict(), "id -> CompiledGraph whose executable is loaded", compiled=True)
 # (device, structural key) -> CompiledGraph (execute/graphs.py fills it)

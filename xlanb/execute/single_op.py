@@ -10,7 +10,7 @@ from ..base import metrics
 from ..base.dtypes import to_jax_dtype
 from ..base.session import session
 from ..graph.collectives import parse_collectives
-from ..ir import OpInfo
+from ..ir import OpSignature
 from ..runtime.jit import lower_jitted
 from ..runtime.mesh import common_mesh, on_mesh, place
 from .checks import checked
@@ -24,7 +24,7 @@ from .resident import admit, touch
 tier_lock = threading.Lock()
 
 
-def op_executable(info: OpInfo):
+def op_executable(info: OpSignature):
     """``info``'s single-op executable: cached, loaded from the executable store,
     compiled now, or collected from the background compile ``compile_op_ahead`` started."""
     exe = info.exe
@@ -66,7 +66,7 @@ def direct_call(exe):
 # ---------------------------------------------------------------------------------------
 # Sharded inputs (xlanb.spmd): one executable per (signature, input shardings)
 
-def run_op(info: OpInfo, arrays: list, scalars, src=None) -> object:
+def run_op(info: OpSignature, arrays: list, scalars, src=None) -> object:
     """Run ``info`` on ``arrays`` (x64 on, as the caller has it): through its
     single-device executable, or, once any tensor is sharded and one of these inputs is,
     through the executable compiled for their shardings; a ``mark_sharding`` constraint
@@ -85,7 +85,7 @@ def run_op(info: OpInfo, arrays: list, scalars, src=None) -> object:
     return op_executable(info)(*arrays, *scalars)
 
 
-def sharded_executable(info: OpInfo, arrays: list, mesh):
+def sharded_executable(info: OpSignature, arrays: list, mesh):
     """``info`` compiled for the shardings of ``arrays`` (all on ``mesh``): XLA's
     partitioner decides the result's sharding and the collectives. Kept on the info,
     keyed by the input shardings; not written to the executable store."""

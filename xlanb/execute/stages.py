@@ -19,6 +19,7 @@ from jax.sharding import SingleDeviceSharding
 from ..base import metrics
 from ..base.caches import cache
 from ..base.config import config
+from ..base.formats import HASH_ID, format_hash
 from ..base.frames import SourceLoc
 from ..graph.repeats import LOOP_OP, find_repeats
 from ..ir import GraphPlan, leaf_meta, stable_hash
@@ -135,7 +136,7 @@ def annotate_op_types(lowered, names) -> None:
 def module_name(graph_hash: str) -> str:
     """The HLO module name of the graph with ``graph_hash``: one per graph, so that
     XLA's profiler events (which name their module) find the graph they ran in."""
-    return "jit_xlanb_graph_" + graph_hash[:16]
+    return "jit_xlanb_graph_" + format_hash(graph_hash, HASH_ID)
 
 
 def _graph_fn_of(recipe: tuple, out_shardings=None, name: str = "run", repeats=None):
@@ -370,7 +371,7 @@ class GraphLowering:
         self.op_names = frozenset(info.name for info, _ in plan.steps)
         self.leaf_metas = tuple(leaf_meta(n) for n in plan.leaves)
         # what made each leaf (``file:line``, scope, aten op), for reports on its buffer
-        self.leaf_origins = tuple((f"{n.src.file}:{n.src.line}" if n.src else "", n.scope,
+        self.leaf_origins = tuple((n.src.where if n.src else "", n.scope,
                                    n.info.name) for n in plan.leaves)
         self.scalar_kinds = tuple(k for info, _ in plan.steps for k in info.scalar_specs)
         self.shardings = shardings  # per leaf, on ``mesh``; None: one device

@@ -27,7 +27,8 @@ import torch
 from ..base import metrics
 from ..base.frames import SourceLoc, source_text
 from ..base.session import session
-from ..base.tables import format_bytes, format_duration, format_table
+from ..base.formats import (BYTE_UNITS, format_bytes, format_duration, format_fits, format_hash,
+                            format_pct, format_table, format_table_html)
 from ..graph import compile_time
 from ..graph.collectives import CollectiveList, parse_collectives
 from ..graph.hlo_text import counted_loops, entry_buffers, with_entry
@@ -70,13 +71,8 @@ class TargetCost(NamedTuple):
         return (f"{self.bound} on {t.chip}: {self.flops / 1e9:.3g} GFLOP and "
                 f"{format_bytes(int(self.bytes_accessed))} accessed per chip, "
                 f"{intensity:.3g} FLOP/byte against the chip's ridge of {ridge:.0f} "
-                f"(compute {format_seconds(self.compute_seconds)} at {t.peak_flops / 1e12:.0f} TFLOP/s, "
-                f"memory {format_seconds(self.memory_seconds)} at {t.hbm_bytes_per_s / 1e9:.0f} GB/s)")
-
-
-def format_seconds(s: float) -> str:
-    """``2.1e-05`` -> ``21 µs``: the core's one duration format."""
-    return format_duration(s)
+                f"(compute {format_duration(self.compute_seconds)} at {t.peak_flops / 1e12:.0f} TFLOP/s, "
+                f"memory {format_duration(self.memory_seconds)} at {t.hbm_bytes_per_s / 1e9:.0f} GB/s)")
 
 
 class PaddingRow(NamedTuple):
@@ -106,7 +102,7 @@ class PaddingList(list):
         return [(r.kind, r.name + (f" [{r.scope}]" if r.scope else ""), r.type, r.layout or "-",
                  format_bytes(r.logical_bytes),
                  format_bytes(r.padded_bytes) if r.layout else "-",
-                 _pct(r.padding_bytes, r.logical_bytes) if r.layout else "-",
+                 format_pct(r.padding_bytes, r.logical_bytes) if r.layout else "-",
                  source_text(r.source))
                 for r in self]
 
@@ -120,14 +116,6 @@ class PaddingList(list):
         return format_table(self._COLUMNS, self.rows(), right=(4, 5, 6))
 
     __repr__ = __str__
-
-
-def _pct(extra: int, base: int) -> str:
-    if not base:
-        return "-"
-    if extra > 9 * base:
-        return f"x{(base + extra) / base:.0f}"
-    return f"+{100 * extra / base:.1f}%" if extra else "0%"
 
 
 class TargetReport:
@@ -168,7 +156,7 @@ class TargetReport:
         fusion); see ``graph/compile_time.py``."""
         if self._compile_profile is None:
             raw = self._compile_raw
-            what = f"graph {self.graph_hash[:12]} for {self.target.name}"
+            what = f"graph {format_hash(self.graph_hash)} for {self.target.name}"
             if raw is None:  # refused, or not compiled: the time is all there is
                 return compile_time.CompileProfile(
                     what, "tpu", self.compile_seconds,
@@ -192,18 +180,18 @@ class TargetReport:
         head = f"{self.target.name} ({self.target.num_devices} x {self.target.chip})"
         if self.memory is None:
             return f"{head}: not compiled: {self.error}"
-        verdict = {True: "fits", False: "DOES NOT FIT", None: "?"}[self.fits]
+        verdict = format_fits(self.fits)
         est = ""
         if self.cost and self.cost.seconds:
-            est = f", est. {format_seconds(self.cost.seconds)}/step"
+            est = f", est. {format_duration(self.cost.seconds)}/step"
         elif self.cost:  # XLA gave no estimate (custom calls): the roofline's bound
-            est = f", at least {format_seconds(self.cost.roofline_seconds)}/step (roofline)"
+            est = f", at least {format_duration(self.cost.roofline_seconds)}/step (roofline)"
         return (f"{head}: peak {format_bytes(self.memory.peak_bytes)} of "
                 f"{format_bytes(self.target.hbm_bytes)} HBM per chip, {verdict}{est}, "
                 f"TPU compile {format_duration(self.compile_seconds)}")
 
     def __str__(self) -> str:
-        lines = [f"graph {self.graph_hash[:12]} for {self.summary_line()}"]
+        lines = [f"graph {format_hash(self.graph_hash)} for {self.summary_line()}"]
         if self.error:
             lines.append(f"  compiler: {self.error}")
         if self.memory is not None:
@@ -215,7 +203,7 @@ class TargetReport:
             logical, padded = self.padding.total(kind)
             if padded and laid_out:
                 lines.append(f"  {kind}s: {format_bytes(logical)} logical, {format_bytes(padded)} "
-                             f"in TPU layouts ({_pct(padded - logical, logical)})")
+                             f"in TPU layouts ({format_pct(padded - logical, logical)})")
         for note in self.notes:
             lines.append(f"  note: {note}")
         if self.padding:
@@ -235,7 +223,7 @@ class TargetReport:
         t = self.target
         e = html.escape
         parts = [f"<div class='xlanb-target'><b>{e(t.name)}</b>: {t.num_devices} x {e(t.chip)}, "
-                 f"{e(format_bytes(t.hbm_bytes))} HBM per chip; graph {e(self.graph_hash[:12])}, "
+                 f"{e(format_bytes(t.hbm_bytes))} HBM per chip; graph {e(format_hash(self.graph_hash))}, "
                  f"TPU compile {format_duration(self.compile_seconds)}</div>"]
         if self.error:
             parts.append(f"<div style='color:#b00'>compiler: {e(self.error)}</div>")
@@ -259,14 +247,12 @@ class TargetReport:
                 f"(arguments {e(format_bytes(m.argument_bytes))}, outputs "
                 f"{e(format_bytes(m.output_bytes))}, temporaries {e(format_bytes(m.temp_bytes))})</div>")
         if self.cost is not None:
-            parts.append(f"<div>{e(self.roofline)}; XLA estimates {e(format_seconds(self.cost.seconds))} a step</div>")
+            parts.append(f"<div>{e(self.roofline)}; XLA estimates {e(format_duration(self.cost.seconds))} a step</div>")
         for note in self.notes:
             parts.append(f"<div><i>note: {e(note)}</i></div>")
         if self.padding:
-            head = "".join(f"<th>{c}</th>" for c in PaddingList._COLUMNS)
-            body = "".join("<tr>" + "".join(f"<td>{e(v)}</td>" for v in r) + "</tr>"
-                           for r in self.padding.rows())
-            parts.append(f"<table class='xlanb-padding'><tr>{head}</tr>{body}</table>")
+            parts.append(format_table_html(PaddingList._COLUMNS, self.padding.rows(),
+                                           cls="xlanb-padding"))
         if self.collectives:
             parts.append(self.collectives._repr_html_())
         return "\n".join(parts)
@@ -277,7 +263,6 @@ class TargetReport:
 
 _OOM = re.compile(r"\(\s*([\d.]+)\s*([KMGT]?)i?B?\s*\)\s*exceeds\s+available\s+HBM\s*"
                   r"\(\s*([\d.]+)\s*([KMGT]?)i?B?\s*\)", re.I)
-_UNIT = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def parse_hbm_oom(message: str) -> tuple[int, int] | None:
@@ -285,8 +270,8 @@ def parse_hbm_oom(message: str) -> tuple[int, int] | None:
     m = _OOM.search(message)
     if m is None:
         return None
-    return (int(float(m.group(1)) * _UNIT[m.group(2).upper()]),
-            int(float(m.group(3)) * _UNIT[m.group(4).upper()]))
+    return (int(float(m.group(1)) * BYTE_UNITS[m.group(2).upper()]),
+            int(float(m.group(3)) * BYTE_UNITS[m.group(4).upper()]))
 
 
 def _first_line(e: BaseException) -> str:
@@ -299,7 +284,7 @@ def _first_line(e: BaseException) -> str:
 
 def _where(place) -> tuple[str, str]:
     src, scope = place
-    return (f"{src.file}:{src.line}" if isinstance(src, SourceLoc) else ""), scope or ""
+    return (src.where if isinstance(src, SourceLoc) else ""), scope or ""
 
 
 _ON_CHIP = re.compile(r"S\([1-9]\d*\)")
@@ -460,7 +445,7 @@ def compile_for_target(lowering: GraphLowering, target, lowered=None,
                             available_bytes=oom[1] if oom else None, notes=_notes(lowering))
     secs = time.perf_counter() - t0
     if "tpu" not in {d.platform for s in _shardings_of(exe) for d in s.device_set}:
-        raise TargetError(f"xlanb: graph {lowering.hash[:12]} was placed on "
+        raise TargetError(f"xlanb: graph {format_hash(lowering.hash)} was placed on "
                           f"{_shardings_of(exe)[:1]}, not on {t.name}'s chips")
     metrics.counter("TargetCompile")
     text = exe.as_text()
@@ -563,7 +548,7 @@ def _work() -> None:
             if _closing[0]:
                 future.set_result(_not_compiled(*args[:2]))
                 continue
-            _compiling.append(f"graph {args[0].hash[:12]} for {resolve_target(args[1]).name}")
+            _compiling.append(f"graph {format_hash(args[0].hash)} for {resolve_target(args[1]).name}")
         try:
             future.set_result(_compile_quietly(*args))
         except BaseException as e:  # noqa: BLE001 - the Future carries it to whoever waits

@@ -11,7 +11,7 @@ import re
 from typing import NamedTuple
 
 from ..base.frames import source_text
-from ..base.tables import format_table
+from ..base.formats import format_hash, format_table, format_table_html
 from .hlo_text import aten_of, array_sizes, attr, origin, scope_of, stack_tables
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
@@ -119,7 +119,7 @@ class CollectiveList(list):
                 for c in self]
 
     def __str__(self) -> str:
-        head = f"graph {self.graph_hash[:12]}: " if self.graph_hash else ""
+        head = f"graph {format_hash(self.graph_hash)}: " if self.graph_hash else ""
         if not self:
             return head + "no collectives"
         counts = ", ".join(f"{n} {k}" for k, n in self.counts().items())
@@ -130,11 +130,9 @@ class CollectiveList(list):
 
     def _repr_html_(self) -> str:
         import html
-        head = "".join(f"<th>{c}</th>" for c in self._COLUMNS)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r) + "</tr>"
-                       for r in self.rows(_short))
         title = html.escape(str(self).split("\n")[0])
-        return f"<div>{title}</div><table class='xlanb-collectives'><tr>{head}</tr>{body}</table>"
+        return f"<div>{title}</div>" + format_table_html(self._COLUMNS, self.rows(_short),
+                                                         cls="xlanb-collectives")
 
 
 def _short(source: str) -> str:

@@ -26,7 +26,7 @@ from collections import defaultdict
 from typing import NamedTuple
 
 from ..base.frames import source_text
-from ..base.tables import format_bytes, format_duration, format_table
+from ..base.formats import format_bytes, format_duration, format_table, format_table_html
 from .hlo_text import (
     _INSTR,
     array_sizes,
@@ -167,9 +167,7 @@ class CompileProfile:
             f"background:{colours.get(p.phase, '#bbb')}'></div>" for p in self.parts)
 
         def table(head, rows):
-            h = "".join(f"<th>{e(c)}</th>" for c in head)
-            b = "".join("<tr>" + "".join(f"<td>{e(v)}</td>" for v in r) + "</tr>" for r in rows)
-            return f"<table class='xlanb-compile-time'><tr>{h}</tr>{b}</table>"
+            return format_table_html(head, rows, cls="xlanb-compile-time")
 
         parts = [(f"<div><b>compile of {e(self.what)}</b> on {e(self.platform)}: "
                   f"{e(format_duration(self.total_s))}</div>"),
@@ -638,7 +636,7 @@ def recorded_lines(summary) -> dict:
     out: dict = {}
     for o in getattr(summary, "ops", ()):
         if o.src is not None:
-            out.setdefault((o.name, o.scope.replace(".", "/")), f"{o.src.file}:{o.src.line}")
+            out.setdefault((o.name, o.scope.replace(".", "/")), o.src.where)
     return out
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from ..base.formats import format_location
 from ..base.frames import is_internal_file
 
 BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
@@ -78,7 +79,7 @@ def _frame_source(tables: dict, frame_id: int) -> str:
         loc = tables["FileLocations"][int(re.search(r"file_location_id=(\d+)", frame).group(1))]
         f = int(re.search(r"file_name_id=(\d+)", loc).group(1))
         line = int(re.search(r"\bline=(\d+)", loc).group(1))
-        return f"{tables['FileNames'][f].strip(chr(34))}:{line}"
+        return format_location(tables['FileNames'][f].strip(chr(34)), line)
     except (KeyError, AttributeError, ValueError):
         return ""
 
@@ -95,7 +96,7 @@ def origin(line: str, tables: dict) -> tuple[str, str, str]:
     if frame:
         source = _frame_source(tables, int(frame.group(1)))
     elif src_file and src_line:
-        source = f"{src_file.group(1)}:{src_line.group(1)}"
+        source = format_location(src_file.group(1), src_line.group(1))
     else:
         source = ""
     if source and is_internal_file(source.rpartition(":")[0]):

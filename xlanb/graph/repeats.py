@@ -7,7 +7,7 @@ ops have no scope (autograd runs them); each is given the layer whose values it 
 directly (the layer's weights, its saved activations, its input), else the layer of the
 ops that made its inputs.
 
-Consecutive segments repeat when they are the same ops (the same ``OpInfo``: op,
+Consecutive segments repeat when they are the same ops (the same ``OpSignature``: op,
 shapes, dtypes, static arguments) with the same wiring, and each takes from the segment
 before it only its *carry* (the running activation, or its gradient), always from the
 same op. Their other inputs are either the same value for every layer (an attention
@@ -28,7 +28,7 @@ iteration ending in a ``LOOP_OP`` (an identity on its carry, in the iteration's 
 ``find_repeats(..., asked_only=True)`` finds only the runs of those module lists, which
 are lowered as loops on every platform and mesh.
 
-Plain data over a graph's steps ``(OpInfo, input positions)``: values 0..L-1 are the
+Plain data over a graph's steps ``(OpSignature, input positions)``: values 0..L-1 are the
 leaves, L+j is op j. The decision depends on the structure only, so it is made once per
 graph structure (with its lowering) and the steady step pays nothing.
 """

@@ -1,6 +1,6 @@
-"""How one signature of an op evaluates: its ``OpInfo``.
+"""How one signature of an op evaluates: its ``OpSignature``.
 
-An ``OpInfo`` is built once per signature: torch's meta kernels give the result shapes
+An ``OpSignature`` is built once per signature: torch's meta kernels give the result shapes
 and dtypes, and its ``fn(inputs, scalars)`` evaluates the op on JAX values, cast to
 torch's dtypes, through the op's JAX lowering or torch's decomposition. Decompositions
 run on tensors that hold JAX values, op by op: the dispatcher that does that sits above
@@ -16,15 +16,15 @@ import torch
 
 from ..base.dtypes import to_jax_dtype, to_torch_dtype
 from ..base.caches import cache
-from ..ir import GETITEM, OpInfo, TensorMeta, contiguous_strides
+from ..ir import GETITEM, OpSignature, TensorMeta, contiguous_strides
 from ..templates import fill_call, template_of
 from .plan import OpPlan
 from .signature import meta_tensor, metas_of
 from .views import ViewRecord
 
-# op signature -> OpInfo (dispatch.py and spmd.py fill it)
-infos: dict = cache({}, "op signature -> OpInfo", compiled=True)
-_getitem_infos = getitem_infos = cache({}, "(OpInfo uid, output index) -> OpInfo", compiled=True)
+# op signature -> OpSignature (dispatch.py and spmd.py fill it)
+infos: dict = cache({}, "op signature -> OpSignature", compiled=True)
+_getitem_infos = getitem_infos = cache({}, "(OpSignature uid, output index) -> OpSignature", compiled=True)
 
 
 def _conform(res, out, name):
@@ -109,8 +109,8 @@ def check_traceable(fn, tensors, scalars, random) -> None:
         raise NotImplementedError(f"torch's decomposition does not lower: {e}") from e
 
 
-def new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device, out_args=None) -> OpInfo:
-    """Build the OpInfo of one signature. For out= ops, ``kwargs`` and ``tensors`` exclude
+def new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device, out_args=None) -> OpSignature:
+    """Build the OpSignature of one signature. For out= ops, ``kwargs`` and ``tensors`` exclude
     the out arguments, which are passed as ``out_args`` (name -> tensor or list of them)."""
     lift = plan.lift
     counters = [0, 0]
@@ -151,7 +151,7 @@ def new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device, out_
     if plan.random:
         specs = specs + ("key",)
     view = ViewRecord(_view_raw_fn(plan, template)) if plan.kind == "view" else None
-    return OpInfo(plan.name, sig, fn, out, op=plan.fop, n_in=len(tensors),
+    return OpSignature(plan.name, sig, fn, out, op=plan.fop, n_in=len(tensors),
                   scalar_specs=specs, device=device, plan=plan,
                   in_metas=tuple(t._meta for t in tensors), template=template, view=view)
 
@@ -216,11 +216,11 @@ def _metas_from_lowering(plan: OpPlan, template, tensors, scalars):
     return meta(res)
 
 
-def getitem_info(info: OpInfo, i: int) -> OpInfo:
+def getitem_info(info: OpSignature, i: int) -> OpSignature:
     key = (info.uid, i)
     gi = _getitem_infos.get(key)
     if gi is None:
-        gi = _getitem_infos[key] = OpInfo(
+        gi = _getitem_infos[key] = OpSignature(
             GETITEM, (GETITEM, info.sig, i), lambda ins, scs: ins[0][i], info.out[i], n_in=1,
             device=info.device, in_metas=(None,))
     return gi

@@ -11,19 +11,19 @@ from ..base.dtypes import to_jax_dtype, to_torch_dtype
 from ..base.caches import cache
 from ..base.frames import user_frame
 from ..base.scopes import current_scope
-from ..ir import Node, OpInfo, TensorMeta, contiguous_strides
+from ..ir import Node, OpSignature, TensorMeta, contiguous_strides
 from ..runtime.transfer import host_to_device
 from ..tensor import XlaTensor, new_tensor
 
 def _leaf_info(cache: dict, name: str, tag: str, meta: TensorMeta, device: int,
-               make_fn=None) -> OpInfo:
+               make_fn=None) -> OpSignature:
     """The one info of a leaf (a node without inputs) of this kind, shape, dtype and
     device, kept in ``cache``; ``make_fn(meta)`` gives its function, if it has one."""
     key = (meta.shape, meta.dtype, device)
     info = cache.get(key)
     if info is None:
         fn = make_fn(meta) if make_fn is not None else None
-        info = cache[key] = OpInfo(name, (tag,) + key, fn, meta, device=device)
+        info = cache[key] = OpSignature(name, (tag,) + key, fn, meta, device=device)
     return info
 
 
@@ -34,7 +34,7 @@ _data_infos = cache({}, "leaf infos of device data, by (shape, dtype, device)")
 _empty_infos = cache({}, "leaf infos of uninitialized memory")
 
 
-def data_info(meta: TensorMeta, device: int) -> OpInfo:
+def data_info(meta: TensorMeta, device: int) -> OpSignature:
     """The info of device data (a leaf) with this shape and dtype."""
     return _leaf_info(_data_infos, "device_data", "data", meta, device)
 
@@ -44,7 +44,7 @@ def _zeros_fn(meta: TensorMeta):
     return lambda ins, scs: jax.numpy.zeros(shape, dt)
 
 
-def empty_info(meta: TensorMeta, device: int) -> OpInfo:
+def empty_info(meta: TensorMeta, device: int) -> OpSignature:
     """Uninitialized memory: zeros if ever read, usually overwritten first."""
     return _leaf_info(_empty_infos, "aten::empty", "empty", meta, device, _zeros_fn)
 
@@ -52,7 +52,7 @@ def empty_info(meta: TensorMeta, device: int) -> OpInfo:
 _placed_infos = cache({}, "leaf infos of data mark_sharding laid out")
 
 
-def placed_info(meta: TensorMeta, device: int) -> OpInfo:
+def placed_info(meta: TensorMeta, device: int) -> OpSignature:
     """The info of device data that ``xlanb.spmd.mark_sharding`` laid out on a mesh: its
     node's line is where it was marked (a recompile it causes names that line)."""
     return _leaf_info(_placed_infos, "device_data", "placed", meta, device)

@@ -22,7 +22,7 @@ class OpPlan:
     def __init__(self, op, kind, fop, mutated):
         self.op = op
         self.special = None       # a handler that replaces the generic path (dispatch.SPECIAL)
-        self.fast = None          # functional ops: positional-args signature -> OpInfo
+        self.fast = None          # functional ops: positional-args signature -> OpSignature
         self.kind = kind          # functional | view | inplace | out | mutating
         self.fop = fop            # the functional op that nodes record
         self.mutated = mutated    # positions (int) or kwarg names (str) written to

@@ -24,10 +24,10 @@ entry is loaded only if it is a regular file of this user's and its HMAC-SHA256,
 a per-user secret kept outside the cache directory, verifies. Anything else is never
 unpickled: it counts as ``PersistentCacheRejected`` and is deleted.
 
-The store is bounded by ``config.cache_max_bytes``: a write that takes it over the cap
+The store is bounded by ``config.store_max_bytes``: a write that takes it over the cap
 deletes entries of other environments (xlanb source digest, torch, JAX or jaxlib version)
 first, then the least recently used ones (a load refreshes an entry's mtime).
-``python -m xlanb.cache`` shows and manages it.
+``python -m xlanb.store`` shows and manages it.
 """
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ from jax.experimental import serialize_executable
 
 from ..base import metrics
 from ..base.config import config, default_store_key
+from ..base.frames import PACKAGE_DIR
 from .devices import jax_device
 from .jit import user_cache_dir
 
@@ -73,7 +74,7 @@ KEY_SOURCES = ("lowering", "ops", "templates.py", "ir.py", "base/dtypes.py", "di
 # Bump when the entry format changes, or when code outside KEY_SOURCES starts to decide
 # what an executable computes.
 FORMAT_VERSION = 2
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the package
+_ROOT = PACKAGE_DIR
 
 _MAGIC = b"XLNBEXE2"
 _TAG_LEN = 32  # HMAC-SHA256
@@ -84,11 +85,11 @@ def directory() -> str | None:
     """Where entries live, or None when the store is off: no cache directory, the user
     pointed JAX's own persistent cache somewhere (then that cache is used, as JAX does),
     or the store was refused (not private, or no signing key; warned once)."""
-    if not config.cache_dir or user_cache_dir():
+    if not config.store_dir or user_cache_dir():
         return None
-    if _refusal(config.cache_dir, config.store_key_file) is not None:
+    if _refusal(config.store_dir, config.store_key_file) is not None:
         return None
-    return os.path.join(config.cache_dir, _DIR)
+    return os.path.join(config.store_dir, _DIR)
 
 
 # ---------------------------------------------------------------------------------------
@@ -98,21 +99,21 @@ _refusals: dict = {}  # (cache dir, key file) -> why the store is off there, or 
 _setup_lock = threading.Lock()
 
 
-def _refusal(cache_dir: str, key_file: str) -> str | None:
-    """Why the store must not run in ``cache_dir`` with ``key_file``, or None; decided
+def _refusal(store_dir: str, key_file: str) -> str | None:
+    """Why the store must not run in ``store_dir`` with ``key_file``, or None; decided
     once per process (creating the directories and key as needed), warned once."""
-    k = (cache_dir, key_file)
+    k = (store_dir, key_file)
     if k in _refusals:
         return _refusals[k]
     with _setup_lock:  # compile threads may ask first, together
         if k in _refusals:
             return _refusals[k]
-        why = dir_problem(cache_dir)  # before creating anything in it (issue 37)
+        why = dir_problem(store_dir)  # before creating anything in it (issue 37)
         if why is None:
-            _make_private_dirs(cache_dir)
-            why = dir_problem(cache_dir)
+            _make_private_dirs(store_dir)
+            why = dir_problem(store_dir)
         if why is not None:
-            remedy = ("Run chmod go-w on it if it is yours, or set XLANB_CACHE_DIR to a "
+            remedy = ("Run chmod go-w on it if it is yours, or set XLANB_STORE_DIR to a "
                       "directory only you can write (empty: no store)")
         else:
             why = _load_secret(key_file)[1]
@@ -125,11 +126,11 @@ def _refusal(cache_dir: str, key_file: str) -> str | None:
     return why
 
 
-def _make_private_dirs(cache_dir: str) -> None:
+def _make_private_dirs(store_dir: str) -> None:
     """Create the store's root (and the cache directory) where missing. Failing is not
     fatal: a read-only store still loads, and writes warn."""
     try:
-        _mkdirs_private(os.path.join(cache_dir, _DIR))
+        _mkdirs_private(os.path.join(store_dir, _DIR))
     except OSError:
         pass
 
@@ -152,12 +153,12 @@ def _mkdirs_private(d: str) -> None:
             pass
 
 
-def dir_problem(cache_dir: str) -> str | None:
-    """Why ``cache_dir``, the store root in it or a folder inside that root (environment
+def dir_problem(store_dir: str) -> str | None:
+    """Why ``store_dir``, the store root in it or a folder inside that root (environment
     and shard folders) is not private, or None. A level that does not exist is fine: it is
     created 0700 when first written."""
-    root = os.path.join(cache_dir, _DIR)
-    for d in (cache_dir, root):
+    root = os.path.join(store_dir, _DIR)
+    for d in (store_dir, root):
         try:
             st = os.stat(d)
         except OSError:
@@ -336,7 +337,7 @@ def _environment() -> bytes:
 @functools.cache
 def env_tag() -> str:
     """The folder of entries written by this xlanb source, torch, JAX and jaxlib: the
-    others are evicted first, and ``python -m xlanb.cache prune`` deletes them."""
+    others are evicted first, and ``python -m xlanb.store prune`` deletes them."""
     return hashlib.sha256(_source_digest() + _versions()).hexdigest()[:16]
 
 
@@ -477,8 +478,8 @@ _lapack_ready: list = []
 def store(key: str, compiled) -> None:
     """Write ``compiled`` under ``key``; an executable that cannot be serialized is not
     stored (the next process compiles it again); nor is any with
-    ``config.cache_readonly``."""
-    if config.cache_readonly:
+    ``config.store_readonly``."""
+    if config.store_readonly:
         return
     path = _path(key)
     if path is None:
@@ -514,7 +515,7 @@ def _write(path: str, key: str, body: bytes) -> None:
         if not _write_failed:
             _write_failed.append(e)
             warnings.warn(f"xlanb: cannot write compiled executables to {directory()} ({e}); "
-                          "a new process will compile them again. Set XLANB_CACHE_DIR to a "
+                          "a new process will compile them again. Set XLANB_STORE_DIR to a "
                           "writable directory, or to an empty string to turn the store off.",
                           RuntimeWarning, stacklevel=3)
         return
@@ -610,7 +611,7 @@ def _account(root: str, added: int) -> None:
     with _usage_lock:
         total = _usage.get(root)
         total = sum(e.size for e in entries(root)) if total is None else total + added
-        cap = config.cache_max_bytes
+        cap = config.store_max_bytes
         if total > cap:
             gone, total = evict(root, cap * 9 // 10)
             metrics.counter("PersistentCacheEvicted", len(gone))
