@@ -52,7 +52,7 @@ from .base import metrics
 from .base.frames import SourceLoc, format_loc, user_frame
 from .base.scopes import current_scope
 from .base.session import mode_state, session
-from .base.formats import format_table, format_table_html
+from .base.formats import format_hash, format_table, format_table_html
 from .execute.background import compiles_in_flight
 from .runtime import libtpu
 from .debug import backward_origin, note_forward
@@ -506,7 +506,7 @@ class Profile:
                             "dur": round(max(dur, 0.0) * 1e6, 3), "pid": pid, "tid": on,
                             "args": args})
 
-            slice_(f"compile graph {g.hash[:12]}", "compile", t1 - raw.lower_s,
+            slice_(f"compile graph {format_hash(g.hash)}", "compile", t1 - raw.lower_s,
                    raw.lower_s + raw.compile_s,
                    {"graph": g.hash, "slowest line": prof.short(),
                     "phases": {k: round(v, 6) for k, v in prof.phases().items()},

@@ -26,7 +26,8 @@ from collections import defaultdict
 from typing import NamedTuple
 
 from ..base.frames import source_text
-from ..base.formats import format_bytes, format_duration, format_table, format_table_html
+from ..base.formats import (format_bytes, format_duration, format_location, format_table,
+                            format_table_html)
 from .hlo_text import (
     _INSTR,
     array_sizes,
@@ -600,7 +601,7 @@ def advise(profile: CompileProfile, stats: _Stats | None, text: str,
         names: dict = defaultdict(list)
         for o in getattr(summary, "ops", ()) or ():
             if o.src is not None:
-                names[source_text(f"{o.src.file}:{o.src.line}")].append(o.name)
+                names[source_text(format_location(o.src.file, o.src.line))].append(o.name)
         rows = {r.key: r for r in profile.by_line(None)}
         for key, ops in names.items():
             row = rows.get(key)
