@@ -159,3 +159,28 @@ def test_fsdp_scan_layers_checkpoint_adamw_gives_cpu_torch_losses(scan_adamw):
                             "4 × _orig_module.layers backward compiled once (scan, layers 0–3)",
                             "4 × _orig_module.layers update compiled once (scan, layers 0–3)"]
     assert r["params"]["_orig_module.layers.3.up.weight"]["grad_spec"] == ["fsdp", "None"]
+
+
+@pytest.mark.parametrize("which", ["sgd", "scan_adamw"])
+def test_fsdp_step_for_a_v5e_2x2_holds_a_quarter_per_chip(which, request):
+    """compile_for("v5e:2x2") of the training step: each chip's arguments are its
+    shards of the parameters and optimizer state (a quarter) plus the batch's shard and
+    the replicated labels, and the report says so against the whole graph's."""
+    _, r = request.getfixturevalue(which)
+    t = r["target"]
+    assert t["chips"] == 4
+    assert t["state_chip"] * 4 == t["state_whole"]  # every parameter and state sharded
+    # a chip's arguments: its state shards, then the batch's shard (16x16 float32 / 4)
+    # and the labels (16 int64, replicated)
+    assert t["logical_args"] == t["state_chip"] + 16 * 16 * 4 // 4 + 16 * 8
+    assert t["whole"] == t["state_whole"] + 16 * 16 * 4 + 16 * 8
+    pct = round(100 * t["logical_args"] / t["whole"])
+    assert 25 <= pct <= 27
+    assert (f"arguments per chip: {_kib(t['logical_args'])} of the whole graph's "
+            f"{_kib(t['whole'])} ({pct}%: sharded over 4 chips") in t["text"]
+    # XLA's memory analysis (TPU layouts: small shards pad to (8, 128) tiles) holds them
+    assert t["args"] >= t["logical_args"]
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:.1f} KiB"
