@@ -2,12 +2,16 @@
 print what xlanb's tools say about it as one JSON line (``FSDP-RESULTS {...}``):
 the parameters' and gradients' shardings and shards, the last graph's collectives
 (kind, aten op, source line, bytes per device) and its loops, and that graph (the
-training step) compiled for a TPU v5e:2x2 (per-chip memory against the whole graph's). tests/test_fsdp.py asserts
+training step) compiled for a TPU v5e:2x2 (per-chip memory against the whole graph's;
+not with ``--no-target`` before the script). tests/test_fsdp.py asserts
 on them."""
 import json
 import runpy
 import sys
 
+target = sys.argv[1] != "--no-target"  # a large step's TPU compile takes a minute
+if not target:
+    del sys.argv[1]
 script = sys.argv[1]
 sys.argv = sys.argv[1:]
 ns = runpy.run_path(script, run_name="__main__")
@@ -37,12 +41,13 @@ def _chip_bytes(t) -> int:
 
 
 # the step for 4 TPU v5e chips: the parameters and AdamW's state as each chip holds them
-opt = ns["opt"]
-state = [p for p in model.parameters()] + [v for st in opt.state.values()
-                                           for v in st.values() if v.dim() > 0]
-report = xlanb.compile_for("v5e:2x2", last)
-out["target"] = {"args": report.memory.argument_bytes, "whole": report.whole_argument_bytes,
-                 "chips": report.mesh_chips, "state_chip": sum(map(_chip_bytes, state)),
-                 "state_whole": sum(t.numel() * t.element_size() for t in state),
-                 "logical_args": report.padding.total("argument")[0], "text": str(report)}
+if target:
+    opt = ns["opt"]
+    state = [p for p in model.parameters()] + [v for st in opt.state.values()
+                                               for v in st.values() if v.dim() > 0]
+    report = xlanb.compile_for("v5e:2x2", last)
+    out["target"] = {"args": report.memory.argument_bytes, "whole": report.whole_argument_bytes,
+                     "chips": report.mesh_chips, "state_chip": sum(map(_chip_bytes, state)),
+                     "state_whole": sum(t.numel() * t.element_size() for t in state),
+                     "logical_args": report.padding.total("argument")[0], "text": str(report)}
 print("FSDP-RESULTS " + json.dumps(out))
