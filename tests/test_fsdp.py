@@ -33,14 +33,14 @@ TORCH_XLA_SGD = [2.104445, 2.087473, 2.071132]
 LOSS_TOL = 2e-4
 
 
-def _run(script: str) -> tuple[list[float], dict]:
+def _run(script: str, *driver_args: str) -> tuple[list[float], dict]:
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "")
                         + " --xla_force_host_platform_device_count=4").strip()
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("XLANB_MODE", None)
     proc = subprocess.run([sys.executable, "-m", "xlanb.run", "--shadow", "fsdp_driver.py",
-                           script], capture_output=True, text=True, env=env, cwd=SCRIPTS,
+                           *driver_args, script], capture_output=True, text=True, env=env, cwd=SCRIPTS,
                           timeout=600)
     lines = proc.stdout.splitlines()
     res = next((x for x in lines if x.startswith("FSDP-RESULTS ")), None)
@@ -52,6 +52,12 @@ def _run(script: str) -> tuple[list[float], dict]:
 @pytest.fixture(scope="module")
 def sgd():
     return _run("fsdp_sgd.py")
+
+
+@pytest.fixture(scope="module")
+def bert():
+    pytest.importorskip("transformers")
+    return _run("fsdp_bert.py", "--no-target")  # its TPU compile would take a minute
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +165,56 @@ def test_fsdp_scan_layers_checkpoint_adamw_gives_cpu_torch_losses(scan_adamw):
                             "4 × _orig_module.layers backward compiled once (scan, layers 0–3)",
                             "4 × _orig_module.layers update compiled once (scan, layers 0–3)"]
     assert r["params"]["_orig_module.layers.3.up.weight"]["grad_spec"] == ["fsdp", "None"]
+
+
+@pytest.mark.parametrize("which", ["sgd", "scan_adamw"])
+def test_fsdp_step_for_a_v5e_2x2_holds_a_quarter_per_chip(which, request):
+    """compile_for("v5e:2x2") of the training step: each chip's arguments are its
+    shards of the parameters and optimizer state (a quarter) plus the batch's shard and
+    the replicated labels, and the report says so against the whole graph's."""
+    _, r = request.getfixturevalue(which)
+    t = r["target"]
+    assert t["chips"] == 4
+    assert t["state_chip"] * 4 == t["state_whole"]  # every parameter and state sharded
+    # a chip's arguments: its state shards, then the batch's shard (16x16 float32 / 4)
+    # and the labels (16 int64, replicated)
+    assert t["logical_args"] == t["state_chip"] + 16 * 16 * 4 // 4 + 16 * 8
+    assert t["whole"] == t["state_whole"] + 16 * 16 * 4 + 16 * 8
+    pct = round(100 * t["logical_args"] / t["whole"])
+    assert 25 <= pct <= 27
+    assert (f"arguments per chip: {_kib(t['logical_args'])} of the whole graph's "
+            f"{_kib(t['whole'])} ({pct}%: sharded over 4 chips") in t["text"]
+    # XLA's memory analysis (TPU layouts: small shards pad to (8, 128) tiles) holds them
+    assert t["args"] >= t["logical_args"]
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:.1f} KiB"
+
+
+def test_fsdp_bert_from_a_transformers_config_gives_cpu_torch_losses(bert):
+    """A tiny BERT (2 layers, hidden 64) under FSDPv2 with AdamW: CPU torch's losses,
+    every parameter and gradient sharded on 'fsdp'."""
+    import runpy
+    losses, r = bert
+    make_model = runpy.run_path(os.path.join(SCRIPTS, "fsdp_bert_model.py"))["make_model"]
+    model, ids, labels = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    want = []
+    for _ in range(3):
+        opt.zero_grad()
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    assert losses == pytest.approx(want, abs=LOSS_TOL)
+    assert len(losses) == 3 and losses[2] < losses[0]  # it trains
+    params = r["params"]
+    assert len(params) == len(list(model.parameters()))
+    for name, p in params.items():
+        assert "fsdp" in p["spec"], name  # sharded on the fsdp axis ...
+        assert p["grad_spec"] == p["spec"], name  # ... and its gradient lies the same way
+        assert all(_numel(s) * 4 == _numel(p["shape"]) for s in p["shards"]), name
+    # the word embeddings (128, 64): sharded along their largest dimension
+    emb = params["_orig_module.bert.embeddings.word_embeddings.weight"]
+    assert emb["spec"] == ["fsdp", "None"] and emb["shards"][0] == [32, 64]

@@ -322,6 +322,14 @@ def test_notebook_runs(path):
         assert re.search(r"slowest line to compile: In\[\d+\]:9 ", all_text), all_text
         assert re.search(r"loop at one line: In\[\d+\]:9: .* xlanb\.scan", all_text)
         assert "300 × scan compiled once" in all_text and "advice now: none" in all_text
+    if path.stem == "09_fsdp":
+        assert "{'fsdp'} on mesh (fsdp=4, model=1)" in all_text
+        assert "4 × _orig_module.layers compiled once (scan, layers 0–3)" in all_text
+        assert re.search(r"\d+ B  f32\[[\d,]+\] +aten::\w+ +In\[\d+\]:\d+", all_text), all_text
+        assert re.search(r"v5e:2x2 \(4 x TPU v5 lite\): peak .* HBM per chip, fits", all_text)
+        # FSDP: a quarter of the whole graph's arguments on each chip
+        assert re.search(r"arguments per chip: [\d.]+ MiB of the whole graph's [\d.]+ MiB "
+                         r"\(2[56]%: sharded over 4 chips", all_text), all_text[-1500:]
     if path.stem == "05_reading_hlo":
         assert "same module for 0.1 and 0.2: True" in all_text
     if path.stem == "sharding":

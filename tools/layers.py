@@ -78,7 +78,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
      ("xlanb.spmd", "xlanb.distributed")),
     ("loops", "xlanb.scan, xlanb.scan_layers: loops the program asks for, recorded "
      "unrolled and compiled as one",
-     ("xlanb.loops",)),
+     ("xlanb.loops", "xlanb.barrier")),
     ("api", "the public API",
      ("xlanb",)),
     ("compat", "torch_xla's modules on the public API: import torch_xla runs on xlanb",

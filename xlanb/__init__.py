@@ -65,6 +65,7 @@ from .tensor import XlaTensor
 from . import spmd
 from . import distributed
 from .loops import scan, scan_layers
+from .barrier import optimization_barrier_
 
 _register()
 _install_scope_hooks()
@@ -89,7 +90,7 @@ __all__ = ["device", "device_count", "set_mode", "switch_mode", "get_mode", "mod
            "is_xlanb_module", "debug_nans", "NonFiniteError",
            "ExecutableLimitError", "where_made",
            "compare_cpu", "CompareReport", "CompareRow", "profile", "Profile", "ProfileTable",
-           "spmd", "distributed", "collectives", "scan", "scan_layers",
+           "spmd", "distributed", "collectives", "scan", "scan_layers", "optimization_barrier_",
            "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats",
            "memory_reserved", "max_memory_reserved",
            "memory_stats", "memory_summary", "memory_by_line", "memory_limit",

@@ -28,7 +28,7 @@ REDUCE_OR = "or"
 REDUCE_MIN = "min"
 REDUCE_MAX = "max"
 
-__all__ = ["xla_device", "xla_device_hw", "get_xla_supported_devices", "is_xla_tensor",
+__all__ = ["xla_device", "optimization_barrier_", "xla_device_hw", "get_xla_supported_devices", "is_xla_tensor",
            "get_ordinal", "get_local_ordinal", "is_master_ordinal", "xrt_world_size",
            "master_print", "mark_step", "wait_device_ops", "add_step_closure",
            "optimizer_step", "reduce_gradients", "save", "send_cpu_data_to_device",
@@ -44,10 +44,15 @@ __getattr__ = module_getattr(NAME, {
     "mark_sharding": SHARDING,
     "get_rng_state": "xlanb.manual_seed(seed) to set it; the state is not readable",
     "unlazy": "torch_xla.sync() / xlanb.sync()",
-    "optimization_barrier_": "nothing: xlanb does not reorder across syncs",
 })
 
 _step_closures: list[Callable[[], Any]] = []
+
+
+def optimization_barrier_(tensors) -> None:
+    """The tensors behind one optimization barrier, in place (``xlanb.optimization_barrier_``:
+    XLA neither moves nor merges work across it)."""
+    xlanb.optimization_barrier_(tensors)
 
 
 def xla_device(n: int | None = None, devkind: str | None = None) -> torch.device:

@@ -131,7 +131,7 @@ class TargetReport:
     def __init__(self, target: Target, graph_hash: str, *, memory=None, fits=None, cost=None,
                  padding=None, collectives=None, compile_seconds=0.0, error=None,
                  available_bytes=None, notes=(), executable=None, compile_raw=None,
-                 recorded=None, loops=None):
+                 recorded=None, loops=None, whole_argument_bytes=None, mesh_chips=1):
         self.target = target
         self.graph_hash = graph_hash or ""
         self.memory: GraphMemory | None = memory
@@ -148,6 +148,28 @@ class TargetReport:
         self._recorded = recorded or {}  # (aten op, scope) -> the line it was recorded at
         self._loops = loops or {}  # layer stacks compiled as loops: name -> layers
         self._compile_profile = None
+        # the graph's arguments at their full sizes (every leaf's global shape), and the
+        # chips its mesh spans (1: one device): a sharded argument (FSDP's parameters and
+        # optimizer state) holds only its shard on each chip, which memory_analysis counts
+        self.whole_argument_bytes: int | None = whole_argument_bytes
+        self.mesh_chips = mesh_chips
+
+    def chip_argument_bytes(self) -> int:
+        """The graph's arguments (not its lifted scalars) as one chip holds them, at
+        their logical sizes: its shards of the sharded ones, the replicated ones whole
+        (the TPU layouts' padding is the padding table's)."""
+        return self.padding.total("argument")[0]
+
+    def sharding_line(self) -> str:
+        """On a mesh: the arguments one chip holds against the whole graph's ("" on one
+        chip, or where the compiler refused)."""
+        whole = self.whole_argument_bytes
+        if self._exe is None or not whole or self.mesh_chips <= 1:
+            return ""
+        chip = self.chip_argument_bytes()
+        return (f"arguments per chip: {format_bytes(chip)} of the whole graph's "
+                f"{format_bytes(whole)} ({100 * chip / whole:.0f}%: sharded over "
+                f"{self.mesh_chips} chips, each holds its shards and every replicated value)")
 
     @property
     def compile_profile(self) -> compile_time.CompileProfile:
@@ -196,6 +218,8 @@ class TargetReport:
             lines.append(f"  compiler: {self.error}")
         if self.memory is not None:
             lines.append(f"  memory per chip: {self.memory}")
+            if self.sharding_line():
+                lines.append(f"  {self.sharding_line()}")
         if self.cost is not None:
             lines.append(f"  cost: {self.roofline}")
         laid_out = self._exe is not None  # a refused graph's buffers have no TPU layout
@@ -246,6 +270,8 @@ class TargetReport:
                 f"{'fits' if self.fits else 'does not fit' if self.fits is False else '?'} "
                 f"(arguments {e(format_bytes(m.argument_bytes))}, outputs "
                 f"{e(format_bytes(m.output_bytes))}, temporaries {e(format_bytes(m.temp_bytes))})</div>")
+            if self.sharding_line():
+                parts.append(f"<div>{e(self.sharding_line())}</div>")
         if self.cost is not None:
             parts.append(f"<div>{e(self.roofline)}; XLA estimates {e(format_duration(self.cost.seconds))} a step</div>")
         for note in self.notes:
@@ -439,7 +465,7 @@ def compile_for_target(lowering: GraphLowering, target, lowered=None,
         args, outs = padding.total("argument")[0], padding.total("output")[0]
         memory = GraphMemory(args, outs, 0, max(0, oom[0] - args - outs), oom[0], 0) \
             if oom is not None else None
-        return TargetReport(t, lowering.hash, memory=memory,
+        return TargetReport(t, lowering.hash, memory=memory, **_whole(lowering),
                             fits=False if oom is not None else None, padding=padding,
                             compile_seconds=secs, error=message,
                             available_bytes=oom[1] if oom else None, notes=_notes(lowering))
@@ -475,7 +501,14 @@ def compile_for_target(lowering: GraphLowering, target, lowered=None,
         collectives=CollectiveList(parse_collectives(text, axes), lowering.hash or ""),
         compile_seconds=secs, notes=_notes(lowering), executable=exe,
         compile_raw=raw_profile(exe), recorded=_recorded_lines(lowering),
-        loops=compile_time.loop_layers(lowering.repeats_for("tpu")))
+        loops=compile_time.loop_layers(lowering.repeats_for("tpu")), **_whole(lowering))
+
+
+def _whole(lowering: GraphLowering) -> dict:
+    """``TargetReport``'s whole-graph argument bytes (the leaves at their global shapes,
+    before any sharding) and the chips its mesh spans."""
+    return {"whole_argument_bytes": sum(result_bytes(m) for m in lowering.leaf_metas),
+            "mesh_chips": lowering.mesh.mesh.size if lowering.mesh is not None else 1}
 
 
 def loop_flops(lowered) -> float:
