@@ -290,30 +290,11 @@ def test_checkpoint_puts_the_recomputation_behind_a_barrier(txla):
     for a, b in zip(layers.parameters(), cpu.parameters()):
         torch.testing.assert_close(a.grad.cpu(), b.grad, **GRAD_TOL)
     xlanb.sync()
+    # What the barrier saves is measured by benchmarks/bench_checkpoint_memory.py (two
+    # TPU compiles of a minute each: 69.7 MiB -> 20.9 MiB for 4 blocks on v5e:1x1)
     _ckpt_step(layers, x.to("xla"))  # the same model without checkpointing: no barrier
     assert "optimization_barrier" not in xlanb.pending_ir()
     xlanb.sync()
-
-
-@pytest.mark.slow  # two TPU compiles (libtpu, no TPU), nothing run: 1-2 min each on 2 cores
-def test_checkpoint_lowers_the_peak_on_a_tpu(txla):
-    """A stack whose activations dominate, compiled for one v5e chip (not run): the
-    checkpointed step's peak is well under the plain step's. Without the barrier the
-    two were the same: XLA merged the recomputation into the forward."""
-    checkpoint = txla[2].checkpoint
-    peaks = {}
-    for ckpt in (False, True):
-        layers = _ckpt_stack(256, 4).to("xla")
-        _ckpt_step(layers, torch.randn(4096, 256).to("xla"), checkpoint if ckpt else None)
-        peaks[ckpt] = xlanb.compile_for("v5e:1x1").memory
-        for p in layers.parameters():
-            p.grad = None  # nothing of this step is kept, so nothing of it runs
-        del layers
-    plain, ck = peaks[False], peaks[True]
-    assert plain.argument_bytes == ck.argument_bytes and plain.output_bytes == ck.output_bytes
-    # the three checkpointed blocks' activations (4096 x 1024 float32, 16 MiB each) are
-    # no longer live at once (measured: 69.7 MiB -> 20.9 MiB)
-    assert ck.peak_bytes < 0.5 * plain.peak_bytes, (plain, ck)
 
 
 def test_fsdp_v1_is_refused_with_the_way_to_v2():
