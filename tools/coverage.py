@@ -20,6 +20,7 @@ the ``expecttest`` package, which torch's test utilities import).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -446,13 +447,28 @@ def _first_line(e: BaseException) -> str:
 def samples_of(op, dtype, *, requires_grad=False, max_samples=None):
     torch.manual_seed(0)
     out = []
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _no_test_fn_lookup():
         warnings.simplefilter("ignore")
         for s in op.sample_inputs("cpu", dtype, requires_grad=requires_grad):
             out.append(s)
             if max_samples is not None and len(out) >= max_samples:
                 break
     return out
+
+
+@contextlib.contextmanager
+def _no_test_fn_lookup():
+    """torch's ``sample_inputs`` looks for the running ``unittest.TestCase`` (its
+    per-sample skips) with ``inspect.stack()``, which reads the source of every frame on
+    each call: most of test_opinfo's time under pytest's deep stacks. These samples are
+    drawn outside any TestCase, where the lookup finds nothing."""
+    from torch.testing._internal.opinfo import core
+    real = core.extract_test_fn
+    core.extract_test_fn = lambda: None
+    try:
+        yield
+    finally:
+        core.extract_test_fn = real
 
 
 class _SkipSample(Exception):
