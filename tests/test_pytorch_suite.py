@@ -4,7 +4,9 @@ torch itself, or is on the reasoned xfail list (``tests/pytorch_suite/xfails.py`
 listed test that passes fails here (an unexpected success), so the list stays true.
 
 The files are PyTorch's, in ``../shared/pytorch-tests``; nothing is copied. Without
-them the test skips. The other modes (lazy with a sync after each op, opbyop) run with
+them the test skips. Here each test's dtype variants run in one dtype of each kind
+(``pytorch_suite.SUITE_SELECTION``: float32, float16, int64, bool, complex64, and every
+test without a dtype); ``python -m tools.pytorch_suite`` runs every dtype. The other modes (lazy with a sync after each op, opbyop) run with
 ``--runslow``-free ``python -m tools.pytorch_suite``, and ``docs/pytorch-suite.md`` has
 every mode's table.
 """
@@ -54,7 +56,8 @@ class _Runs:
         # the longest first: it has the most time behind the other tests
         for name in sorted(pytorch_suite.FILES, key=lambda n: -_LONGEST_FIRST.get(n, 0)):
             self.futures[name] = self.behind.submit(pytorch_suite.run_file, name, "eager",
-                                                    self.results, 5000, 19, self.env)
+                                                    self.results, 5000, 19, self.env,
+                                                    pytorch_suite.SUITE_SELECTION)
 
     def result(self, name: str) -> str:
         self.start_behind()
@@ -65,7 +68,8 @@ class _Runs:
             for n, f in list(self.futures.items()):
                 if f.cancel():
                     self.futures[n] = now.submit(pytorch_suite.run_file, n, "eager",
-                                                 self.results, 1700, 0, self.env)
+                                                 self.results, 1700, 0, self.env,
+                                                 pytorch_suite.SUITE_SELECTION)
             now.shutdown(wait=False)
             fut = self.futures[name]
         return fut.result()
