@@ -34,13 +34,14 @@ class _Runs:
     """The four files' runs. Each file runs in its own process and spends most of its
     time in Python on one core, so the suite starts them behind its other tests
     (``start_behind``, from conftest once these tests are selected): one at a time, at the
-    lowest priority, on what the other tests leave of a 2-core machine. When a test here
-    needs a file that has not started, the rest start at once, two at a time."""
+    lowest priority, on what the other tests leave of a 2-core machine. When the first
+    test here asks for its file, the rest start at once, two at a time."""
 
     def __init__(self):
         self.results = None
         self.behind = None    # the low-priority pool, one file at a time
         self.futures = {}
+        self.released = False  # the files not yet started were moved to run now
         # The environment as the session began. A file starts behind other tests, and
         # one of them may have set a variable for a while (test_notebooks sets
         # PYTHONWARNINGS=ignore, which hid the warnings test_indexing counts).
@@ -61,9 +62,11 @@ class _Runs:
 
     def result(self, name: str) -> str:
         self.start_behind()
-        fut = self.futures[name]
-        if not fut.done() and not fut.running():
-            # the other tests are over: run what has not started, two at a time, now
+        if not self.released:
+            # The other tests are over: what has not started runs now, two at a time, beside
+            # the file still running behind (a third process for a while; waiting for it
+            # to end first left a core idle for minutes).
+            self.released = True
             now = concurrent.futures.ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1))
             for n, f in list(self.futures.items()):
                 if f.cancel():
@@ -71,8 +74,7 @@ class _Runs:
                                                  self.results, 1700, 0, self.env,
                                                  pytorch_suite.SUITE_SELECTION)
             now.shutdown(wait=False)
-            fut = self.futures[name]
-        return fut.result()
+        return self.futures[name].result()
 
 
 # CPU minutes of each file in eager mode (docs/pytorch-suite.md): the order they start in
