@@ -27,6 +27,8 @@ SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 # torch_xla 2.9 on the CPU, 4 devices (PJRT_DEVICE=CPU CPU_NUM_DEVICES=4 python
 # tests/scripts/fsdp_sgd.py, torch 2.9 CPU wheel): the same three losses as CPU torch
 TORCH_XLA_SGD = [2.104445, 2.087473, 2.071132]
+# fsdp_bert.py on torch_xla 2.9, the same way (PJRT_DEVICE=CPU CPU_NUM_DEVICES=4)
+TORCH_XLA_BERT = [1.391424, 1.358925, 1.328194]
 # fsdp_scan_adamw.py does not run on torch_xla 2.9 here: its scan imports jax
 # (xla_sharding.shard_as), which torch_xla's CPU install does not have; CPU torch is the
 # reference
@@ -208,6 +210,7 @@ def test_fsdp_bert_from_a_transformers_config_gives_cpu_torch_losses(bert):
         opt.step()
         want.append(loss.item())
     assert losses == pytest.approx(want, abs=LOSS_TOL)
+    assert losses == pytest.approx(TORCH_XLA_BERT, abs=LOSS_TOL)
     assert len(losses) == 3 and losses[2] < losses[0]  # it trains
     params = r["params"]
     assert len(params) == len(list(model.parameters()))
