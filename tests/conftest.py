@@ -188,6 +188,13 @@ def python_child():
 #   oldest and the newest supported torch as well (``-m "versions and not slow"``).
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """PyTorch's own files' tests go last: they wait for files that run behind every other
+    test (``pytest_collection_finish``). In file order they came before test_real_models
+    .. test_widgets_browser, which then waited for the files too, with a core left idle."""
+    items.sort(key=lambda item: item.path.name == "test_pytorch_suite.py")  # stable
+
+
 def pytest_collection_finish(session):
     """PyTorch's own test files, when selected to run, start now, behind the other tests
     (tests/test_pytorch_suite.py): separate processes at the lowest priority, which use
