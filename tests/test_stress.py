@@ -62,6 +62,7 @@ print("compiling", flush=True)
 try:
     xlanb.sync()
     print("finished before the signal", flush=True)
+    time.sleep(120)  # the signal is on its way: taken here, not at exit (that killed it)
 except KeyboardInterrupt:
     print("interrupted", xlanb.pending_count(h) > 0, flush=True)
 torch.testing.assert_close(h.cpu(), ref, rtol=1e-4, atol=1e-4)
