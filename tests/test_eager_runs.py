@@ -164,6 +164,21 @@ def test_dropout_under_a_seed_is_the_same_as_op_by_op(eager, monkeypatch):
     torch.testing.assert_close(in_runs, one_by_one, rtol=0, atol=0)
 
 
+def test_a_runs_multiply_add_rounds_as_op_by_op_and_cpu_torch(eager, count, monkeypatch):
+    """A run keeps each op's own rounding: XLA's default compile contracts ``x * y`` and
+    the add after it into one FMA (1 ulp off for some elements of this size), the quick
+    tier does not."""
+    cpu, x = _fresh(64)
+    cpu_y, y = _fresh(64)
+    cpu_y, y = cpu_y[:, :cpu.shape[1]].contiguous(), y[:, :x.shape[1]]
+    want = cpu * cpu_y + cpu
+    in_run = (x * y + x).cpu()
+    assert count("QuickCompile") >= 1
+    torch.testing.assert_close(in_run, want, rtol=0, atol=0)
+    monkeypatch.setattr(config, "eager_runs", 0)
+    torch.testing.assert_close((x * y + x).cpu(), in_run, rtol=0, atol=0)
+
+
 def test_in_place_updates_on_views_inside_a_run(eager, same):
     cpu = torch.zeros(4, 47)
     x = cpu.to("xla")

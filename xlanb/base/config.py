@@ -352,8 +352,9 @@ class Config:
         # compiles as one graph (one compile instead of one per op); at most this many
         # ops per run; 0: each new op compiles its own executable (mode_policy.py).
         self.eager_runs = env_count("XLANB_EAGER_RUNS", 2048, 0, "0: off")
-        # Those runs compile quickly first (XLA:CPU's LLVM optimizations and fusion
-        # emitters off); a run that comes back compiles fully in the background.
+        # Those runs compile quickly first (XLA:CPU's LLVM at -O0, fusion emitters off:
+        # execute/compile.quick_options); a run that comes back compiles fully in the
+        # background.
         self.quick_compiles = env_flag("XLANB_QUICK_COMPILES", True)
         # An op signature seen this many times in eager runs gets its own optimized
         # executable, compiled in the background, so that it then runs alone; 0: never.

@@ -51,30 +51,29 @@ def single_op_options(device: int):
 # compiles quickly; the optimized executable compiles after, in the background, and
 # replaces it (execute/background.py, graphs.tier_up).
 #
-# A graph (an eager run, a look's prefix) compiles without XLA:CPU's fusion emitters,
-# which are most of a small graph's compile: six elementwise and reduce ops as one graph,
-# 41 ms against 118 ms with XLA's defaults and 82 ms for LLVM at -O0 with the emitters
-# kept. Not with LLVM at -O0 as well, although that halves it again: XLA then duplicates
-# a value into several fusions that round it differently (1 ulp), so a run's values
-# differ from op by op's (PyTorch's take_along_dim test), and a comparison of a value
-# with its own maximum fails (max pool's lowering once did, and gave a CNN wrong
-# gradients: aten_pool.window_max; tests/test_eager_runs.py keeps the model).
-_QUICK_CPU = {"xla_cpu_use_fusion_emitters": False}
-# A single op (whose single-op tier already has the emitters off) compiles with LLVM at
-# -O0 and its expensive passes off: 14-18 ms against 30-35 for tanh, matmul, softmax.
-# Its inputs are parameters, so nothing outside the op is recomputed in its fusions.
-_QUICK_OP_CPU = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
-                 "xla_cpu_use_fusion_emitters": False}
+# What someone waits for compiles with LLVM at -O0, its expensive passes and XLA:CPU's
+# fusion emitters off (pure JAX, ms, loaded machine):
+#   six elementwise and reduce ops as one graph: 27-29 against 41-87 emitters off alone,
+#   118 with XLA's defaults;
+#   the BERT training step (824 ops) as one eager run: 1.9 s against 12.6 s emitters off
+#   alone (LLVM's full pipeline over the emitters' loops) and 6.3 s with the defaults;
+#   tanh, matmul, softmax alone: 14-18 against 30-35.
+# -O0 also keeps a run's values those of its ops run one by one: XLA's defaults contract
+# a multiply and the add that uses it into one FMA across ops (x * y + x: 1 ulp from op
+# by op and from CPU torch), -O0 does not. Its code runs slower (the BERT step: 0.9 s
+# against 0.33 s), so what comes back gets the optimized executable (tier_up).
+_QUICK_CPU = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
+              "xla_cpu_use_fusion_emitters": False}
 # XLA:CPU ignores JAX's effort options (exec_time_optimization_effort,
 # optimization_level): measured, no quicker.
 
 
-def quick_options(device: int, single_op: bool = False):
-    """XLA options for a quickly compiled executable (a graph, or ``single_op``); None
+def quick_options(device: int):
+    """XLA options for a quickly compiled executable (a graph or a single op); None
     where xlanb has no quicker tier for the platform (only XLA:CPU's were measured)."""
     if jax_device(device).platform != "cpu":
         return None
-    return _QUICK_OP_CPU if single_op else _QUICK_CPU
+    return _QUICK_CPU
 
 
 def lower_op(info: OpSignature):
@@ -92,7 +91,7 @@ def tier_options(tier: str, device: int | None):
     if tier == "op":
         return single_op_options(device)
     if tier in ("quick", "op_quick"):
-        return quick_options(device, single_op=tier == "op_quick")
+        return quick_options(device)
     return None
 
 
