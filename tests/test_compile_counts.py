@@ -252,3 +252,44 @@ def test_opbyop_training_step_second_time_compiles_nothing():
             assert first > 0
     assert c("OpCompile") == first, metrics.short_report()
     assert c("UncachedCompile") == 0 and c("CachedCompile") == 0
+
+
+def test_a_lazy_graph_runs_quick_twice_then_its_optimized_executable():
+    """A new lazy graph compiles with the quick tier; its optimized compile starts at its
+    second run and replaces it at its third, at that run whatever the compile's speed
+    (so a loop's values never depend on timing); the values stay CPU torch's."""
+    xlanb.set_mode("lazy")
+    cpu = torch.randn(5, 1013)
+    x = cpu.to("xla")
+    xlanb.sync()
+    quick0, up0 = c("QuickCompile"), c("GraphTierUp")
+    want = (cpu * 1.5 + 2.0).tanh().sum(dim=1)
+
+    def step():
+        out = (x * 1.5 + 2.0).tanh().sum(dim=1)
+        xlanb.sync()
+        return out
+
+    torch.testing.assert_close(step().cpu(), want)
+    g = xlanb.graphs()[-1]
+    assert g.quick and c("QuickCompile") == quick0 + 1 and g._tiering is None
+    torch.testing.assert_close(step().cpu(), want)
+    assert xlanb.graphs()[-1] is g and g.quick and g._tiering is not None
+    import time
+    while not g._tiering.done():  # even when it is ready, the swap waits for the 3rd run
+        time.sleep(0.01)
+    assert g.quick and c("GraphTierUp") == up0
+    torch.testing.assert_close(step().cpu(), want)
+    assert not g.quick and c("GraphTierUp") == up0 + 1
+    assert c("QuickCompile") == quick0 + 1  # one graph, compiled quickly once
+
+
+def test_quick_compiles_off_compile_lazy_graphs_optimized(monkeypatch):
+    from xlanb import config
+    monkeypatch.setattr(config, "quick_compiles", False)
+    xlanb.set_mode("lazy")
+    x = torch.randn(3, 1019).to("xla")
+    y = (x * 3.0).exp()
+    xlanb.sync()
+    assert not xlanb.graphs()[-1].quick
+    torch.testing.assert_close(y.cpu(), (x.cpu() * 3.0).exp())

@@ -14,7 +14,7 @@
                      instead of going on while XLA compiles it on a background thread
 ``XLANB_EAGER_RUNS``  the most ops eager mode compiles as one run (default 2048); 0: each
                      new op compiles alone, as before (``execute/graphs.py``)
-``XLANB_QUICK_COMPILES``  0: eager runs compile with XLA's full optimizations at once
+``XLANB_QUICK_COMPILES``  0: lazy graphs and eager runs compile with XLA's full optimizations at once
 ``XLANB_TIER_UP``    sightings of an op signature after which its own optimized
                      executable compiles in the background (default 3; 0: never)
 ``XLANB_DEBUG_NANS``  1: find the first op that makes a NaN or Inf (``xlanb.debug_nans``)
@@ -352,9 +352,9 @@ class Config:
         # compiles as one graph (one compile instead of one per op); at most this many
         # ops per run; 0: each new op compiles its own executable (mode_policy.py).
         self.eager_runs = env_count("XLANB_EAGER_RUNS", 2048, 0, "0: off")
-        # Those runs compile quickly first (XLA:CPU's LLVM at -O0, fusion emitters off:
-        # execute/compile.quick_options); a run that comes back compiles fully in the
-        # background.
+        # Those runs, and lazy graphs, compile quickly first (XLA:CPU's LLVM at -O0,
+        # fusion emitters off: execute/compile.quick_options); a graph that comes back
+        # compiles fully in the background (execute/graphs.tier_up).
         self.quick_compiles = env_flag("XLANB_QUICK_COMPILES", True)
         # An op signature seen this many times in eager runs gets its own optimized
         # executable, compiled in the background, so that it then runs alone; 0: never.

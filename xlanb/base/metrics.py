@@ -141,10 +141,11 @@ DESCRIPTIONS = {
                        "executable of their own), or loaded from the on-disk store",
     "EagerRunCacheHit": "eager runs found in the compile cache (the same ops again)",
     "EagerRunCompileTime": "time compiling eager runs (lowering included)",
-    "QuickCompile": "eager runs compiled with the quick tier (XLA:CPU's LLVM "
-                    "optimizations and fusion emitters off) until they tier up",
-    "GraphTierUp": "quick eager-run graphs replaced by their optimized compile "
-                   "(background), after running as long as their quick compile took",
+    "QuickCompile": "graphs (lazy graphs, eager runs) compiled with the quick tier "
+                    "(XLA:CPU's LLVM at -O0, fusion emitters off) until they tier up",
+    "GraphTierUp": "quick graphs replaced by their optimized compile (background): a lazy "
+                   "graph's at its third run, an eager run's once it has run as long as "
+                   "its quick compile took",
     "GraphTierUpCompileTime": "time compiling the optimized graphs that replace quick ones "
                               "(background)",
     # single ops

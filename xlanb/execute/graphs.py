@@ -25,7 +25,7 @@ from ..graph.summary import summarize
 from ..ir import GraphPlan
 from ..runtime.compile_profile import raw_profile
 from ..runtime.devices import jax_device
-from ..runtime.jit import background
+from ..runtime.jit import background, later_is_held
 from ..runtime.mesh import sharding_text
 from .background import drain_lowerings, lowerings_waiting
 from .compile import Build
@@ -66,8 +66,8 @@ class CompiledGraph:
     # and the Target it is for
     _target: object = field(default=None, repr=False)
     _target_for: object = field(default=None, repr=False)
-    # an eager run's graph compiled with the quick tier, until its optimized compile
-    # replaces it (``tier_up``)
+    # compiled with the quick tier (a lazy graph, an eager run), until its optimized
+    # compile replaces it (``tier_up``)
     quick: bool = False
     _tiering: object = field(default=None, repr=False)
     # what runtime/compile_profile.py measured while it compiled (None: loaded from the
@@ -78,7 +78,7 @@ class CompiledGraph:
     @property
     def compile_profile(self) -> compile_time.CompileProfile:
         """Where its compile time went: by phase (XLA's own spans), by line and by
-        scope (``graph/compile_time.py``). For an eager run's graph: its quick compile."""
+        scope (``graph/compile_time.py``). For a graph that tiered up: its quick compile."""
         if self._compile_profile is None:
             self._compile_profile = compile_time.build(
                 self._compile_raw, self.executable.as_text(), f"graph {format_hash(self.hash)}",
@@ -116,8 +116,10 @@ class CompiledGraph:
         return graph_build(self.lowering, self.device, metric)
 
     def reload(self):
-        """A dropped executable: from the executable store, else compiled again."""
-        exe = self.build().stored()
+        """A dropped executable: from the executable store (at its tier: a quick one
+        stays quick until its tier-up), else compiled again, optimized."""
+        build = self.build()
+        exe = (build.at("quick") if self.quick else build).stored()
         if exe is None:
             exe = self.compile_optimized("CompileTime")
             self.quick = False
@@ -355,21 +357,23 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
     On a mesh (``mesh``, with the leaves' ``arrays``), the key holds the leaves'
     shardings too, and the executable is not stored. With a target set
     (``xlanb.target``), a new graph is compiled for it too, on the compile threads.
-    ``quick`` (an eager run): the optimized executable if there is one, in memory or in
-    the store (``tier_up`` makes one), else the quick one: from the store, where it has
-    a key of its own (its options), or compiled now and stored there, so that a new
-    process runs the same eager program without lowering anything."""
+    A graph on one device (a lazy graph, or ``quick``: an eager run) is the optimized
+    executable if there is one, in memory or in the store (``tier_up`` makes one), else
+    the quick one: from the store, where it has a key of its own (its options), or
+    compiled now and stored there, so that a new process runs the same program without
+    lowering anything."""
     shardings = tuple(sharding_of(a) for a in arrays) if mesh is not None else None
     key = (device, plan.key) if shardings is None else (device, plan.key, shardings, keep)
-    rec = cached_graph(plan, device) if quick else _graph_cache.get(key)
+    tiered = shardings is None and config.quick_compiles
+    rec = cached_graph(plan, device) if tiered else _graph_cache.get(key)
     if rec is not None:
         return rec, False
     lowering = GraphLowering.of(plan, device, shardings, mesh, keep)
     t0 = time.perf_counter()
     build = graph_build(lowering, device, "EagerRunCompileTime" if quick else "CompileTime")
-    if quick and config.quick_compiles and build.at("quick").options is not None:
-        # An eager run: the optimized executable if one is stored, else the quick one,
-        # stored under a key of its own (its options).
+    if tiered and build.at("quick").options is not None:
+        # the optimized executable if one is stored, else the quick one, stored under a
+        # key of its own (its options)
         if not build.in_store():  # (a look that counts no miss)
             build = build.at("quick")
     quick = build.tier == "quick"
@@ -443,23 +447,44 @@ def _compile_graph(build: Build):
 QUICK_BIG_S = 0.5  # a quick compile this long: a big graph (see run_graph)
 
 
-def tier_up(rec: CompiledGraph) -> None:
-    """An eager run's quick graph that runs again: its optimized executable compiles on
-    the compile threads, after every compile someone waits for, is stored, and takes the
-    quick one's place (``GraphTierUp``)."""
+def tier_up(rec: CompiledGraph, swap_when_done: bool = True) -> None:
+    """A quick graph that runs again: its optimized executable compiles on the compile
+    threads, after every compile someone waits for, and is stored. ``swap_when_done``
+    (an eager run): it takes the quick one's place as soon as it is ready; otherwise at
+    the graph's next run (``finish_tier_up``)."""
     if not rec.quick or rec._tiering is not None:
         return
-
-    def swap(future) -> None:
-        if future.cancelled() or future.exception() is not None:
-            return  # the quick one stays
-        if rec._exe is not None:  # dropped meanwhile: the next run loads it from the store
-            rec._exe = future.result()
-        rec.quick = False
-        metrics.counter("GraphTierUp")
-
     rec._tiering = background(rec.compile_optimized, "GraphTierUpCompileTime", later=True)
-    rec._tiering.add_done_callback(swap)
+    if swap_when_done:
+        rec._tiering.add_done_callback(lambda future: _swap(rec, future))
+
+
+def _swap(rec: CompiledGraph, future) -> None:
+    if future.cancelled() or future.exception() is not None:
+        return  # the quick one stays
+    if not rec.quick:
+        return
+    if rec._exe is not None:  # dropped meanwhile: the next run loads it from the store
+        rec._exe = future.result()
+    rec.quick = False
+    metrics.counter("GraphTierUp")
+
+
+def finish_tier_up(rec: CompiledGraph) -> None:
+    """A lazy graph's third run: its optimized executable (started at its second run)
+    takes the quick one's place, waited for if it is still compiling. At a fixed run,
+    so that a training loop's values never depend on how quick the compile was (the
+    tiers round differently: XLA's defaults contract a multiply-add into an FMA). Not
+    while a look holds back the compile threads' later work (``later_held``): it would
+    wait on itself; the quick one runs once more."""
+    future = rec._tiering
+    if future is None or not rec.quick or (not future.done() and later_is_held()):
+        return
+    try:
+        future.result()
+    except Exception:  # noqa: BLE001 - a failed optimized compile: the quick one stays
+        return
+    _swap(rec, future)
 
 
 class RecompileWarning(UserWarning):
@@ -527,9 +552,20 @@ def run_graph(plan: GraphPlan, device: int, cause: str, src, placed=None,
         rec, fresh, arrays = find_graph(plan, device, cause, src, placed)
         if fresh:
             _report_compile(rec, src)
+            if rec.quick and rec.compile_time >= QUICK_BIG_S:
+                tier_up(rec, swap_when_done=False)  # a training step: it will be back
         else:
             metrics.counter("CachedCompile")
             rec.hits += 1
+            if rec.quick:
+                # Compiled quickly for its first run; its optimized compile starts at
+                # its second (a big graph's: at once) and runs from its third. A graph
+                # that runs once (most of an interactive session's, a test's) never
+                # pays for it.
+                if rec._tiering is None:
+                    tier_up(rec, swap_when_done=False)
+                elif rec.hits >= 2:
+                    finish_tier_up(rec)
     return run_compiled(rec, arrays, plan.scalars,
                         f"the graph of {len(plan.steps)} ops ({cause}) synced at "
                         f"{format_loc(src) or '?'}", src)

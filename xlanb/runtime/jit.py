@@ -225,6 +225,12 @@ def later_held():
             _pool[0].submit(_run_most_urgent)
 
 
+def later_is_held() -> bool:
+    """Whether tasks queued ``later`` are held back now (inside ``later_held``)."""
+    with _tasks_lock:
+        return bool(_held.holders)
+
+
 def _run_most_urgent() -> None:
     with _tasks_lock:
         if not _tasks:  # dropped at exit
