@@ -54,7 +54,11 @@ class CompiledGraph:
     lowering: GraphLowering = field(default=None, repr=False)
     hits: int = 0
     run_time: float = 0.0
-    explanation: str = ""  # why it compiled: how it differs from the last graph from here
+    # the summary of the last graph compiled from the same line, if any: ``explanation``
+    # diffs against it when first asked (difflib over two graphs' ops is quadratic: an
+    # eager PyTorch test spent most of its time diffing graphs nobody looked at)
+    _explain_from: object = field(default=None, repr=False)
+    _explanation: str | None = field(default=None, repr=False)
     summary: object = field(default=None, repr=False)  # summary.GraphSummary
     lowered: object = field(default=None, repr=False)  # jax.stages.Lowered, once known
     # a graph on a mesh: its outputs' shardings (the partitioner's choice) and the
@@ -74,6 +78,16 @@ class CompiledGraph:
     # store), and the profile built from it when first asked for
     _compile_raw: object = field(default=None, repr=False)
     _compile_profile: object = field(default=None, repr=False)
+
+    @property
+    def explanation(self) -> str:
+        """Why it compiled: how it differs from the last graph compiled from its line
+        ("" for the first)."""
+        if self._explanation is None:
+            prev = self._explain_from
+            self._explanation = explain(prev, self.summary) if prev is not None else ""
+            self._explain_from = None
+        return self._explanation
 
     @property
     def compile_profile(self) -> compile_time.CompileProfile:
@@ -397,7 +411,7 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
     rec = CompiledGraph(format_hash(lowering.hash, HASH_ID), device, len(plan.steps), len(plan.leaves),
                         len(plan.roots), cause, src, time.perf_counter() - t0, exe,
                         lowering=lowering,
-                        explanation=explain(prev.summary, summary) if prev else "",
+                        _explain_from=prev.summary if prev else None,
                         summary=summary, lowered=lowered, quick=quick,
                         _compile_raw=raw_profile(exe) if lowered is not None else None)
     admit_graph(rec)
@@ -504,8 +518,8 @@ def _report_compile(rec: CompiledGraph, src) -> None:
               f"{rec.explanation}",
               file=sys.stderr)
     syncs = _syncs_at.get(rec.src, 0)
-    if rec.explanation and n >= config.frequent_compiles and 2 * n >= syncs \
-            and rec.src not in _warned_at:
+    if n >= config.frequent_compiles and 2 * n >= syncs and rec.src not in _warned_at \
+            and rec.explanation:
         # Once per call site: each message differs (counts, shapes), so Python's own
         # once-per-text filter would let every later recompile through.
         _warned_at.add(rec.src)
