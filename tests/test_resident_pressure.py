@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from xlanb.execute import resident
+from xlanb.executables import resident
 from xlanb.runtime import maps
 
 

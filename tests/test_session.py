@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 import xlanb
-from xlanb import dispatch, live
+from xlanb.dispatch import dispatcher as dispatch
+from xlanb.pending import live
 from xlanb.base import caches
 from xlanb.execute import graphs
 from xlanb.ops.infos import infos

@@ -22,17 +22,17 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .base.frames import user_frame
 from .base.session import mode_state, session
-from .ir import Node, OpSignature
+from .ir.nodes import Node, OpSignature
 from .ops.infos import infos
 from .ops.leaves import is_placed, placed_info
-from .realize import node_array, peek_node
-from .record import run_node, value_node, write
+from .pending.realize import node_array, peek_node
+from .modes.record import run_node, value_node, write
 from .runtime.mesh import (Mesh, ShardingError, as_mesh, global_index, is_sharded,
                            named_sharding, place, sharding_text)
 from .runtime.targets import retarget
 from .runtime.transfer import array_to_host
-from .templates import _In
-from .tensor import XlaTensor
+from .ir.templates import _In
+from .ir.tensor import XlaTensor
 
 __all__ = ["Mesh", "ShardingError", "mark_sharding", "clear_sharding", "get_sharding",
            "visualize_sharding", "Sharding", "get_1d_mesh", "shards", "Shard", "is_spmd",

@@ -22,18 +22,18 @@ from ..graph.collectives import CollectiveList, parse_collectives
 from ..graph.explain import explain
 from ..graph.render import render_dot, render_text
 from ..graph.summary import summarize
-from ..ir import GraphPlan
+from ..ir.nodes import GraphPlan
 from ..runtime.compile_profile import raw_profile
 from ..runtime.devices import jax_device
 from ..runtime.jit import background
 from ..runtime.mesh import sharding_text
-from .background import drain_lowerings, lowerings_waiting
-from .compile import Build
-from .memory import (GraphMemory, check_graph, device_oom, graph_buffers, graph_memory,
+from ..executables.background import drain_lowerings, lowerings_waiting
+from ..executables.compile import Build
+from ..values.memory import (GraphMemory, check_graph, device_oom, graph_buffers, graph_memory,
                      is_device_oom)
-from .resident import admit_graph, graph_cache, resident_graphs
-from .stages import GraphLowering, kept_shardings, mesh_leaves, sharding_of
-from .target import check_target_fit, start_target_compile
+from ..executables.resident import admit_graph, graph_cache, resident_graphs
+from ..executables.stages import GraphLowering, kept_shardings, mesh_leaves, sharding_of
+from ..executables.target import check_target_fit, start_target_compile
 
 @dataclass
 class CompiledGraph:

@@ -9,11 +9,11 @@ from ..base import metrics
 from ..base.config import config
 from ..base.frames import format_loc
 from ..base.session import session
-from ..ir import GETITEM, GraphPlan
-from .background import compile_op_ahead
-from .compile import add_op_note
-from .memory import check_op, device_oom, is_device_oom
-from .single_op import op_executable, run_op
+from ..ir.nodes import GETITEM, GraphPlan
+from ..executables.background import compile_op_ahead
+from ..executables.compile import add_op_note
+from ..values.memory import check_op, device_oom, is_device_oom
+from ..executables.single_op import op_executable, run_op
 
 
 def run_op_by_op(plan: GraphPlan, keep=None) -> list:

@@ -16,8 +16,8 @@ import torch
 
 from ..base.dtypes import to_jax_dtype, to_torch_dtype
 from ..base.caches import cache
-from ..ir import GETITEM, OpSignature, TensorMeta, contiguous_strides
-from ..templates import fill_call, template_of
+from ..ir.nodes import GETITEM, OpSignature, TensorMeta, contiguous_strides
+from ..ir.templates import fill_call, template_of
 from .plan import OpPlan
 from .signature import meta_tensor, metas_of
 from .views import ViewRecord

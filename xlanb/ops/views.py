@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from ..base.caches import cache
-from ..ir import OpSignature, TensorMeta
+from ..ir.nodes import OpSignature, TensorMeta
 
 
 class ViewRecord(NamedTuple):
