@@ -34,7 +34,7 @@ import sys
 import xlanb
 from xlanb.base.frames import SourceLoc, is_internal_file
 from xlanb.execute.graphs import graph_log
-from xlanb.executables.resident import graph_cache
+from xlanb.execute.graphs import graph_cache
 from xlanb.graph.render import render_dot, render_text
 from xlanb.graph.summary import summarize
 from xlanb.pending import realize

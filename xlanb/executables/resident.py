@@ -23,11 +23,10 @@ from ..base.config import config
 from ..runtime import maps
 
 # OpSignature uid -> OpSignature with an executable loaded or compiling, least recently used first
-_resident = resident = cache(OrderedDict(), "OpSignature uid -> OpSignature holding a single-op executable", compiled=True)
+resident = cache(OrderedDict(), "OpSignature uid -> OpSignature holding a single-op executable", compiled=True)
 # id -> CompiledGraph with its executable loaded, least recently used first
-_graphs = resident_graphs = cache(OrderedDict(), "id -> CompiledGraph whose executable is loaded", compiled=True)
-# (device, structural key) -> CompiledGraph (execute/graphs.py fills it)
-graph_cache: dict = cache({}, "(device, structural key) -> CompiledGraph", compiled=True)
+resident_graphs = cache(OrderedDict(), "id -> CompiledGraph whose executable is loaded",
+                        compiled=True, group="graphs")
 
 # Measured 3.2 mappings per XLA:CPU single-op executable; a graph's can take more.
 _MAPS_PER_EXECUTABLE = 4
@@ -63,10 +62,10 @@ def admit(info) -> None:
     """``info`` holds (or is compiling) an executable: count it in, dropping the least
     recently used beyond the cap (down to 90% of it, so passes are rare)."""
     with _lock:
-        _resident[info.uid] = info
-        _resident.move_to_end(info.uid)
+        resident[info.uid] = info
+        resident.move_to_end(info.uid)
         n = cap()
-        if len(_resident) > n:
+        if len(resident) > n:
             shrink(n * 9 // 10)
 
 
@@ -74,7 +73,7 @@ def touch(info) -> None:
     """``info``'s executable was asked for: it is recently used."""
     with _lock:
         try:
-            _resident.move_to_end(info.uid)
+            resident.move_to_end(info.uid)
         except KeyError:  # dropped meanwhile, or loaded before a reset
             pass
 
@@ -92,19 +91,19 @@ def shrink(target: int) -> int:
 
 def _shrink(target: int) -> int:
     dropped = 0
-    for _ in range(2 * len(_resident)):  # each info is passed at most twice
-        if len(_resident) <= target:
+    for _ in range(2 * len(resident)):  # each info is passed at most twice
+        if len(resident) <= target:
             break
-        uid, info = next(iter(_resident.items()))
+        uid, info = next(iter(resident.items()))
         fut = info.compiling
         if fut is not None and not fut.done():
-            _resident.move_to_end(uid)
+            resident.move_to_end(uid)
             continue
         if info.call is not None:  # ran through the fast path since the last pass
             info.call = None
-            _resident.move_to_end(uid)
+            resident.move_to_end(uid)
             continue
-        del _resident[uid]
+        del resident[uid]
         # every reference xlanb holds: the executable is freed with its code mappings
         info.exe = info.compiling = info.sharded = None
         dropped += 1
@@ -120,9 +119,9 @@ def _shrink(target: int) -> int:
 def admit_graph(rec) -> None:
     """``rec``'s executable was loaded or used: it is the most recently used graph."""
     with _lock:
-        _graphs[id(rec)] = rec
-        _graphs.move_to_end(id(rec))
-        if len(_graphs) > max(1, config.max_graphs):
+        resident_graphs[id(rec)] = rec
+        resident_graphs.move_to_end(id(rec))
+        if len(resident_graphs) > max(1, config.max_graphs):
             shrink_graphs(max(1, config.max_graphs * 9 // 10))
 
 
@@ -131,8 +130,8 @@ def shrink_graphs(target: int) -> int:
     loaded; returns how many were dropped."""
     dropped = 0
     with _lock:
-        while len(_graphs) > target:
-            _, rec = _graphs.popitem(last=False)
+        while len(resident_graphs) > target:
+            _, rec = resident_graphs.popitem(last=False)
             rec.drop_executable()
             dropped += 1
     if dropped:
@@ -165,12 +164,12 @@ def reserve() -> None:
         # executables, at most an eighth of them a pass, not half; and no full
         # gc.collect() (a second on a big heap) before the last resort below
         excess = used - int(lim * _SHRINK_TO)
-        n = min(-(-excess // _MAPS_PER_EXECUTABLE), max(1, len(_resident) // 8))
-        shrink(len(_resident) - n)
+        n = min(-(-excess // _MAPS_PER_EXECUTABLE), max(1, len(resident) // 8))
+        shrink(len(resident) - n)
         used = maps.count()
         if used > lim * _REFUSE_AT:  # the last resort, before refusing
-            shrink(len(_resident) // 2)
-            shrink_graphs(len(_graphs) // 2)
+            shrink(len(resident) // 2)
+            shrink_graphs(len(resident_graphs) // 2)
             gc.collect()  # executables held only by reference cycles
             used = maps.count()
         if used > lim * _SHRINK_AT:
@@ -182,8 +181,8 @@ def reserve() -> None:
             raise ExecutableLimitError(
                 f"xlanb: this process holds {used:,} memory mappings of the kernel's limit of "
                 f"{lim:,} (vm.max_map_count), and XLA needs more for every executable it "
-                f"compiles: compiling another would crash the process. {len(_resident):,} "
-                f"single-op and {len(graph_cache):,} graph executables are loaded. "
+                f"compiles: compiling another would crash the process. {len(resident):,} "
+                f"single-op and {len(resident_graphs):,} graph executables are loaded. "
                 "Nothing was lost. xlanb.reset() drops them all (pending work is synced "
                 "first); a lower XLANB_MAX_EXECUTABLES keeps fewer loaded; or raise the "
                 "limit: sysctl -w vm.max_map_count=262144")

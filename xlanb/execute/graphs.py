@@ -11,7 +11,7 @@ from typing import Callable, NamedTuple
 import jax
 
 from ..base import metrics
-from ..base.caches import cache
+from ..base.caches import cache, clear_group
 from ..base.config import config
 from ..base.frames import SourceLoc, format_loc, warn_at
 from ..base.session import session
@@ -31,7 +31,7 @@ from ..executables.background import drain_lowerings, lowerings_waiting
 from ..executables.compile import Build
 from ..values.memory import (GraphMemory, check_graph, device_oom, graph_buffers, graph_memory,
                      is_device_oom)
-from ..executables.resident import admit_graph, graph_cache, resident_graphs
+from ..executables.resident import admit_graph
 from ..executables.stages import GraphLowering, kept_shardings, mesh_leaves, sharding_of
 from ..executables.target import check_target_fit, start_target_compile
 
@@ -337,14 +337,16 @@ class GraphList(list):
         return format_table_html(header, rows, cls="xlanb-graphs")
 
 
-_graph_cache = graph_cache  # execute/resident.py
-graph_log = cache([], "every CompiledGraph, in compile order")
+# The "graphs" group: what clear_graph_cache forgets (with the loaded set, resident.py's)
+graph_cache: dict = cache({}, "(device, structural key) -> CompiledGraph", compiled=True,
+                          group="graphs")
+graph_log = cache([], "every CompiledGraph, in compile order", group="graphs")
 
 
 def cached_graph(plan: GraphPlan, device: int) -> CompiledGraph | None:
     """The graph of ``plan``'s structure on one device if this process has it (an eager
     run's quick one, or the optimized one), without compiling anything."""
-    return _graph_cache.get((device, plan.key)) or _graph_cache.get((device, plan.key, "quick"))
+    return graph_cache.get((device, plan.key)) or graph_cache.get((device, plan.key, "quick"))
 
 
 def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
@@ -361,7 +363,7 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
     process runs the same eager program without lowering anything."""
     shardings = tuple(sharding_of(a) for a in arrays) if mesh is not None else None
     key = (device, plan.key) if shardings is None else (device, plan.key, shardings, keep)
-    rec = cached_graph(plan, device) if quick else _graph_cache.get(key)
+    rec = cached_graph(plan, device) if quick else graph_cache.get(key)
     if rec is not None:
         return rec, False
     lowering = GraphLowering.of(plan, device, shardings, mesh, keep)
@@ -400,7 +402,7 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
     if shardings is not None:
         _note_partitioning(rec, plan, exe, mesh)
     start_target_compile(rec)  # with a target set; the CPU run never waits for it
-    _graph_cache[key] = rec
+    graph_cache[key] = rec
     graph_log.append(rec)
     return rec, True
 
@@ -466,9 +468,9 @@ class RecompileWarning(UserWarning):
     """Graphs from one source line keep compiling (the graph is dynamic)."""
 
 
-_syncs_at = cache({}, "source location -> lazy syncs from there")
-_compiles_at = cache({}, "source location -> new graphs from there")
-_warned_at = cache(set(), "source locations warned about recompiling (once each)")
+_syncs_at = cache({}, "source location -> lazy syncs from there", group="graphs")
+_compiles_at = cache({}, "source location -> new graphs from there", group="graphs")
+_warned_at = cache(set(), "source locations warned about recompiling (once each)", group="graphs")
 
 
 def _report_compile(rec: CompiledGraph, src) -> None:
@@ -589,9 +591,6 @@ def graphs() -> GraphList:
 
 
 def clear_graph_cache() -> None:
-    resident_graphs.clear()
-    _graph_cache.clear()
-    graph_log.clear()
-    _syncs_at.clear()
-    _compiles_at.clear()
-    _warned_at.clear()
+    """Forget every compiled graph, its log and the recompile statistics (the caches
+    registered in the "graphs" group), nothing else."""
+    clear_group("graphs")
