@@ -42,15 +42,14 @@ from ..ir.nodes import contiguous_strides
 aten = torch.ops.aten
 
 # id(OpOverload) -> OpPlan (OpOverload.__hash__ is Python code); their fast paths hold infos
-_plans = plans = cache({}, "id(OpOverload) -> OpPlan", compiled=True)
+plans = cache({}, "id(OpOverload) -> OpPlan", compiled=True)
 _infos = infos  # signature -> OpSignature (ops/infos.py)
-_scope_stack = scope_stack
 
 
 def _plan(op) -> OpPlan:
-    plan = _plans.get(id(op))
+    plan = plans.get(id(op))
     if plan is None:
-        plan = _plans[id(op)] = make_plan(op)
+        plan = plans[id(op)] = make_plan(op)
         plan.special = SPECIAL.get(op)
         if plan.special is None and plan.kind == "inplace" and plan.fop is not None \
                 and make_plan(plan.fop).kind == "view":
@@ -76,7 +75,7 @@ def _default_dtype_changed() -> None:
     global _signed_under
     _signed_under = _get_default_dtype()
     _infos.clear()
-    for plan in _plans.values():
+    for plan in plans.values():
         if plan.fast is not None:
             plan.fast.clear()
 
@@ -88,7 +87,7 @@ def torch_dispatch(cls, func, types, args=(), kwargs=None):
     __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     if _get_default_dtype() is not _signed_under:
         _default_dtype_changed()
-    plan = _plans.get(id(func)) or _plan(func)
+    plan = plans.get(id(func)) or _plan(func)
     fast = plan.fast
     if fast is not None and not session.direct:
         # The hot path: a functional op whose signature was seen before.
@@ -577,7 +576,7 @@ def _check_index(c: IndexCheck, idx, op: str) -> IndexCheck | None:
         return None
     c.op = op
     c.src = user_frame()
-    c.scope = _scope_stack[-1] if _scope_stack else ""
+    c.scope = scope_stack[-1] if scope_stack else ""
     if v is not None:
         raise index_error(c, v, "checked before it ran")
     return add_pending_check(c, value_node(idx))

@@ -31,7 +31,6 @@ from ..pending.realize import node_array, sync
 from .record import _x64, run_cached
 
 _counters = metrics.counters_table()  # counted in place: this is the eager hot path
-_scope_stack = scope_stack
 
 
 class ModePolicy:
@@ -76,7 +75,7 @@ class Lazy(ModePolicy):
 
     def op(self, state, info, inputs, scalars, depth=3):
         return Node(info, inputs, scalars, None, user_frame(depth),
-                    _scope_stack[-1] if _scope_stack else "")
+                    scope_stack[-1] if scope_stack else "")
 
     def run_plan(self, plan, device, cause, src, placed):
         return run_graph(plan, device, cause, src, placed)

@@ -24,7 +24,7 @@ from .views import ViewRecord
 
 # op signature -> OpSignature (dispatch.py and spmd.py fill it)
 infos: dict = cache({}, "op signature -> OpSignature", compiled=True)
-_getitem_infos = getitem_infos = cache({}, "(OpSignature uid, output index) -> OpSignature", compiled=True)
+getitem_infos = cache({}, "(OpSignature uid, output index) -> OpSignature", compiled=True)
 
 
 def _conform(res, out, name):
@@ -218,9 +218,9 @@ def _metas_from_lowering(plan: OpPlan, template, tensors, scalars):
 
 def getitem_info(info: OpSignature, i: int) -> OpSignature:
     key = (info.uid, i)
-    gi = _getitem_infos.get(key)
+    gi = getitem_infos.get(key)
     if gi is None:
-        gi = _getitem_infos[key] = OpSignature(
+        gi = getitem_infos[key] = OpSignature(
             GETITEM, (GETITEM, info.sig, i), lambda ins, scs: ins[0][i], info.out[i], n_in=1,
             device=info.device, in_metas=(None,))
     return gi
