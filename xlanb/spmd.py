@@ -26,7 +26,7 @@ from .ir.nodes import Node, OpSignature
 from .ops.infos import infos
 from .ops.leaves import is_placed, placed_info
 from .pending.realize import node_array, peek_node
-from .modes.record import run_node, value_node, write
+from .modes.record import apply_op, value_node, write
 from .runtime.mesh import (Mesh, ShardingError, as_mesh, global_index, is_sharded,
                            named_sharding, place, sharding_text)
 from .runtime.targets import retarget
@@ -107,7 +107,7 @@ def _place(t: XlaTensor, sharding: NamedSharding) -> None:
     node = s.node
     src = user_frame()
     if node.data is None and mode_state().recording:
-        write(t, run_node(constraint_info(s.meta, s.device, sharding), (node,), ()))
+        write(t, apply_op(constraint_info(s.meta, s.device, sharding), (node,), ()))
         return
     arr = node.data if node.data is not None else node_array(node, cause="mark_sharding")
     new = place(arr, sharding)

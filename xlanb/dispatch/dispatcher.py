@@ -31,7 +31,7 @@ from ..ops.signature import sig_of
 from .reads import to_host
 from .inplace_meta import resize_, resize_out, set_
 from ..modes import policy as mode_policy  # noqa: F401 (installs the modes)
-from ..modes.record import cast_node, output_node, run_node, value_node, wrap_results, write
+from ..modes.record import cast_node, output_node, apply_op, value_node, wrap_results, write
 from ..pending.realize import node_array, peek_node
 from ..runtime.transfer import array_to_host
 from ..runtime.devices import device_index
@@ -215,7 +215,7 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
         scalars.append(rng.next_key())
     if kind == "view":
         return _view_result(func, info, tensors[0])
-    node = run_node(info, tuple([value_node(t) for t in tensors]), tuple(scalars))
+    node = apply_op(info, tuple([value_node(t) for t in tensors]), tuple(scalars))
     for c in graph_checks:
         c.guard(node)
     return _WRITE_BACK[kind](func, plan, info, node, args, kwargs, outs, device)
@@ -638,7 +638,7 @@ def _factory_device(kwargs) -> int:
 
 def _view_result(func, info: OpSignature, src: XlaTensor):
     storage = src._storage
-    node = run_node(info, (value_node(src),), ())
+    node = apply_op(info, (value_node(src),), ())
     waiting = mode_state().deferred and node.data is None  # eager, waiting on a compile
     if not info.multi:
         t = XlaTensor(info.out, storage, src._view + ((info, None),), node)

@@ -66,7 +66,7 @@ def direct_call(exe):
 # ---------------------------------------------------------------------------------------
 # Sharded inputs (xlanb.spmd): one executable per (signature, input shardings)
 
-def run_op(info: OpSignature, arrays: list, scalars, src=None) -> object:
+def run_op_on_arrays(info: OpSignature, arrays: list, scalars, src=None) -> object:
     """Run ``info`` on ``arrays`` (x64 on, as the caller has it): through its
     single-device executable, or, once any tensor is sharded and one of these inputs is,
     through the executable compiled for their shardings; a ``mark_sharding`` constraint

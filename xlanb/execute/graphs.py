@@ -442,7 +442,7 @@ def _compile_graph(build: Build):
     return future.result()
 
 
-QUICK_BIG_S = 0.5  # a quick compile this long: a big graph (see run_graph)
+QUICK_BIG_S = 0.5  # a quick compile this long: a big graph (see run_plan_as_graph)
 
 
 def tier_up(rec: CompiledGraph) -> None:
@@ -505,7 +505,7 @@ def find_graph(plan: GraphPlan, device: int, cause: str, src, placed=None, quick
     return rec, fresh, arrays
 
 
-def run_graph(plan: GraphPlan, device: int, cause: str, src, placed=None,
+def run_plan_as_graph(plan: GraphPlan, device: int, cause: str, src, placed=None,
               run: bool = False) -> list:
     """Compile (or find) the graph of ``plan`` and run it; returns the roots' arrays.
     ``placed`` (SPMD): per root, the sharding of the value it replaces (see ``stages.kept_shardings``).

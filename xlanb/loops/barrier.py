@@ -15,7 +15,7 @@ import jax
 from ..base.session import mode_state
 from ..ir.nodes import OpSignature
 from ..ops.infos import infos
-from ..modes.record import output_node, run_node, write
+from ..modes.record import output_node, apply_op, write
 from ..ir.templates import _In
 from ..ir.tensor import XlaTensor
 
@@ -54,6 +54,6 @@ def optimization_barrier_(tensors) -> None:
             by_device.setdefault(t._storage.device, []).append(t)
     for device, ts in by_device.items():
         info = _barrier_info(tuple(t._storage.meta for t in ts), device)
-        node = run_node(info, tuple(t._storage.node for t in ts), ())
+        node = apply_op(info, tuple(t._storage.node for t in ts), ())
         for i, t in enumerate(ts):
             write(t, output_node(node, info, i))

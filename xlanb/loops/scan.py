@@ -24,7 +24,7 @@ from ..base.session import mode_state
 from ..graph.repeats import LOOP_OP
 from ..ir.nodes import OpSignature
 from ..ops.infos import infos
-from ..modes.record import run_node, write
+from ..modes.record import apply_op, write
 from ..ir.templates import _In
 from ..ir.tensor import XlaTensor
 
@@ -52,7 +52,7 @@ def _end_iteration(carry) -> None:
     for t in tree_flatten(carry)[0]:
         if isinstance(t, XlaTensor) and not t._view and t._storage.node.data is None:
             s = t._storage
-            write(t, run_node(_step_info(s.meta, s.device), (s.node,), ()))
+            write(t, apply_op(_step_info(s.meta, s.device), (s.node,), ()))
 
 
 def _leading(xs) -> int:

@@ -3,11 +3,11 @@
 One object per mode (``LAZY``, ``EAGER``, ``OPBYOP``), bound to a ``ModeState`` when its
 mode is set (``state.policy``), as JAX binds a trace: the dispatcher makes one attribute
 lookup and one call per op (``state.policy.op``), and a sync one call per graph
-(``state.policy.run_plan``). To add a mode, subclass ``ModePolicy`` here, add its name to
+(``state.policy.run_sync_plan``). To add a mode, subclass ``ModePolicy`` here, add its name to
 ``base.config.MODES`` and to ``POLICIES``. ``modes.py`` only switches between them.
 
 Decompositions that trace on JAX values ("direct", ``session.direct``) are not a mode:
-they run at once whatever the mode is (record.run_node).
+they run at once whatever the mode is (record.apply_op).
 """
 from __future__ import annotations
 
@@ -20,15 +20,15 @@ from ..executables.background import compile_op_ahead, compiles_in_flight, lower
 from ..values.checks import checked, integer_division, without_failed
 from ..executables.compile import Build, add_op_note
 from ..values.fills import settled_if_empty
-from ..execute.graphs import cached_graph, run_graph
+from ..execute.graphs import cached_graph, run_plan_as_graph
 from ..values.memory import check_op
-from ..execute.opbyop import run_op_by_op
+from ..execute.opbyop import run_plan_op_by_op
 from ..executables.prefix import missing_ops
-from ..executables.single_op import direct_call, op_executable, run_op
+from ..executables.single_op import direct_call, op_executable, run_op_on_arrays
 from ..ir.nodes import GraphPlan, Node, OpSignature
 from ..pending.live import end_waiting, pending_roots
 from ..pending.realize import node_array, sync
-from .record import _x64, run_cached
+from .record import _x64, run_op_executable
 
 _counters = metrics.counters_table()  # counted in place: this is the eager hot path
 
@@ -44,7 +44,7 @@ class ModePolicy:
         for the user's line starts (user_frame's), from this method's frame."""
         raise NotImplementedError
 
-    def run_plan(self, plan: GraphPlan, device: int, cause: str, src, placed) -> list:
+    def run_sync_plan(self, plan: GraphPlan, device: int, cause: str, src, placed) -> list:
         """A sync's pending graph ``plan`` on ``device``, run; the roots' arrays."""
         raise NotImplementedError
 
@@ -77,23 +77,23 @@ class Lazy(ModePolicy):
         return Node(info, inputs, scalars, None, user_frame(depth),
                     scope_stack[-1] if scope_stack else "")
 
-    def run_plan(self, plan, device, cause, src, placed):
-        return run_graph(plan, device, cause, src, placed)
+    def run_sync_plan(self, plan, device, cause, src, placed):
+        return run_plan_as_graph(plan, device, cause, src, placed)
 
 
 class OpByOp(Lazy):
     """Record every op; a sync runs the graph node by node through the single-op cache."""
     name = "opbyop"
 
-    def run_plan(self, plan, device, cause, src, placed):
-        return run_op_by_op(plan)
+    def run_sync_plan(self, plan, device, cause, src, placed):
+        return run_plan_op_by_op(plan)
 
 
 class Eager(ModePolicy):
     """Run each op now through its single-op executable. An op with none is recorded
     instead, and so is every op after it (``state.deferred`` counts them), until a value
     is needed: that run of ops compiles as one graph, quickly (``config.eager_runs``,
-    ``graphs.run_graph(run=True)``), and a signature seen again gets its own optimized
+    ``graphs.run_plan_as_graph(run=True)``), and a signature seen again gets its own optimized
     executable on the compile threads. With runs off, each new op compiles alone on the
     compile threads, and the ops recorded meanwhile run in order once it is ready."""
     name = "eager"
@@ -116,14 +116,14 @@ class Eager(ModePolicy):
             # the executable is known and nothing (ops waiting on compiles, sharding, a
             # memory limit) stands between the op and its run: the hot path
             _counters["OpCacheHit"] = _counters.get("OpCacheHit", 0) + 1
-            return run_cached(info, call, inputs, scalars)
+            return run_op_executable(info, call, inputs, scalars)
         return self._op_slow(state, info, inputs, scalars)
 
     def _op_slow(self, state, info, inputs, scalars) -> Node:
         if session.spmd:  # a tensor was sharded: executables are chosen by input shardings
             arrays = [n.data if n.data is not None else node_array(n) for n in inputs]
             with _x64():
-                data = run_op(info, arrays, scalars)
+                data = run_op_on_arrays(info, arrays, scalars)
             return Node(info, (), (), data,
                         *((user_frame(), current_scope()) if info.lines else ()))
         call = info.call
@@ -141,7 +141,7 @@ class Eager(ModePolicy):
             _counters["OpCacheHit"] = _counters.get("OpCacheHit", 0) + 1
         if config.memory_limit is not None:  # xlanb.memory_limit: checked before it runs
             check_op(info, user_frame())
-        node = run_cached(info, call, inputs, scalars)
+        node = run_op_executable(info, call, inputs, scalars)
         if info.call is None:
             info.call = direct_call(call)
         return node
@@ -205,16 +205,16 @@ class Eager(ModePolicy):
             return Node(info, inputs, scalars, None, user_frame(), current_scope())
         return None
 
-    def run_plan(self, plan, device, cause, src, placed):
+    def run_sync_plan(self, plan, device, cause, src, placed):
         # What eager syncs is a run of ops: one graph where some lack an executable (or
         # the graph is known), else in order, one by one, as they would have run.
         if not config.eager_runs or session.spmd:
-            return run_op_by_op(plan)
+            return run_plan_op_by_op(plan)
         if cached_graph(plan, device) is not None:
-            return run_graph(plan, device, cause, src, placed, run=True)
+            return run_plan_as_graph(plan, device, cause, src, placed, run=True)
         missing = missing_ops(plan)
         if not missing:
-            return run_op_by_op(plan)
+            return run_plan_op_by_op(plan)
         if config.tier_up:
             # An op in its ``tier_up``-th (3rd) new run comes back in new company: it gets
             # its own optimized executable, lowered while this run compiles (the main thread
@@ -231,7 +231,7 @@ class Eager(ModePolicy):
                     again.append(info)
             if again:
                 lower_soon(again)
-        return run_graph(plan, device, cause, src, placed, run=True)
+        return run_plan_as_graph(plan, device, cause, src, placed, run=True)
 
 
 LAZY, EAGER, OPBYOP = Lazy(), Eager(), OpByOp()

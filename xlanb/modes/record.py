@@ -1,9 +1,9 @@
 """Recording or running one op, and reading and writing tensor values through storages.
 
-``run_node`` records or runs one op as the thread's mode says (mode_policy.py: lazy and
+``apply_op`` records or runs one op as the thread's mode says (mode_policy.py: lazy and
 opbyop record a node; eager runs the op's single-op executable now, or records it while
 that executable compiles in the background); inside a decomposition ("direct" mode) it
-evaluates on JAX values. ``run_cached`` is eager's run of a known executable.
+evaluates on JAX values. ``run_op_executable`` is eager's run of a known executable.
 ``value_node`` and ``write`` are how every tensor, view or base, is read and written.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ def unwrap_direct(res):
     return res
 
 
-def run_decomposition(decomp, template, arrays, scalars):
+def evaluate_decomposition(decomp, template, arrays, scalars):
     """Run torch's decomposition ``decomp`` on tensors holding JAX values, op by op, right
     now ("direct" mode): the whole decomposition becomes one JAX function."""
     tensors = [from_array(a) for a in arrays]
@@ -57,10 +57,10 @@ def run_decomposition(decomp, template, arrays, scalars):
     return unwrap_direct(res)
 
 
-set_decomposition_runner(run_decomposition)
+set_decomposition_runner(evaluate_decomposition)
 
 
-def run_node(info: OpSignature, inputs: tuple, scalars: tuple) -> Node:
+def apply_op(info: OpSignature, inputs: tuple, scalars: tuple) -> Node:
     """Record or run one op, as the calling thread's mode does (``state.policy``,
     mode_policy.py); inside a decomposition ("direct"), evaluate it on JAX values now."""
     if session.direct:
@@ -69,7 +69,7 @@ def run_node(info: OpSignature, inputs: tuple, scalars: tuple) -> Node:
     return state.policy.op(state, info, inputs, scalars)
 
 
-def run_cached(info: OpSignature, call, inputs, scalars) -> Node:
+def run_op_executable(info: OpSignature, call, inputs, scalars) -> Node:
     """Run one op now through its compiled single-op executable ``call``: eager's hot
     path (dispatch calls it directly once the op's executable is known, and counts the
     cache hit)."""
@@ -139,7 +139,7 @@ def value_node(t: XlaTensor) -> Node:
     if t._ver != s.version:
         node = s.node
         for info, idx in view:
-            node = run_node(info, (node,), ())
+            node = apply_op(info, (node,), ())
             if idx is not None:
                 node = output_node(node, info, idx)
         t._node = node
@@ -161,7 +161,7 @@ def write(t: XlaTensor, node: Node) -> None:
             s.placed = old.sharding
     if t._view:
         sinfo = view_scatter_info(s.meta, t._meta, t._view, s.device)
-        s.node = run_node(sinfo, (s.node, node), ())
+        s.node = apply_op(sinfo, (s.node, node), ())
         s.version += 1
         t._node = node
         t._ver = s.version

@@ -19,7 +19,7 @@ from ..values.checks import (FAILED_NOTE, bounds_info, check_looked, check_not_f
 from ..values.fills import settled_if_empty
 from ..values.memory import sample
 from ..execute.nans import check_run, raise_deferred
-from ..execute.opbyop import run_op_by_op
+from ..execute.opbyop import run_plan_op_by_op
 from ..executables.prefix import prefix_value
 from ..ir.nodes import Node, plan_graph
 from ..runtime.jit import later_held
@@ -73,7 +73,7 @@ def run_checked(nodes: list, checks, device: int, mode: str, cause: str, src):
     plan = plan_graph(nodes)
     if failed_nodes:
         check_not_failed(plan.op_nodes)
-    arrays = mode_state().policy.run_plan(plan, device, cause, src, placed(plan.roots))
+    arrays = mode_state().policy.run_sync_plan(plan, device, cause, src, placed(plan.roots))
     if checks:
         where = f" at {format_loc(src)}" if src is not None else ""
         settle_index_checks([c for c, _ in checks], arrays[-1],
@@ -96,7 +96,7 @@ def _bounds_node(checks, device: int) -> Node:
 
 def placed(roots) -> tuple | None:
     """SPMD: per root, where the value it replaces in its storage lay (None when
-    nothing is sharded): what a sync passes to ``run_graph``."""
+    nothing is sharded): what a sync passes to ``run_plan_as_graph``."""
     return _placed(roots) if session.spmd else None
 
 
@@ -153,7 +153,7 @@ def peek_node(node: Node):
             metrics.counter("PeekCompileFallback")
             arr = None
         if arr is None:
-            (arr,) = run_op_by_op(plan, keep=peek_values)
+            (arr,) = run_plan_op_by_op(plan, keep=peek_values)
         block_until_ready(arr)
     if pending_index_checks:  # a look never shows what XLA made of a bad index
         check_looked(peek_values)
