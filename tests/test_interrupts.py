@@ -110,7 +110,7 @@ import json, sys, torch, xlanb
 w = torch.randn(4, 4, device="xla", requires_grad=True)
 frames = []
 def prof(frame, event, arg):
-    if event == "call" and frame.f_code.co_filename.endswith("backend.py"):
+    if event == "call" and frame.f_code.co_filename.endswith("dispatch/backend.py"):
         frames.append(frame.f_code.co_name)
 sys.setprofile(prof)
 y = (w.t() * 2).chunk(2)

@@ -206,7 +206,7 @@ def test_seed003_peek_mid_step_compiles_the_step_once():
 @pytest.mark.parametrize("first_look", ["op by op", "prefix graph"])
 def test_peek_keeps_intermediates_until_sync(first_look, monkeypatch):
     """seeds/003's duplicate execution: peeking output3 after output4 recomputes nothing,
-    whether the first look ran op by op or as one prefix graph (execute/prefix.py)."""
+    whether the first look ran op by op or as one prefix graph (executables/prefix.py)."""
     from xlanb.executables import prefix
     monkeypatch.setattr(prefix, "MIN_MISSING", 10 ** 6 if first_look == "op by op" else 1)
     dims = [9, 31, 21, 9, 1] if first_look == "op by op" else [8, 33, 23, 7, 1]

@@ -1,4 +1,4 @@
-"""Repeated layers compiled once (graph/repeats.py, execute/stages.py; issue 36).
+"""Repeated layers compiled once (graph/repeats.py, executables/stages.py; issue 36).
 
 Each test runs the same step with the layers lowered as one ``lax.scan`` and unrolled
 (``xlanb.config.scan_layers``, ``XLANB_SCAN_LAYERS``), from the same seed, and compares

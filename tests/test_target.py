@@ -465,7 +465,7 @@ def test_an_instruction_with_xlanb_s_frame_has_no_user_line():
 def test_looped_layers_cost_every_iteration():
     """XLA's cost analysis counts a loop's body once: 8 identical layers compiled as
     loops for a TPU (XLANB_SCAN_LAYERS=auto) reported about 70% of the unrolled step's
-    FLOPs. Each loop's further iterations are added (execute/target.py, loop_flops)."""
+    FLOPs. Each loop's further iterations are added (executables/target.py, loop_flops)."""
     class Block(torch.nn.Module):
         def __init__(self):
             super().__init__()

@@ -9,7 +9,7 @@ A tensor that holds device data is laid out over the mesh at once (``jax.device_
 with a ``NamedSharding``); a pending one in a recording mode gets a
 ``with_sharding_constraint`` node (``xlanb::mark_sharding``) in its graph, and XLA's
 partitioner propagates the rest. Graphs and single-op executables are compiled for their
-inputs' shardings (execute/graphs.py, execute/single_op.py).
+inputs' shardings (execute/graphs.py, executables/single_op.py).
 """
 from __future__ import annotations
 

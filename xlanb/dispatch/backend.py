@@ -319,7 +319,7 @@ def register() -> None:
     # one_hot is CompositeImplicitAutograd: for a tensor with the Python key torch
     # decomposes it as eq(index.unsqueeze(-1), arange(C)), without CPU's class checks (a bad
     # class gave a zero row). A kernel of its own brings it to dispatch whole, where its
-    # classes are checked (execute/checks.py).
+    # classes are checked (values/checks.py).
     _lib.impl("one_hot", _dispatch_kernel(aten.one_hot.default), "PrivateUse1")
     # The MHA / TransformerEncoderLayer fast paths call fused CUDA-style kernels when they
     # see a PrivateUse1 backend; the composite path lowers cleanly.

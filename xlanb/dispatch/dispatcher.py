@@ -1,7 +1,7 @@
 """From an aten call on xla tensors to a recorded IR node or a run single-op executable.
 
 Per call: find the op's plan (ops/plan.py), compute its signature (ops/signature.py),
-look up the ``OpSignature`` for that signature, then record or run it (record.py). In-place
+look up the ``OpSignature`` for that signature, then record or run it (modes/record.py). In-place
 ops, ``out=`` and views are reduced to functional nodes plus writes into storages; the
 ops that move data between host and device, or need a value, are handled here too
 (``SPECIAL``). Installed as the tensor's dispatch handler at import.
@@ -145,7 +145,7 @@ def _functional(plan: OpPlan, info: OpSignature, tensors: list, scalars: list):
     for t in tensors:  # a loop: a comprehension is a function call more
         inputs.append(value_node(t) if t._view else t._storage.node)
     state = session.default if not session.scoped else mode_state()
-    # the mode decides (mode_policy.py); the walk for the user's line starts at
+    # the mode decides (modes/policy.py); the walk for the user's line starts at
     # torch_dispatch's caller, 4 frames up from the policy's
     node = state.policy.op(state, info, tuple(inputs), tuple(scalars), 4)
     if info.multi:
@@ -169,7 +169,7 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
         if res is not NotImplemented:
             return res
     # index checks left to a graph (a pending index, or a traced xlanb.compile call):
-    # each guards the op's result (execute/checks.py)
+    # each guards the op's result (values/checks.py)
     graph_checks = _check_host_indices(plan, args)
     args, kwargs = _device_operands(plan, args, kwargs)
     if plan.lowering is None and plan.decomp is None:

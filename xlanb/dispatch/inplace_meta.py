@@ -3,7 +3,7 @@ shape resized, ``resize_`` / ``resize_as_``, and ``set_`` to another tensor's st
 
 XLA arrays never change shape, so each of these makes the tensor a fresh base, or a view
 of another storage, through ``record.become`` (torch's sizes move with ``set_data``).
-The dispatcher (dispatch.py) calls them; they run their own ops through ``dispatch_op``.
+The dispatcher (dispatch/dispatcher.py) calls them; they run their own ops through ``dispatch_op``.
 """
 from __future__ import annotations
 

@@ -77,7 +77,7 @@ def start_prepared(info: OpSignature, prepared: tuple, quick: bool = False) -> N
     metrics.counter("OpCompile")
 
 
-# Single ops a first look ran as part of its prefix graph (execute/prefix.py): lowered,
+# Single ops a first look ran as part of its prefix graph (executables/prefix.py): lowered,
 # and their compiles started, while the main thread next waits for a graph compile or run.
 _lower_soon = cache([], "OpInfos a look left to lower at the next graph compile")
 

@@ -49,7 +49,7 @@ def single_op_options(device: int):
 
 # What someone waits for at first sight (a first look in pdb, an eager run of new ops)
 # compiles quickly; the optimized executable compiles after, in the background, and
-# replaces it (execute/background.py, graphs.tier_up).
+# replaces it (executables/background.py, graphs.tier_up).
 #
 # A graph (an eager run, a look's prefix) compiles without XLA:CPU's fusion emitters,
 # which are most of a small graph's compile: six elementwise and reduce ops as one graph,

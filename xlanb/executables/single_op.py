@@ -18,7 +18,7 @@ from .compile import Build
 from .resident import admit, touch
 
 
-# Guards the hand-over from a quick executable to its optimized one (execute/background.py):
+# Guards the hand-over from a quick executable to its optimized one (executables/background.py):
 # the compile thread that finishes the optimized one and op_executable collecting the
 # quick one agree here.
 tier_lock = threading.Lock()

@@ -1,7 +1,7 @@
 """A graph's stages, as JAX's ``jax/_src/stages.py`` splits a function's: what a graph
 computes (``GraphLowering``, made once per structure from a pending graph's plan), lowered
 for a placement (``GraphLowering.lower``: xlanb's own devices; ``lower_for``: a TPU
-target), then compiled (``execute/graphs.py`` for the CPU run, ``execute/target.py`` for
+target), then compiled (``execute/graphs.py`` for the CPU run, ``executables/target.py`` for
 a target). The lowering keeps a recipe, not a function (see ``GraphLowering``), and puts
 the user's lines and module scopes into the module's metadata.
 """

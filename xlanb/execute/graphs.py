@@ -38,7 +38,7 @@ from ..executables.target import check_target_fit, start_target_compile
 @dataclass
 class CompiledGraph:
     """One graph compiled for xlanb's devices, as ``xlanb.graphs()`` lists it: the
-    executable (dropped and loaded again as ``execute/resident.py`` decides), the lowering
+    executable (dropped and loaded again as ``executables/resident.py`` decides), the lowering
     it came from (``stages.GraphLowering``), and the figures of its row."""
     hash: str
     device: int
@@ -48,7 +48,7 @@ class CompiledGraph:
     cause: str
     src: SourceLoc | None  # the user's line whose sync compiled it
     compile_time: float
-    # the executable while it is loaded (execute/resident.py may drop it; ``executable``
+    # the executable while it is loaded (executables/resident.py may drop it; ``executable``
     # gets it back)
     _exe: object = field(repr=False)
     lowering: GraphLowering = field(default=None, repr=False)
@@ -62,7 +62,7 @@ class CompiledGraph:
     out_shardings: tuple | None = field(default=None, repr=False)
     collectives: CollectiveList = field(default_factory=CollectiveList, repr=False)
     _memory: object = field(default=False, repr=False)  # False: not asked yet
-    # compiled for xlanb.target() too: a Future of its TargetReport (execute/target.py),
+    # compiled for xlanb.target() too: a Future of its TargetReport (executables/target.py),
     # and the Target it is for
     _target: object = field(default=None, repr=False)
     _target_for: object = field(default=None, repr=False)
@@ -556,7 +556,7 @@ def run_compiled(rec: CompiledGraph, arrays, scalars, what: str, src) -> list:
     with jax.enable_x64(True):  # lifted Python floats are float64, as when it was lowered
         try:
             outs = rec.executable(arrays, scalars)
-            if lowerings_waiting():  # while the device runs it (execute/prefix.py)
+            if lowerings_waiting():  # while the device runs it (executables/prefix.py)
                 drain_lowerings(lambda: all(o.is_ready() for o in outs))
             jax.block_until_ready(outs)
         except Exception as e:

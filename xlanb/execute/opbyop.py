@@ -44,7 +44,7 @@ def run_plan_op_by_op(plan: GraphPlan, keep=None) -> list:
             args = [vals[i] for i in ins]
             if info.name == GETITEM:  # pick one output of a multi-output node: nothing to run
                 out = info.fn(args, ())
-            elif session.spmd:  # chosen by the inputs' shardings (execute/single_op.py)
+            elif session.spmd:  # chosen by the inputs' shardings (executables/single_op.py)
                 t0 = time.perf_counter()
                 try:
                     out = run_op_on_arrays(info, args, plan.scalars[k:k + n], node.src)

@@ -79,7 +79,7 @@ class OpSignature:
         self.device = device
         self.plan = plan          # the OpPlan it was made from (None for xlanb's own infos)
         self.in_metas = in_metas  # TensorMeta per input, as the executable takes them
-        self.template = template  # (args, kwargs) with input/scalar slots (templates.py)
+        self.template = template  # (args, kwargs) with input/scalar slots (ir/templates.py)
         self.view = view          # a ViewRecord for view ops (ops/views.py), else None
         # Its single-op executable (execute/): compiled on first use, its quickest call
         # once it has run, and its Future while a background thread compiles it.

@@ -103,7 +103,7 @@ class XlaTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        # replaced at import by dispatch.py's (set_handler("torch_dispatch", ...)), which
+        # replaced at import by dispatch/dispatcher.py's (set_handler("torch_dispatch", ...)), which
         # is one Python frame less on every op
         __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
         return _dispatch(func, args, kwargs or {})
@@ -245,8 +245,8 @@ def dispatch_op(func, args, kwargs):
 
 def set_handler(name: str, fn) -> None:
     """Install ``fn`` as the tensor's ``name`` handler: ``dispatch(func, args, kwargs)``
-    and ``torch_dispatch`` (``__torch_dispatch__`` itself; dispatch.py), ``repr(t)`` and
-    ``scalar_value(t)`` (inspect/repr.py), or ``to_host(t, cause=...)`` (reads.py)."""
+    and ``torch_dispatch`` (``__torch_dispatch__`` itself; dispatch/dispatcher.py), ``repr(t)`` and
+    ``scalar_value(t)`` (inspect/repr.py), or ``to_host(t, cause=...)`` (dispatch/reads.py)."""
     if name not in _Handlers.__slots__:
         raise ValueError(f"unknown tensor handler {name!r}")
     setattr(_handlers, name, fn)

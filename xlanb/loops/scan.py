@@ -9,7 +9,7 @@ the unrolled program (values are the unrolled model's; gradients reach every lay
 weights). Each iteration is recorded under a numbered scope and ends in a
 ``graph/repeats.LOOP_OP`` (an identity on its carry) that marks the loop as asked for:
 when a lazy graph holding it compiles, ``graph/repeats.py`` finds the iterations (forward,
-backward and the optimizer's per-layer updates) and ``execute/stages.py`` lowers each
+backward and the optimizer's per-layer updates) and ``executables/stages.py`` lowers each
 run as one ``lax.scan``, on every platform and on a mesh, where the repeated layers it
 finds on its own are looped only in a TPU's compile (``XLANB_SCAN_LAYERS=auto``).
 ``XLANB_SCAN_LAYERS=0`` unrolls these too. Eager and op-by-op runs have no graph to loop.

@@ -4,7 +4,7 @@ One object per mode (``LAZY``, ``EAGER``, ``OPBYOP``), bound to a ``ModeState`` 
 mode is set (``state.policy``), as JAX binds a trace: the dispatcher makes one attribute
 lookup and one call per op (``state.policy.op``), and a sync one call per graph
 (``state.policy.run_sync_plan``). To add a mode, subclass ``ModePolicy`` here, add its name to
-``base.config.MODES`` and to ``POLICIES``. ``modes.py`` only switches between them.
+``base.config.MODES`` and to ``POLICIES``. ``modes/switch.py`` only switches between them.
 
 Decompositions that trace on JAX values ("direct", ``session.direct``) are not a mode:
 they run at once whatever the mode is (record.apply_op).
@@ -48,7 +48,7 @@ class ModePolicy:
         """A sync's pending graph ``plan`` on ``device``, run; the roots' arrays."""
         raise NotImplementedError
 
-    # What a sync and a mode switch ask of the mode (realize.py, modes.py), so that they
+    # What a sync and a mode switch ask of the mode (pending/realize.py, modes/switch.py), so that they
     # read no mode's state themselves.
 
     def switch_syncs(self, state: ModeState, to: str) -> bool:

@@ -1,6 +1,6 @@
 """Recording or running one op, and reading and writing tensor values through storages.
 
-``apply_op`` records or runs one op as the thread's mode says (mode_policy.py: lazy and
+``apply_op`` records or runs one op as the thread's mode says (modes/policy.py: lazy and
 opbyop record a node; eager runs the op's single-op executable now, or records it while
 that executable compiles in the background); inside a decomposition ("direct" mode) it
 evaluates on JAX values. ``run_op_executable`` is eager's run of a known executable.
@@ -62,7 +62,7 @@ set_decomposition_runner(evaluate_decomposition)
 
 def apply_op(info: OpSignature, inputs: tuple, scalars: tuple) -> Node:
     """Record or run one op, as the calling thread's mode does (``state.policy``,
-    mode_policy.py); inside a decomposition ("direct"), evaluate it on JAX values now."""
+    modes/policy.py); inside a decomposition ("direct"), evaluate it on JAX values now."""
     if session.direct:
         return Node(info, (), (), info.fn([n.data for n in inputs], scalars))
     state = session.default if not session.scoped else mode_state()

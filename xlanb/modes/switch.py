@@ -1,6 +1,6 @@
 """The execution mode: lazy (record, compile whole graphs), eager (run each op now through
 the single-op cache) or opbyop (record, then run node by node through that cache).
-What each mode does is its object in mode_policy.py; this module only switches.
+What each mode does is its object in modes/policy.py; this module only switches.
 
 ``set_mode`` sets the process's mode (or, inside a ``with xlanb.mode(...)`` block, that
 block's). ``with xlanb.mode(...)`` is per thread, as torch's grad mode is: another thread

@@ -22,7 +22,7 @@ from .plan import OpPlan
 from .signature import meta_tensor, metas_of
 from .views import ViewRecord
 
-# op signature -> OpSignature (dispatch.py and spmd.py fill it)
+# op signature -> OpSignature (dispatch/dispatcher.py and spmd.py fill it)
 infos: dict = cache({}, "op signature -> OpSignature", compiled=True)
 getitem_infos = cache({}, "(OpSignature uid, output index) -> OpSignature", compiled=True)
 
@@ -66,7 +66,7 @@ _run_decomposition = _no_runner
 def set_decomposition_runner(fn) -> None:
     """Install ``fn(decomp, template, arrays, scalars) -> JAX value(s)``: runs torch's
     decomposition ``decomp``, called as ``template`` says, on tensors holding the JAX
-    ``arrays`` (record.py installs it)."""
+    ``arrays`` (modes/record.py installs it)."""
     global _run_decomposition
     _run_decomposition = fn
 

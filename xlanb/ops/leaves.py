@@ -28,7 +28,7 @@ def _leaf_info(cache: dict, name: str, tag: str, meta: TensorMeta, device: int,
 
 
 # small integer tensors moved from the host (index lists): their host values, so
-# indexing can check bounds with no transfer back (dispatch.py)
+# indexing can check bounds with no transfer back (dispatch/dispatcher.py)
 host_values = cache(weakref.WeakKeyDictionary(), "Node -> its CPU tensor (small host integers)")
 _data_infos = cache({}, "leaf infos of device data, by (shape, dtype, device)")
 _empty_infos = cache({}, "leaf infos of uninitialized memory")

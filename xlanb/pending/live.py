@@ -44,7 +44,7 @@ def compact() -> None:
     _compact_at = max(4096, 2 * len(_live))
 
 
-# Eager mode: views whose cached value waits on a background compile (dispatch.py). A
+# Eager mode: views whose cached value waits on a background compile (dispatch/dispatcher.py). A
 # view's value is not its storage's node, so running the storages alone would leave it.
 _waiting_views = cache([], "eager: weakrefs of views waiting on a compile")
 

@@ -86,7 +86,7 @@ def run_checked(nodes: list, checks, device: int, mode: str, cause: str, src):
 
 
 def _bounds_node(checks, device: int) -> Node:
-    """The node whose value is ``[min, max]`` of each checked index (execute/checks.py);
+    """The node whose value is ``[min, max]`` of each checked index (values/checks.py);
     ``checks``: (IndexCheck, index node) pairs."""
     metas = tuple(n.info.out for _, n in checks)
     info = bounds_info(metas, tuple((c.ignore, c.measure) for c, _ in checks), device)
@@ -147,7 +147,7 @@ def peek_node(node: Node):
         return got
     plan = plan_graph([node], known=peek_values)
     with later_held():  # the optimized compiles a look queues wait until it has its value
-        try:  # a first look: the prefix as one quick graph (execute/prefix.py)
+        try:  # a first look: the prefix as one quick graph (executables/prefix.py)
             arr = prefix_value(plan, peek_values)
         except Exception:  # noqa: BLE001 - op by op names the op that fails
             metrics.counter("PeekCompileFallback")

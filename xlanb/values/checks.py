@@ -64,7 +64,7 @@ class DivisorChecked:
 # ---------------------------------------------------------------------------------------
 # Index bounds: XLA clamps (gather, take) or drops (scatter) an out-of-range index where
 # CPU torch raises. Index values the host has are checked before the op runs
-# (dispatch.py); an index computed in a pending graph (lazy, opbyop, a traced
+# (dispatch/dispatcher.py); an index computed in a pending graph (lazy, opbyop, a traced
 # ``xlanb.compile`` call and its replays) is checked inside the graph itself, as JAX's
 # checkify does: one extra output of the graph holds the smallest and largest value of
 # every checked index (one fused reduction each, one small read back), and the host

@@ -561,7 +561,7 @@ class MemoryLimit:
     def __init__(self, limit):
         self.previous = (config.memory_limit, config.memory_limit_target)
         config.memory_limit_target = False
-        if limit == "target":  # the target's HBM, checked by execute/target.py
+        if limit == "target":  # the target's HBM, checked by executables/target.py
             if session.target is None:
                 raise ValueError("xlanb.memory_limit('target') needs a target: "
                                  "xlanb.set_target('v5e:1x1') (or xlanb.target(...)) first")

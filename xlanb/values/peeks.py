@@ -1,4 +1,4 @@
-"""The values peeks computed, kept until the next sync (live.py, realize.py) and counted
+"""The values peeks computed, kept until the next sync (pending/live.py, pending/realize.py) and counted
 as device memory (memory.py): a bounded cache, least recently used first out."""
 from __future__ import annotations
 
