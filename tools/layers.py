@@ -277,11 +277,12 @@ END = "<!-- /layers -->"
 def diagram() -> str:
     """The layer diagram, top layer first (data flows down; imports go down only)."""
     lines = ["```"]
+    w = max(len(name) for name, _, _ in LAYERS) + 1  # the names' column
     for name, what, mods in reversed(LAYERS):
         shown = ", ".join(m.replace("xlanb.", "", 1) if m != "xlanb" else "xlanb/__init__"
                           for m in mods)
-        lines.append(f"{name:<11}{shown}")
-        lines.append(f"{'':<11}  {what}")
+        lines.append(f"{name:<{w}}{shown}")
+        lines.append(f"{'':<{w}}  {what}")
     lines.append("```")
     hooks = "; ".join(f"`{h}` (installed by {', '.join(m for m in mods)})"
                       for h, mods in HOOKS.items())
