@@ -5,7 +5,7 @@
 xlanb checks index values the host has before an op runs, and an index computed on the
 device (pending in a lazy graph) inside the graph of the next sync: one fused
 ``[min, max]`` output per checked index, read back after the run
-(``xlanb/execute/checks.py``). ``XLANB_CHECK_DEVICE_INDICES=0`` turns the device part
+(``xlanb/values/checks.py``). ``XLANB_CHECK_DEVICE_INDICES=0`` turns the device part
 off. Each configuration runs in a fresh process (no executable store, so the first step
 compiles): the first step's graph compile time and the median steady lazy step, for
 

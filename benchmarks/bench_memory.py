@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 import xlanb  # noqa: E402
 from bench_modes import _cpu_model  # noqa: E402
-from xlanb.execute import memory  # noqa: E402  (the sample alone, as a sync calls it)
+from xlanb.values import memory  # noqa: E402  (the sample alone, as a sync calls it)
 
 
 def best(fn, repeats: int = 7, number: int = 1) -> float:

@@ -19,7 +19,6 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -68,17 +67,13 @@ def escape(text: str) -> str:
 # --------------------------------------------------------------------------- source lines
 
 class SourceResolver:
-    """Names an ``xlanb.SourceLoc`` as a reader can find it: ``In[5]:3 forward`` for a
-    notebook cell, ``model.py:42 forward`` for a file, ``%xla_sync`` for one of our
-    magics; plus the line of code itself.
+    """Names an ``xlanb.SourceLoc`` as a reader can find it, and finds its line of code.
 
-    ``cell_names`` maps a cell's code name (what ``co_filename`` says, the full name a
-    ``SourceLoc`` holds) to its execution count; the IPython extension fills it from the
-    shell's compiler. ``label`` is what the core's renderer and differ take as ``label=``.
+    A notebook cell is named by the labeler the IPython extension installs
+    (``xlanb.set_location_labeler``: ``SourceLoc.short`` reads ``In[5]:3 forward``), a file
+    as ``model.py:42 forward``; a line inside one of our magics reads ``%xla_sync``.
+    ``label`` is what the core's renderer and differ take as ``label=``.
     """
-
-    def __init__(self, cell_names: Callable[[], dict] | None = None) -> None:
-        self._cell_names = cell_names or (lambda: {})
 
     def resolve(self, loc: xlanb.SourceLoc | None) -> tuple[str, str]:
         """(label, code) for ``loc``; code is "" when the line cannot be found."""
@@ -88,20 +83,13 @@ class SourceResolver:
             return f"%{loc.function}", ""  # synced by one of our magics
         code = linecache.getline(loc.file, loc.line).strip()
         code = re.sub(r"\s+#[^'\"]*$", "", code)  # a trailing comment
-        return self.label(loc), code
+        return loc.short, code
 
     def label(self, loc: xlanb.SourceLoc | None) -> str:
         """``In[5]:3 forward``, ``model.py:42 forward`` or ``%xla_sync``; "" for None."""
         if loc is None:
             return ""
-        if _our_magic(loc):
-            return f"%{loc.function}"
-        # Not cached: a cell's name hashes its code, so running the same code again
-        # moves the name to the new execution count.
-        number = self._cell_names().get(loc.file)
-        return (xlanb.format_cell_loc(number, loc.line, loc.function) if number is not None
-                else loc.short)
-
+        return f"%{loc.function}" if _our_magic(loc) else loc.short
 
     def label_text(self, where: str) -> str:
         """A ``file:line`` string (as a ``TargetReport``'s padding rows hold it) named
@@ -111,9 +99,7 @@ class SourceResolver:
         file, _, line = where.rpartition(":")
         if not file or not line.isdigit():
             return os.path.basename(where)
-        number = self._cell_names().get(file)
-        return xlanb.format_cell_loc(number, line) if number is not None else \
-            xlanb.format_location(os.path.basename(file), line)
+        return xlanb.format_location(xlanb.file_label(file, short=True), line)
 
 
 def _our_magic(loc: xlanb.SourceLoc) -> bool:

@@ -99,7 +99,7 @@ class XlaMagics(Magics):
 
     def __init__(self, shell) -> None:
         super().__init__(shell)
-        self.resolver = xd.SourceResolver(self._cell_names)
+        self.resolver = xd.DEFAULT_RESOLVER  # cells named by this shell's labeler (cell_label)
         self.status_on = False
         self._probe: xd.Probe | None = None
 

@@ -66,7 +66,7 @@ def _drain_pending() -> None:
     except Exception:
         pass
     if xlanb.pending_count():
-        from xlanb import live
+        from xlanb.pending import live
         from xlanb.base.session import session
         live._live.clear()
         live._waiting_views.clear()

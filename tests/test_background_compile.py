@@ -18,7 +18,7 @@ from torch import nn
 
 import xlanb
 from xlanb.base.session import mode_state
-from xlanb.execute import background, compile as op_compile
+from xlanb.executables import background, compile as op_compile
 from xlanb import config
 
 
@@ -241,7 +241,7 @@ def test_a_peek_waits_for_quick_executables_only_and_optimized_ones_replace_them
     xlanb.set_mode("eager")
     z = ((x * 1.75).cos() + x).tanh().sum(0)  # the same signatures, run now
     torch.testing.assert_close(z.cpu(), ref)
-    from xlanb.execute import resident
+    from xlanb.executables import resident
     used = [i.exe for i in resident.resident.values()
             if i.name in ("aten::mul.Tensor", "aten::cos", "aten::add.Tensor", "aten::tanh")
             and i.exe is not None and id(i.exe) in built]

@@ -88,8 +88,8 @@ def test_failed_factorization_gives_nans_not_a_fallback(mode):
 def test_signature_tells_tensors_bools_ints_and_floats_apart():
     # A tensor's signature element once was a small int, so mul(x, t) could find the
     # executable of mul(x, 3); and True == 1 == 1.0 gives three result dtypes.
-    from xlanb.record import value_node
-    from xlanb.tensor import sig_key
+    from xlanb.modes.record import value_node
+    from xlanb.ir.tensor import sig_key
     xlanb.set_mode("lazy")
     for k in range(8):  # whatever the interned keys are, none may equal a static int
         x = torch.arange(3.0 + k).to("xla")

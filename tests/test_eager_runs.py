@@ -201,7 +201,7 @@ def test_an_op_in_a_third_new_run_gets_its_own_executable(eager, count):
     (x.exp() * 2.0).cpu()          # exp, first new run
     (x.exp() + 3.0).cpu()          # exp again, in a second new run
     (x.exp() - 4.0).cpu()          # a third new run: its own executable
-    from xlanb.execute.background import _in_flight
+    from xlanb.executables.background import _in_flight
     for f in list(_in_flight):
         f.result(timeout=120)
     hits = count("OpCacheHit")

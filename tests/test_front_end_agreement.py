@@ -59,10 +59,21 @@ def test_one_duration_format_everywhere():
 def test_one_location_format_for_cells():
     """A cell's line reads ``In[7]:4 forward`` in every message (the core's labeler, set
     by the extension) and every table, graph and widget (the front end's resolver)."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from support import loaded_shell
     loc = xlanb.SourceLoc("/tmp/ipykernel_1/123.py", 4, "forward")
-    r = xd.SourceResolver(lambda: {"/tmp/ipykernel_1/123.py": 7})
-    assert r.label(loc) == xlanb.format_cell_loc(7, 4, "forward") == "In[7]:4 forward"
-    assert r.label_text("/tmp/ipykernel_1/123.py:4") == "In[7]:4"
+    r = xd.SourceResolver()
+    shell = InteractiveShell.instance()
+    loaded = loaded_shell(shell, "terminal")
+    next(loaded)  # %load_ext xlanb: its labeler names the shell's cells
+    try:
+        shell.compile._filename_map["/tmp/ipykernel_1/123.py"] = 7
+        assert loc.short == r.label(loc) == xlanb.format_cell_loc(7, 4, "forward") == "In[7]:4 forward"
+        assert r.label_text("/tmp/ipykernel_1/123.py:4") == "In[7]:4"
+    finally:
+        shell.compile._filename_map.pop("/tmp/ipykernel_1/123.py", None)
+        next(loaded, None)  # unloaded: files are named by their path again
+    assert r.label(loc) == "123.py:4 forward"
 
 
 def _recorded_names() -> set[str]:

@@ -302,7 +302,7 @@ def test_a_failed_result_raises_on_every_read_and_use(mode_name):
     with pytest.raises(IndexError, match="index 5 is out of bounds"):
         used.cpu()
     assert idx.tolist() == [2, 5]
-    from xlanb.execute.checks import failed_nodes
+    from xlanb.values.checks import failed_nodes
     failed = [weakref.ref(t._storage.node) for t in (y, z)]
     assert all(id(r()) in failed_nodes for r in failed)
     del y, z, used, read  # dropped: nothing keeps them, nor their failure

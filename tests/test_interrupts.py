@@ -37,7 +37,7 @@ def _assert_alive(rc: int, err: str) -> None:
 # check is in the lookup.
 SWEEP = """
 import _thread, functools, itertools, json, operator, signal, sys, time, torch, xlanb
-from xlanb import backend
+from xlanb.dispatch import backend
 xlanb.set_mode(sys.argv[1])
 if sys.argv[2] == "default":
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -110,7 +110,7 @@ import json, sys, torch, xlanb
 w = torch.randn(4, 4, device="xla", requires_grad=True)
 frames = []
 def prof(frame, event, arg):
-    if event == "call" and frame.f_code.co_filename.endswith("backend.py"):
+    if event == "call" and frame.f_code.co_filename.endswith("dispatch/backend.py"):
         frames.append(frame.f_code.co_name)
 sys.setprofile(prof)
 y = (w.t() * 2).chunk(2)
@@ -129,7 +129,7 @@ def test_the_safe_handler_replaces_only_the_default_one(python_child):
 import json, signal
 import ipykernel.kernelbase as kb
 import xlanb
-from xlanb import backend
+from xlanb.dispatch import backend
 first = signal.getsignal(signal.SIGINT) is backend._on_sigint
 def mine(signum, frame):
     raise KeyboardInterrupt
@@ -246,7 +246,7 @@ def test_an_import_holds_back_ctrl_c_only_for_its_grace_period(python_child, tmp
     (tmp_path / "slow_module.py").write_text("import time\ntime.sleep(60)\n")
     out = python_child(f"""
 import json, os, signal, sys, threading, time, xlanb
-from xlanb import backend
+from xlanb.dispatch import backend
 backend._IMPORT_GRACE_S = 1.0
 sys.path.insert(0, {str(tmp_path)!r})
 threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()

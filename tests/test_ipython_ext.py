@@ -528,10 +528,14 @@ def test_depth_keeps_the_last_levels_in_text_and_pictures():
     assert dot.rstrip().endswith("}")
 
 
-def test_source_resolver_labels_cells():
+def test_source_resolver_labels_cells(ip, monkeypatch):
+    """The resolver names cells through the labeler the extension installed (the shell's
+    map of cell code names to execution counts), as every core message does."""
     from xlanb import GraphSummary, OpRecord, SourceLoc
+    monkeypatch.setitem(ip.compile._filename_map, "/tmp/ipykernel_1/123.py", 7)
     cell = SourceLoc("/tmp/ipykernel_1/123.py", 4, "<module>")
-    r = xd.SourceResolver(lambda: {"/tmp/ipykernel_1/123.py": 7})
+    r = xd.SourceResolver()
+    assert cell.short == "In[7]:4 <module>"
     assert r.label(cell) == "In[7]:4 <module>"  # the core's one location format
     assert r.label(SourceLoc("/other/dir/123.py", 4, "<module>")) == "123.py:4 <module>"
     assert r.label(SourceLoc("/src/train.py", 51, "step")) == "train.py:51 step"

@@ -1,4 +1,4 @@
-"""Loops the program asks for (xlanb/loops.py): ``xlanb.scan``, ``xlanb.scan_layers`` and
+"""Loops the program asks for (xlanb/loops/scan.py): ``xlanb.scan``, ``xlanb.scan_layers`` and
 torch_xla's ``scan``, ``scan_layers`` and ``utils.checkpoint`` on them (xlanb.compat).
 
 In lazy mode the loop is compiled as one ``lax.scan`` on the CPU too (the graph's

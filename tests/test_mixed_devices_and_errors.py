@@ -70,7 +70,7 @@ def _notes(err) -> str:
 
 
 def test_lowering_failure_in_a_sync_names_the_op_and_line(mode, monkeypatch):
-    from xlanb.record import value_node
+    from xlanb.modes.record import value_node
     a = torch.linspace(-1, 1, 26).reshape(2, 13)
     x = a.to("xla")
     if mode == "eager":
@@ -85,7 +85,7 @@ def test_lowering_failure_in_a_sync_names_the_op_and_line(mode, monkeypatch):
     monkeypatch.setattr(info, "fn", broken)
     monkeypatch.setattr(info, "exe", None)
     monkeypatch.setattr(info, "call", None)
-    from xlanb.execute import compile as op_compile
+    from xlanb.executables import compile as op_compile
     real_lower = op_compile.lower_op
     monkeypatch.setattr(op_compile, "lower_op", lambda i: (_ for _ in ()).throw(
         ValueError("no lowering today (injected)")) if i is info else real_lower(i))
@@ -103,7 +103,7 @@ def test_lowering_failure_in_a_sync_names_the_op_and_line(mode, monkeypatch):
 # Peek memory: the values peeks keep are bounded by bytes
 
 def test_peeked_values_stay_within_their_byte_budget(monkeypatch, count):
-    from xlanb.execute.peeks import peek_values
+    from xlanb.values.peeks import peek_values
     monkeypatch.setattr(xlanb.config, "peek_cache_bytes", 64 << 10)  # 64 KiB
     a = torch.randn(64, 64)  # 16 KiB per float32 value
     x = a.to("xla")

@@ -206,8 +206,8 @@ def test_seed003_peek_mid_step_compiles_the_step_once():
 @pytest.mark.parametrize("first_look", ["op by op", "prefix graph"])
 def test_peek_keeps_intermediates_until_sync(first_look, monkeypatch):
     """seeds/003's duplicate execution: peeking output3 after output4 recomputes nothing,
-    whether the first look ran op by op or as one prefix graph (execute/prefix.py)."""
-    from xlanb.execute import prefix
+    whether the first look ran op by op or as one prefix graph (executables/prefix.py)."""
+    from xlanb.executables import prefix
     monkeypatch.setattr(prefix, "MIN_MISSING", 10 ** 6 if first_look == "op by op" else 1)
     dims = [9, 31, 21, 9, 1] if first_look == "op by op" else [8, 33, 23, 7, 1]
     _, (l1, l2, l3, l4) = _chain(dims)  # shapes no other test uses: nothing compiled yet
@@ -516,7 +516,7 @@ def test_a_first_look_missing_many_executables_compiles_its_prefix_once():
     model) runs its prefix as one quickly compiled graph: the pending graph is untouched
     and no graph compile is counted. The single ops it lacked are lowered and compiled
     while the next sync's graph compiles, so the next look runs op by op."""
-    from xlanb.execute import prefix
+    from xlanb.executables import prefix
     torch.manual_seed(3)
     dims = [7, 29, 19, 11, 5, 3]  # shapes no other test uses
     cpu, xla = _chain(dims, seed=3)
@@ -545,7 +545,7 @@ def test_a_first_look_missing_many_executables_compiles_its_prefix_once():
 
 
 def test_a_failed_prefix_compile_falls_back_to_op_by_op(monkeypatch):
-    from xlanb.execute import compile as op_compile, prefix
+    from xlanb.executables import compile as op_compile, prefix
 
     real = op_compile.compile_lowered
 
@@ -566,9 +566,9 @@ def test_a_failed_prefix_compile_falls_back_to_op_by_op(monkeypatch):
 
 def xlanb_plan(t):
     """The plan a look at ``t`` runs (what peek_node builds)."""
-    from xlanb.ir import plan_graph
-    from xlanb.execute.peeks import peek_values
-    from xlanb.record import value_node
+    from xlanb.ir.nodes import plan_graph
+    from xlanb.values.peeks import peek_values
+    from xlanb.modes.record import value_node
     return plan_graph([value_node(t)], known=peek_values)
 
 
@@ -576,8 +576,8 @@ def test_ops_a_look_left_are_forgotten_once_compiled_in_opbyop_mode(monkeypatch)
     """In opbyop mode no graph compile drains the ops a first look left: the op-by-op
     sync compiles them itself, and the next look's queue keeps only what still lacks an
     executable."""
-    from xlanb.execute import background
-    from xlanb.execute import prefix
+    from xlanb.executables import background
+    from xlanb.executables import prefix
     monkeypatch.setattr(prefix, "MIN_MISSING", 1)
     with xlanb.mode("opbyop"):
         _, xla = _chain([6, 41, 17, 3], seed=5)

@@ -139,7 +139,7 @@ def test_device_trace_merges_jax_events(tmp_path):
 
 def test_off_adds_no_listener():
     from xlanb.base import metrics
-    from xlanb import realize
+    from xlanb.pending import realize
     assert not metrics._listeners and not realize.observers
     with xlanb.profile():
         assert metrics._listeners and realize.observers
@@ -188,7 +188,7 @@ def test_tables_trace_and_chart_explain_themselves(tmp_path):
     html = p._repr_html_()
     assert "<td style='text-align:left'>Net.enc</td>" in html
     assert html.count("share: the row") == 1
-    from xlanb.profile import icicle_svg
+    from xlanb.debugging.profile import icicle_svg
     assert "(top level)" in icicle_svg(p)
 
     path = p.export(str(tmp_path / "t.json"))

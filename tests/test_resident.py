@@ -14,7 +14,7 @@ import torch
 
 import xlanb
 from xlanb import metrics
-from xlanb.execute import background, resident
+from xlanb.executables import background, resident
 from xlanb.runtime import maps
 
 

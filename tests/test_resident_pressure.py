@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from xlanb.execute import resident
+from xlanb.executables import resident
 from xlanb.runtime import maps
 
 
@@ -22,7 +22,7 @@ def pressure(monkeypatch):
     monkeypatch.setattr(resident, "shrink", lambda target: state["shrinks"].append(target))
     monkeypatch.setattr(resident, "shrink_graphs",
                         lambda target: state["graph_shrinks"].append(target))
-    monkeypatch.setattr(resident, "_resident", dict.fromkeys(range(2000)))
+    monkeypatch.setattr(resident, "resident", dict.fromkeys(range(2000)))
     monkeypatch.setattr(resident._Check, "calls", 0)
     monkeypatch.setattr(resident._Check, "next_at", 0)
     return state

@@ -10,7 +10,7 @@ import torch
 import xlanb
 from xlanb import metrics
 
-from xlanb.execute import compile as op_compile  # noqa: E402
+from xlanb.executables import compile as op_compile  # noqa: E402
 
 
 def _pending_pair(cols=3):

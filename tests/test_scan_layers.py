@@ -1,4 +1,4 @@
-"""Repeated layers compiled once (graph/repeats.py, execute/stages.py; issue 36).
+"""Repeated layers compiled once (graph/repeats.py, executables/stages.py; issue 36).
 
 Each test runs the same step with the layers lowered as one ``lax.scan`` and unrolled
 (``xlanb.config.scan_layers``, ``XLANB_SCAN_LAYERS``), from the same seed, and compares
@@ -358,7 +358,7 @@ def test_auto_loops_a_tpu_compile_of_many_layers_only():
     """``"auto"`` (the default): the CPU's own graph stays unrolled; a TPU target's
     compile loops a run of AUTO_MIN_LAYERS or more, and its report says so."""
     pytest.importorskip("libtpu")
-    from xlanb.execute.stages import AUTO_MIN_LAYERS
+    from xlanb.executables.stages import AUTO_MIN_LAYERS
     xlanb.config.scan_layers = "auto"
     clear_graph_cache()
     torch.manual_seed(0)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 import xlanb
-from xlanb import dispatch, live
+from xlanb.dispatch import dispatcher as dispatch
+from xlanb.pending import live
 from xlanb.base import caches
 from xlanb.execute import graphs
 from xlanb.ops.infos import infos
@@ -47,9 +48,9 @@ def test_reset_returns_to_the_starting_mode():
 def test_reset_empties_the_containers_modules_hold():
     """Modules hold their caches as globals (the hot path reads module globals); a reset
     empties them in place, so those references stay the registered ones."""
-    before = (dispatch._infos, live._live, graphs._graph_cache)
+    before = (dispatch._infos, live._live, graphs.graph_cache)
     xlanb.reset()
-    assert (dispatch._infos, live._live, graphs._graph_cache) == before
+    assert (dispatch._infos, live._live, graphs.graph_cache) == before
     registered = [c.container for c in caches._caches]
     assert all(any(x is c for c in registered) for x in before)
 
@@ -60,3 +61,21 @@ def test_compiled_caches_are_marked():
     marked = {c.what for c in caches._caches if c.compiled}
     assert "op signature -> OpSignature" in marked and "(device, structural key) -> CompiledGraph" in marked
     assert "weakrefs of pending storages, in write order" not in marked
+
+
+def test_clear_graph_cache_forgets_the_graphs_group_only():
+    """``clear_graph_cache`` empties what is registered in the "graphs" group (compiled
+    graphs, their log, the loaded set, recompile statistics) through the registry, and
+    leaves other caches (op signatures) as they were."""
+    x = torch.arange(6.0).to("xla")
+    (x * 3).cos().cpu()
+    xlanb.sync()
+    group = [c for c in caches._caches if c.group == "graphs"]
+    assert {"(device, structural key) -> CompiledGraph", "every CompiledGraph, in compile order",
+            "id -> CompiledGraph whose executable is loaded"} <= {c.what for c in group}
+    assert graphs.graph_cache and graphs.graph_log and infos
+    n_infos = len(infos)
+    graphs.clear_graph_cache()
+    assert all(len(c.container) == 0 for c in group)
+    assert len(infos) == n_infos
+    assert list(xlanb.graphs()) == []

@@ -21,7 +21,7 @@ import torch
 
 import xlanb
 from xlanb.base import metrics
-from xlanb.execute.target import parse_hbm_oom
+from xlanb.executables.target import parse_hbm_oom
 from xlanb.graph.layouts import entry_layouts
 from xlanb.runtime import libtpu, targets
 
@@ -453,7 +453,7 @@ def test_a_fresh_process_keeps_the_tpu_plugin_out_of_jax():
 def test_an_instruction_with_xlanb_s_frame_has_no_user_line():
     """The TPU partitioner's collectives may carry the frame that lowered the whole
     graph (xlanb's own): the source column is then blank, never an xlanb file."""
-    from xlanb.execute import stages
+    from xlanb.executables import stages
     from xlanb.graph.hlo_text import origin
     meta = ('%ar = f32[] all-reduce(f32[] %x), metadata={op_type="aten::mm" '
             'op_name="jit(run)/Net/aten::mm" source_file="FILE" source_line=426}')
@@ -465,7 +465,7 @@ def test_an_instruction_with_xlanb_s_frame_has_no_user_line():
 def test_looped_layers_cost_every_iteration():
     """XLA's cost analysis counts a loop's body once: 8 identical layers compiled as
     loops for a TPU (XLANB_SCAN_LAYERS=auto) reported about 70% of the unrolled step's
-    FLOPs. Each loop's further iterations are added (execute/target.py, loop_flops)."""
+    FLOPs. Each loop's further iterations are added (executables/target.py, loop_flops)."""
     class Block(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -529,14 +529,14 @@ def test_a_loops_temporaries_are_its_carried_values():
     """Issue 46: the padding table showed a loop (a tuple-shaped ``while``) as its first
     element only, the s32[] counter; its carried values are buffers of their own (the
     ones in HBM: not a value prefetched into the core, ``S(1)``)."""
-    from xlanb.execute.target import temp_rows
+    from xlanb.executables.target import temp_rows
     rows = [r for r in temp_rows(_LOOP_HLO) if r.name.startswith("while")]
     assert [(r.name, r.type) for r in rows] == [("while (while.10) [2]", "f32[7,1024,1024]")], rows
     assert rows[0].logical_bytes == 7 * 1024 * 1024 * 4
 
 
 def test_an_empty_graph_does_no_work():
-    from xlanb.execute.target import TargetCost
+    from xlanb.executables.target import TargetCost
     r = TargetCost(0.0, 0.0, 0.0, 0.0, 0.0)
     t = xlanb.Target("v5e:1x1")
     assert r.bound == "no work" and r.roofline(t) == "no work on TPU v5 lite: no FLOP, no byte accessed"

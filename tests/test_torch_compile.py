@@ -124,7 +124,7 @@ def test_batchnorm_training_updates_running_stats():
 
 
 def test_unflatten_outside_a_fake_mode_is_a_clear_error():
-    from xlanb.tensor import XlaTensor
+    from xlanb.ir.tensor import XlaTensor
     t = torch.ones(2).to("xla")
     inner, ctx = t.__tensor_flatten__()
     with pytest.raises(NotImplementedError, match="fake"):

@@ -151,7 +151,7 @@ def test_deliberate_error_ends_at_the_users_line(shell):
     assert isinstance(res.error_in_exec, xlanb.DeviceMemoryError)
     out = c.stdout + c.stderr
     assert "DeviceMemoryError" in out and "would not fit" in out
-    assert "realize.py" not in out and "memory.py" not in out, out
+    assert "pending/realize.py" not in out and "memory.py" not in out, out
     # %debug still walks every frame, down to where it was raised
     frames = __import__("traceback").extract_tb(sys.last_traceback)
     assert frames[-1].filename.endswith("memory.py"), frames

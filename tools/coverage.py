@@ -34,7 +34,7 @@ import torch
 
 import xlanb
 # A tool, not a front end: it reaches into the session to forget work between samples.
-from xlanb import live
+from xlanb.pending import live
 from xlanb.execute.graphs import clear_graph_cache
 
 # ---------------------------------------------------------------------------------------

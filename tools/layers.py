@@ -34,51 +34,52 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
       "xlanb.runtime.store", "xlanb.runtime.transfer")),
     ("lowering", "aten op -> JAX function, one registry",
      ("xlanb.lowering.*",)),
-    ("ir", "nodes, op infos, graph plans and hashes; argument templates",
-     ("xlanb.ir", "xlanb.templates")),
+    ("ir", "the lazy program's data: nodes, op infos, graph plans and hashes; argument "
+     "templates; XlaTensor, storages, signature keys",
+     ("xlanb.ir.nodes", "xlanb.ir.templates", "xlanb.ir.tensor")),
     ("graph", "a graph as plain data, its differ and its one renderer (text, DOT, SVG); "
      "its repeated layers",
      ("xlanb.graph.summary", "xlanb.graph.explain", "xlanb.graph.render",
       "xlanb.graph.hlo_text", "xlanb.graph.layouts", "xlanb.graph.collectives",
       "xlanb.graph.repeats", "xlanb.graph.compile_time")),
-    ("tensor", "XlaTensor, storages, signature keys",
-     ("xlanb.tensor",)),
     ("ops", "op plans, view records, leaves, signatures, op infos",
      ("xlanb.ops.plan", "xlanb.ops.views", "xlanb.ops.leaves", "xlanb.ops.signature",
       "xlanb.ops.infos")),
-    ("execute", "peeked values, the bounded set of loaded executables, device memory (figures, by line, the limit), compile, fills, single-op executables, background compiles, op-by-op and "
-     "a graph's stages (lowering, compiled for a TPU target, compiled and run), a first look's "
-     "prefix graph, the first non-finite op",
-     ("xlanb.execute.peeks", "xlanb.execute.resident", "xlanb.execute.memory", "xlanb.execute.compile", "xlanb.execute.fills", "xlanb.execute.checks",
-      "xlanb.execute.single_op",
-      "xlanb.execute.background", "xlanb.execute.opbyop", "xlanb.execute.nans",
-      "xlanb.execute.stages", "xlanb.execute.target", "xlanb.execute.graphs",
-      "xlanb.execute.prefix")),
-    ("live", "pending storages, waiting views, peek values",
-     ("xlanb.live",)),
-    ("realize", "sync, materialize, peek, values an op needs",
-     ("xlanb.realize",)),
-    ("record", "reading and writing through storages; the modes, one object each (what an "
-     "op does, how a sync runs)",
-     ("xlanb.record", "xlanb.mode_policy")),
-    ("reads", "host reads of tensors, with their cause",
-     ("xlanb.reads",)),
-    ("dispatch", "CPU fallback, __torch_dispatch__ and the special ops, device registration",
-     ("xlanb.fallback", "xlanb.inplace_meta", "xlanb.dispatch", "xlanb.backend")),
-    ("modes", "lazy / eager / opbyop switching",
-     ("xlanb.modes",)),
-    ("debug", "numerics: the first op that made a NaN/Inf (debug_nans), op-by-op CPU "
+    ("values", "device values: peeked values, device memory (figures, by line, the limit), "
+     "fills (values made without compiling), the checks CPU torch makes on values",
+     ("xlanb.values.peeks", "xlanb.values.memory", "xlanb.values.checks", "xlanb.values.fills")),
+    ("executables", "making executables: the bounded set of loaded executables, the one build "
+     "chain, single-op executables, background compiles, a graph's stages (lowering, "
+     "compiled for a TPU target), a first look's prefix graph",
+     ("xlanb.executables.resident", "xlanb.executables.compile", "xlanb.executables.single_op",
+      "xlanb.executables.background", "xlanb.executables.stages", "xlanb.executables.target",
+      "xlanb.executables.prefix")),
+    ("execute", "running them: op-by-op, the first non-finite op, whole graphs (compiled once, "
+     "run by one step)",
+     ("xlanb.execute.opbyop", "xlanb.execute.nans", "xlanb.execute.graphs")),
+    ("pending", "pending storages, waiting views, peek values; sync, materialize, peek, "
+     "values an op needs",
+     ("xlanb.pending.live", "xlanb.pending.realize")),
+    ("modes", "reading and writing through storages; the modes, one object each (what an "
+     "op does, how a sync runs); lazy / eager / opbyop switching",
+     ("xlanb.modes.record", "xlanb.modes.policy", "xlanb.modes.switch")),
+    ("dispatch", "host reads of tensors, with their cause; CPU fallback, __torch_dispatch__ "
+     "and the special ops, device registration",
+     ("xlanb.dispatch.reads", "xlanb.dispatch.fallback", "xlanb.dispatch.inplace_meta",
+      "xlanb.dispatch.dispatcher", "xlanb.dispatch.backend")),
+    ("debugging", "numerics: the first op that made a NaN/Inf (debug_nans), op-by-op CPU "
      "comparison; the profiler by line, scope, op and phase",
-     ("xlanb.debug", "xlanb.compare", "xlanb.profile")),
+     ("xlanb.debugging.debug_nans", "xlanb.debugging.compare", "xlanb.debugging.profile")),
     ("capture", "xlanb.compile and the torch.compile backend",
      ("xlanb.capture.function", "xlanb.capture.dynamo")),
     ("inspect", "tensor repr, pending IR and HLO, collectives",
      ("xlanb.inspect.repr", "xlanb.inspect.pending")),
-    ("spmd", "xlanb.spmd: meshes, mark_sharding, shardings and shards; xlanb.distributed",
+    ("spmd", "xlanb.spmd: meshes, mark_sharding, shardings and shards; xlanb.distributed "
+     "(public modules, so they stay loose in xlanb/)",
      ("xlanb.spmd", "xlanb.distributed")),
     ("loops", "xlanb.scan, xlanb.scan_layers: loops the program asks for, recorded "
-     "unrolled and compiled as one",
-     ("xlanb.loops", "xlanb.barrier")),
+     "unrolled and compiled as one; optimization barriers",
+     ("xlanb.loops.scan", "xlanb.loops.barrier")),
     ("api", "the public API",
      ("xlanb",)),
     ("compat", "torch_xla's modules on the public API: import torch_xla runs on xlanb",
@@ -99,9 +100,10 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
 
 # Upward calls, each through one named function, and the modules allowed to call it.
 HOOKS: dict[str, tuple[str, ...]] = {
-    "xlanb.tensor.set_handler": ("xlanb.dispatch", "xlanb.reads", "xlanb.inspect.repr"),
-    "xlanb.ops.infos.set_decomposition_runner": ("xlanb.record",),
-    "xlanb.base.session.set_policies": ("xlanb.mode_policy",),
+    "xlanb.ir.tensor.set_handler": ("xlanb.dispatch.dispatcher", "xlanb.dispatch.reads",
+                                    "xlanb.inspect.repr"),
+    "xlanb.ops.infos.set_decomposition_runner": ("xlanb.modes.record",),
+    "xlanb.base.session.set_policies": ("xlanb.modes.policy",),
 }
 
 # Upward imports allowed by name: ``%load_ext xlanb`` and ``xlanb.set_trace`` live in the
@@ -275,11 +277,12 @@ END = "<!-- /layers -->"
 def diagram() -> str:
     """The layer diagram, top layer first (data flows down; imports go down only)."""
     lines = ["```"]
+    w = max(len(name) for name, _, _ in LAYERS) + 1  # the names' column
     for name, what, mods in reversed(LAYERS):
         shown = ", ".join(m.replace("xlanb.", "", 1) if m != "xlanb" else "xlanb/__init__"
                           for m in mods)
-        lines.append(f"{name:<11}{shown}")
-        lines.append(f"{'':<11}  {what}")
+        lines.append(f"{name:<{w}}{shown}")
+        lines.append(f"{'':<{w}}  {what}")
     lines.append("```")
     hooks = "; ".join(f"`{h}` (installed by {', '.join(m for m in mods)})"
                       for h, mods in HOOKS.items())

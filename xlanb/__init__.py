@@ -20,7 +20,7 @@ _torch_compat.check()
 _torch_compat.patch()
 
 from . import lowering as _lowering  # noqa: F401  (fills the lowering registry)
-from .backend import register as _register
+from .dispatch.backend import register as _register
 from .base import metrics
 from .base import rng as _rng
 from .base.config import MODES, check_mode, config
@@ -31,13 +31,13 @@ from .base.frames import (SourceLoc, debugger_active, file_label, is_internal_fr
 from .base.scopes import install_scope_hooks as _install_scope_hooks
 from .base.session import session as _session, starting_mode as _starting_mode
 from .capture.function import CompiledFunction, compile
-from .compare import CompareReport, CompareRow, compare_cpu
-from .debug import debug_nans, where_made
-from .profile import Profile, ProfileTable, profile
-from .execute.background import compiles_in_flight as _compiles_in_flight
+from .debugging.compare import CompareReport, CompareRow, compare_cpu
+from .debugging.debug_nans import debug_nans, where_made
+from .debugging.profile import Profile, ProfileTable, profile
+from .executables.background import compiles_in_flight as _compiles_in_flight
 from .execute.nans import NonFiniteError
-from .execute.resident import ExecutableLimitError
-from .execute.memory import (DeviceMemoryError, GraphBuffer, GraphMemory, MemoryByLine,
+from .executables.resident import ExecutableLimitError
+from .values.memory import (DeviceMemoryError, GraphBuffer, GraphMemory, MemoryByLine,
                              MemoryForecast,
                              MemoryLimit,
                              MemoryRow, MemorySample, MemoryTimeline, max_memory_allocated,
@@ -48,7 +48,7 @@ from .execute.memory import (DeviceMemoryError, GraphBuffer, GraphMemory, Memory
 from .execute.graphs import (Column, CompiledGraph, GraphList, RecompileWarning,
                              compile_summary, graph_columns, graphs)
 from .graph.compile_time import CompilePart, CompileProfile, CompileRow, CompileSummary
-from .execute.target import (PaddingList, PaddingRow, TargetCost, TargetReport, get_target,
+from .executables.target import (PaddingList, PaddingRow, TargetCost, TargetReport, get_target,
                              set_target, target)
 from .graph.explain import SummaryDiff, diff_summaries, explain
 from .graph.render import render_dot, render_svg, render_text
@@ -56,16 +56,16 @@ from .graph.summary import GraphSummary, OpRecord
 from .inspect import repr as _repr  # noqa: F401  (installs how tensors print)
 from .inspect.pending import (collectives, compile_for, hlo, pending_count, pending_ir,
                              pending_memory, pending_summary)
-from .modes import get_mode, mode, set_mode, switch_mode
-from .reads import peek_host as _peek_host
-from .realize import sync
+from .modes.switch import get_mode, mode, set_mode, switch_mode
+from .dispatch.reads import peek_host as _peek_host
+from .pending.realize import sync
 from .runtime.devices import device_count, jax_device as _jax_device
 from .runtime.targets import CHIPS, Target, TargetError
-from .tensor import XlaTensor
+from .ir.tensor import XlaTensor
 from . import spmd
 from . import distributed
-from .loops import scan, scan_layers
-from .barrier import optimization_barrier_
+from .loops.scan import scan, scan_layers
+from .loops.barrier import optimization_barrier_
 
 _register()
 _install_scope_hooks()

@@ -54,15 +54,15 @@ from .base.formats import format_hash, format_location
 from .base.frames import PACKAGE_DIR, SourceLoc, format_loc, is_internal_file, user_frame
 from .base.session import mode_state, session
 from .execute.graphs import CompiledGraph
-from .execute.single_op import _Sharded
+from .executables.single_op import _Sharded
 from .graph.explain import explain
 from .graph.summary import _LIFTED, GraphSummary, OpRecord, aval_text
-from .ir import info_digest
+from .ir.nodes import info_digest
 from .ops.leaves import from_array
 from .runtime import devices as _devices
 from .runtime.mesh import as_mesh, named_sharding, sharding_text
-from .templates import format_call
-from .tensor import XlaTensor
+from .ir.templates import format_call
+from .ir.tensor import XlaTensor
 
 __all__ = ["initialize", "is_initialized", "process_index", "process_count",
            "global_device_count", "local_device_count", "from_process_local", "is_main",

@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python script.py`
             runpy.run_path(target, run_name="__main__")
     except KeyboardInterrupt:
-        interrupted = True  # no summary after a Ctrl-C (execute/target.py still ends
+        interrupted = True  # no summary after a Ctrl-C (executables/target.py still ends
         # the compile in progress before exit: Ctrl-C again ends it at once)
         raise
     finally:

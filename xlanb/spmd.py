@@ -9,7 +9,7 @@ A tensor that holds device data is laid out over the mesh at once (``jax.device_
 with a ``NamedSharding``); a pending one in a recording mode gets a
 ``with_sharding_constraint`` node (``xlanb::mark_sharding``) in its graph, and XLA's
 partitioner propagates the rest. Graphs and single-op executables are compiled for their
-inputs' shardings (execute/graphs.py, execute/single_op.py).
+inputs' shardings (execute/graphs.py, executables/single_op.py).
 """
 from __future__ import annotations
 
@@ -22,17 +22,17 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .base.frames import user_frame
 from .base.session import mode_state, session
-from .ir import Node, OpSignature
+from .ir.nodes import Node, OpSignature
 from .ops.infos import infos
 from .ops.leaves import is_placed, placed_info
-from .realize import node_array, peek_node
-from .record import run_node, value_node, write
+from .pending.realize import node_array, peek_node
+from .modes.record import apply_op, value_node, write
 from .runtime.mesh import (Mesh, ShardingError, as_mesh, global_index, is_sharded,
                            named_sharding, place, sharding_text)
 from .runtime.targets import retarget
 from .runtime.transfer import array_to_host
-from .templates import _In
-from .tensor import XlaTensor
+from .ir.templates import _In
+from .ir.tensor import XlaTensor
 
 __all__ = ["Mesh", "ShardingError", "mark_sharding", "clear_sharding", "get_sharding",
            "visualize_sharding", "Sharding", "get_1d_mesh", "shards", "Shard", "is_spmd",
@@ -107,7 +107,7 @@ def _place(t: XlaTensor, sharding: NamedSharding) -> None:
     node = s.node
     src = user_frame()
     if node.data is None and mode_state().recording:
-        write(t, run_node(constraint_info(s.meta, s.device, sharding), (node,), ()))
+        write(t, apply_op(constraint_info(s.meta, s.device, sharding), (node,), ()))
         return
     arr = node.data if node.data is not None else node_array(node, cause="mark_sharding")
     new = place(arr, sharding)

@@ -38,16 +38,9 @@ def _esc(text) -> str:
 
 
 def _resolver() -> xd.SourceResolver:
-    """Source labels like ``In[5] line 3`` when an IPython shell is running."""
-    def cell_names() -> dict:
-        try:
-            from IPython import get_ipython
-        except ImportError:
-            return {}
-        ip = get_ipython()
-        comp = getattr(ip, "compile", None)
-        return getattr(comp, "_filename_map", None) or {}
-    return xd.SourceResolver(cell_names)
+    """Source labels like ``In[5]:3 forward``: cells are named by the labeler that
+    ``%load_ext xlanb`` installs."""
+    return xd.DEFAULT_RESOLVER
 
 
 def _pattern(text: str | None) -> re.Pattern | None:

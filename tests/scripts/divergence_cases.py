@@ -127,7 +127,7 @@ def unchecked():
 
 def slow_compile():
     """Process 1 compiles for longer than XLANB_DIST_TIMEOUT: it is waited for."""
-    import xlanb.execute.compile as op_compile
+    import xlanb.executables.compile as op_compile
     real = op_compile.compile_lowered
 
     def slow(*args, **kwargs):

@@ -19,15 +19,17 @@ class Cache(NamedTuple):
     what: str          # what it maps, for ``registered()``
     container: object  # anything with ``clear()`` and ``len()``
     compiled: bool     # holds lowered or compiled code
+    group: str | None  # what else is forgotten with it (``clear_group``)
 
 
 _caches: list[Cache] = []
 
 
-def cache(container: C, what: str, *, compiled: bool = False) -> C:
+def cache(container: C, what: str, *, compiled: bool = False, group: str | None = None) -> C:
     """Register ``container`` (a dict, list, set, weak dict or anything with ``clear``)
-    for reset and return it."""
-    _caches.append(Cache(what, container, compiled))
+    for reset and return it. ``group`` names the caches forgotten together without a
+    reset (``clear_group``)."""
+    _caches.append(Cache(what, container, compiled, group))
     return container
 
 
@@ -41,6 +43,13 @@ def clear_compiled() -> None:
     """Empty what holds lowered or compiled code: what a lowering setting invalidates."""
     for c in _caches:
         if c.compiled:
+            c.container.clear()
+
+
+def clear_group(group: str) -> None:
+    """Empty the caches registered with ``group``, and no other."""
+    for c in _caches:
+        if c.group == group:
             c.container.clear()
 
 

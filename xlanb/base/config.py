@@ -345,12 +345,12 @@ class Config:
         self.check_device_indices = env_flag("XLANB_CHECK_DEVICE_INDICES", True)
         # Print every recompile with its explanation (XLANB_DEBUG=1).
         self.debug = env_flag("XLANB_DEBUG", False)
-        # Eager mode: compile new ops' executables on background threads (mode_policy.py,
-        # execute/background.py).
+        # Eager mode: compile new ops' executables on background threads (modes/policy.py,
+        # executables/background.py).
         self.background_compile = env_flag("XLANB_BACKGROUND_COMPILE", True)
         # Eager mode: new ops wait, recorded, until a value is needed, and that run of ops
         # compiles as one graph (one compile instead of one per op); at most this many
-        # ops per run; 0: each new op compiles its own executable (mode_policy.py).
+        # ops per run; 0: each new op compiles its own executable (modes/policy.py).
         self.eager_runs = env_count("XLANB_EAGER_RUNS", 2048, 0, "0: off")
         # Those runs, and lazy graphs, compile quickly first (XLA:CPU's LLVM at -O0,
         # fusion emitters off: execute/compile.quick_options); a graph that comes back
@@ -372,29 +372,29 @@ class Config:
         # made one. Turned on and off with xlanb.debug_nans(), which also records where
         # backward ops come from; XLANB_DEBUG_NANS=1 turns it on at import.
         self.debug_nans = env_flag("XLANB_DEBUG_NANS", False)
-        # Bytes of peeked values kept until the next sync (execute/peeks.py).
+        # Bytes of peeked values kept until the next sync (values/peeks.py).
         self.peek_cache_bytes = env_size("XLANB_PEEK_CACHE_BYTES", 256 << 20, 0)
-        # Single-op executables kept loaded (execute/resident.py); 0: derived from the
+        # Single-op executables kept loaded (executables/resident.py); 0: derived from the
         # kernel's limit on memory mappings, which XLA's executables use up.
         self.max_executables = env_count("XLANB_MAX_EXECUTABLES", 0, 0,
                                          "0: from the kernel's limit on memory mappings")
-        # Graph executables kept loaded (execute/resident.py); a dropped one comes back
+        # Graph executables kept loaded (executables/resident.py); a dropped one comes back
         # from the executable store, or compiles again, when its graph runs again.
         self.max_graphs = env_count("XLANB_MAX_GRAPHS", 256, 1)
         # Eager results of at least this many bytes remember their line (OpSignature.lines)
         self.memory_line_bytes = env_size("XLANB_MEMORY_LINE_BYTES", 256 << 10, 0)
         # Device bytes a graph (or an eager op) may take, checked before it runs
-        # (execute/memory.py; xlanb.memory_limit); None: no check.
+        # (values/memory.py; xlanb.memory_limit); None: no check.
         self.memory_limit = env_size("XLANB_MEMORY_LIMIT", None)
         # xlanb.memory_limit("target"): every graph must fit the target's HBM per
-        # chip, as the TPU compiler says (execute/target.py), before it runs here
+        # chip, as the TPU compiler says (executables/target.py), before it runs here
         self.memory_limit_target = False
         # The precision of float32 dots and convolutions, XLA's "default" | "high" |
         # "highest" (torch_xla.backends.set_mat_mul_precision); None: torch's own knobs
         # decide (torch.set_float32_matmul_precision, torch.backends.cudnn.allow_tf32)
         self.mat_mul_precision = None
         # Repeated layers of a graph lowered as one lax.scan each, so XLA compiles one
-        # layer's body (graph/repeats.py, execute/stages.py); read when a graph is lowered.
+        # layer's body (graph/repeats.py, executables/stages.py); read when a graph is lowered.
         # True | False | "auto" (the default): loops where they pay, in TPU compiles
         # (a TPU target's, a TPU's own) of 8 or more repeated layers; on XLA:CPU the
         # loop compiled no faster than the unrolled graph (docs/benchmarks.md,

@@ -12,7 +12,7 @@ import torch
 
 from .caches import cache
 
-_scope_stack = scope_stack = cache([], "nn.Module paths being run")  # list[str]
+scope_stack = cache([], "nn.Module paths being run")  # list[str]
 _module_names = cache(weakref.WeakKeyDictionary(), "nn.Module -> its path")
 # The iteration of a loop the program asked for (xlanb.scan) being recorded: every module
 # it enters is named under it, so that each iteration's ops form one numbered segment
@@ -21,7 +21,7 @@ _iterations = cache([], "scopes of the loop iterations being recorded")  # list[
 
 
 def current_scope() -> str:
-    return _scope_stack[-1] if _scope_stack else ""
+    return scope_stack[-1] if scope_stack else ""
 
 
 def _enter_module(module, _args):
@@ -31,10 +31,10 @@ def _enter_module(module, _args):
     module = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: name the model
     name = _module_names.get(module)
     if name is None:
-        if _scope_stack and isinstance(module, torch.fx.GraphModule):
-            name = _scope_stack[-1]  # a torch.compile graph runs in its model's scope
-        elif _scope_stack:
-            name = f"{_scope_stack[-1]}.?{type(module).__name__}"
+        if scope_stack and isinstance(module, torch.fx.GraphModule):
+            name = scope_stack[-1]  # a torch.compile graph runs in its model's scope
+        elif scope_stack:
+            name = f"{scope_stack[-1]}.?{type(module).__name__}"
         else:
             root = type(module).__name__
             for sub_name, sub in module.named_modules():
@@ -42,15 +42,15 @@ def _enter_module(module, _args):
             name = _module_names[module]
     if _iterations and not name.startswith(_iterations[-1]):
         name = f"{_iterations[-1]}.{name}"
-    _scope_stack.append(name)
+    scope_stack.append(name)
 
 
 def _exit_module(module, _args, _out):
     __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
     if torch.compiler.is_compiling():
         return
-    if _scope_stack:
-        _scope_stack.pop()
+    if scope_stack:
+        scope_stack.pop()
 
 
 def module_name(module) -> str | None:
@@ -62,23 +62,23 @@ def module_name(module) -> str | None:
 def iteration(scope: str):
     """Record one iteration of a loop the program asked for under ``scope`` (``...scan.3``):
     its own ops, and every module it enters, named under it."""
-    _scope_stack.append(scope)
+    scope_stack.append(scope)
     _iterations.append(scope)
     try:
         yield
     finally:
         _iterations.pop()
-        _scope_stack.pop()
+        scope_stack.pop()
 
 
 @contextlib.contextmanager
 def in_scope(scope: str):
     """Record the ops of the block under ``scope``."""
-    _scope_stack.append(scope)
+    scope_stack.append(scope)
     try:
         yield
     finally:
-        _scope_stack.pop()
+        scope_stack.pop()
 
 
 _scope_hooks = []

@@ -15,18 +15,18 @@ from .caches import clear_all
 from .config import config
 
 
-# mode name -> its ModePolicy (mode_policy.py installs them at import: set_policies)
+# mode name -> its ModePolicy (modes/policy.py installs them at import: set_policies)
 _policies: dict = {}
 
 
 class ModeState:
     """An execution mode as the dispatcher reads it on every op: ``policy`` is the mode's
-    object (mode_policy.py), bound when the mode is set."""
+    object (modes/policy.py), bound when the mode is set."""
     __slots__ = ("mode", "policy", "recording", "deferred")
 
     def __init__(self, mode: str):
         self.set(mode)
-        # eager: some ops were recorded while their executables compile (mode_policy.py)
+        # eager: some ops were recorded while their executables compile (modes/policy.py)
         self.deferred = 0  # eager: ops recorded in the open run (mode_policy.Eager)
 
     def set(self, mode: str) -> None:
@@ -36,7 +36,7 @@ class ModeState:
 
 
 def set_policies(policies: dict) -> None:
-    """The hook mode_policy.py installs the modes through (it lives layers above)."""
+    """The hook modes/policy.py installs the modes through (it lives layers above)."""
     _policies.update(policies)
     session.default.set(session.default.mode)
 
@@ -52,7 +52,7 @@ class Session:
         # thread-local lookup.
         self.default = ModeState(mode)
         self.scoped = 0
-        # >0 while a decomposition traces on JAX values: ops run at once (record.py)
+        # >0 while a decomposition traces on JAX values: ops run at once (modes/record.py)
         self.direct = 0
         # the recorder of the xlanb.compile call being traced, if any (capture/)
         self.recorder = None

@@ -34,19 +34,19 @@ from ..base.config import config
 from ..base.formats import format_hash
 from ..base.frames import format_loc, user_frame
 from ..base.session import session
-from ..execute.checks import bad_indices, index_error, take_index_checks, without_failed
+from ..values.checks import bad_indices, index_error, take_index_checks, without_failed
 from ..execute.graphs import find_graph, run_compiled
 from ..execute.nans import check_run
 from ..graph.explain import explain
 from ..graph.summary import summarize
-from ..ir import Node, TensorMeta, contiguous_strides
-from ..live import clear_peeks, live_storages, pending_roots
-from ..modes import mode as _mode
+from ..ir.nodes import Node, TensorMeta, contiguous_strides
+from ..pending.live import clear_peeks, live_storages, pending_roots
+from ..modes.switch import mode as _mode
 from ..ops.leaves import data_info
-from ..realize import node_array, placed, run_checked, sync
+from ..pending.realize import node_array, placed, run_checked, sync
 from ..runtime.mesh import common_mesh, on_mesh
-from ..record import value_node
-from ..tensor import XlaTensor, new_tensor
+from ..modes.record import value_node
+from ..ir.tensor import XlaTensor, new_tensor
 
 #: Traces compared before giving up on a function whose graph or scalars keep changing.
 MAX_TRACES = 4

@@ -16,7 +16,7 @@ import torch
 import xlanb
 from xlanb.base.caches import clear_compiled
 from xlanb.base.config import MAT_MUL_PRECISIONS as PRECISIONS
-from xlanb.execute.background import compiles_in_flight
+from xlanb.executables.background import compiles_in_flight
 
 from .missing import module_getattr
 

@@ -34,10 +34,10 @@ import sys
 import xlanb
 from xlanb.base.frames import SourceLoc, is_internal_file
 from xlanb.execute.graphs import graph_log
-from xlanb.execute.resident import graph_cache
+from xlanb.execute.graphs import graph_cache
 from xlanb.graph.render import render_dot, render_text
 from xlanb.graph.summary import summarize
-from xlanb import realize
+from xlanb.pending import realize
 
 from . import metrics as _met
 from . import runtime as _xr
@@ -304,7 +304,7 @@ def graph_error(exc: BaseException) -> bool:
     """Whether ``exc`` (or what it was raised from) is a graph's compile or run failing:
     XLA's runtime error, a device memory error, or xlanb's note on a failed compile."""
     import jax
-    from xlanb.execute.memory import DeviceMemoryError
+    from xlanb.values.memory import DeviceMemoryError
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))

@@ -2,7 +2,7 @@
 
 The program asked for a loop, so it is one on every platform: the iterations are
 recorded as ops (autograd differentiates them as written) and a lazy graph lowers them
-as one ``lax.scan`` (xlanb/loops.py). ``partition_fn`` and ``is_fn_pure`` choose how
+as one ``lax.scan`` (xlanb/loops/scan.py). ``partition_fn`` and ``is_fn_pure`` choose how
 torch_xla's AOTAutograd traces ``fn``; xlanb does not trace ``fn`` apart, so they change
 nothing (XLA's own rematerialization decides what is recomputed).
 """

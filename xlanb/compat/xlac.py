@@ -50,7 +50,7 @@ def _xla_get_default_device() -> str:
 def _get_num_cached_compilation_graph() -> int:
     """How many compiled graphs xlanb holds in memory now (its graph cache: what a sync
     of a known structure reuses); ``xlanb.graphs()`` lists every sync's."""
-    from xlanb.execute.resident import graph_cache
+    from xlanb.execute.graphs import graph_cache
     return len(graph_cache)
 
 

@@ -11,7 +11,7 @@ from typing import Callable, NamedTuple
 import jax
 
 from ..base import metrics
-from ..base.caches import cache
+from ..base.caches import cache, clear_group
 from ..base.config import config
 from ..base.frames import SourceLoc, format_loc, warn_at
 from ..base.session import session
@@ -22,23 +22,23 @@ from ..graph.collectives import CollectiveList, parse_collectives
 from ..graph.explain import explain
 from ..graph.render import render_dot, render_text
 from ..graph.summary import summarize
-from ..ir import GraphPlan
+from ..ir.nodes import GraphPlan
 from ..runtime.compile_profile import raw_profile
 from ..runtime.devices import jax_device
 from ..runtime.jit import background, later_is_held
 from ..runtime.mesh import sharding_text
-from .background import drain_lowerings, lowerings_waiting
-from .compile import Build
-from .memory import (GraphMemory, check_graph, device_oom, graph_buffers, graph_memory,
+from ..executables.background import drain_lowerings, lowerings_waiting
+from ..executables.compile import Build
+from ..values.memory import (GraphMemory, check_graph, device_oom, graph_buffers, graph_memory,
                      is_device_oom)
-from .resident import admit_graph, graph_cache, resident_graphs
-from .stages import GraphLowering, kept_shardings, mesh_leaves, sharding_of
-from .target import check_target_fit, start_target_compile
+from ..executables.resident import admit_graph
+from ..executables.stages import GraphLowering, kept_shardings, mesh_leaves, sharding_of
+from ..executables.target import check_target_fit, start_target_compile
 
 @dataclass
 class CompiledGraph:
     """One graph compiled for xlanb's devices, as ``xlanb.graphs()`` lists it: the
-    executable (dropped and loaded again as ``execute/resident.py`` decides), the lowering
+    executable (dropped and loaded again as ``executables/resident.py`` decides), the lowering
     it came from (``stages.GraphLowering``), and the figures of its row."""
     hash: str
     device: int
@@ -48,7 +48,7 @@ class CompiledGraph:
     cause: str
     src: SourceLoc | None  # the user's line whose sync compiled it
     compile_time: float
-    # the executable while it is loaded (execute/resident.py may drop it; ``executable``
+    # the executable while it is loaded (executables/resident.py may drop it; ``executable``
     # gets it back)
     _exe: object = field(repr=False)
     lowering: GraphLowering = field(default=None, repr=False)
@@ -66,7 +66,7 @@ class CompiledGraph:
     out_shardings: tuple | None = field(default=None, repr=False)
     collectives: CollectiveList = field(default_factory=CollectiveList, repr=False)
     _memory: object = field(default=False, repr=False)  # False: not asked yet
-    # compiled for xlanb.target() too: a Future of its TargetReport (execute/target.py),
+    # compiled for xlanb.target() too: a Future of its TargetReport (executables/target.py),
     # and the Target it is for
     _target: object = field(default=None, repr=False)
     _target_for: object = field(default=None, repr=False)
@@ -353,14 +353,16 @@ class GraphList(list):
         return format_table_html(header, rows, cls="xlanb-graphs")
 
 
-_graph_cache = graph_cache  # execute/resident.py
-graph_log = cache([], "every CompiledGraph, in compile order")
+# The "graphs" group: what clear_graph_cache forgets (with the loaded set, resident.py's)
+graph_cache: dict = cache({}, "(device, structural key) -> CompiledGraph", compiled=True,
+                          group="graphs")
+graph_log = cache([], "every CompiledGraph, in compile order", group="graphs")
 
 
 def cached_graph(plan: GraphPlan, device: int) -> CompiledGraph | None:
     """The graph of ``plan``'s structure on one device if this process has it (an eager
     run's quick one, or the optimized one), without compiling anything."""
-    return _graph_cache.get((device, plan.key)) or _graph_cache.get((device, plan.key, "quick"))
+    return graph_cache.get((device, plan.key)) or graph_cache.get((device, plan.key, "quick"))
 
 
 def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
@@ -379,7 +381,7 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
     shardings = tuple(sharding_of(a) for a in arrays) if mesh is not None else None
     key = (device, plan.key) if shardings is None else (device, plan.key, shardings, keep)
     tiered = shardings is None and config.quick_compiles
-    rec = cached_graph(plan, device) if tiered else _graph_cache.get(key)
+    rec = cached_graph(plan, device) if tiered else graph_cache.get(key)
     if rec is not None:
         return rec, False
     lowering = GraphLowering.of(plan, device, shardings, mesh, keep)
@@ -418,7 +420,7 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
     if shardings is not None:
         _note_partitioning(rec, plan, exe, mesh)
     start_target_compile(rec)  # with a target set; the CPU run never waits for it
-    _graph_cache[key] = rec
+    graph_cache[key] = rec
     graph_log.append(rec)
     return rec, True
 
@@ -458,7 +460,7 @@ def _compile_graph(build: Build):
     return future.result()
 
 
-QUICK_BIG_S = 0.5  # a quick compile this long: a big graph (see run_graph)
+QUICK_BIG_S = 0.5  # a quick compile this long: a big graph (see run_plan_as_graph)
 
 
 def tier_up(rec: CompiledGraph, swap_when_done: bool = True) -> None:
@@ -505,9 +507,9 @@ class RecompileWarning(UserWarning):
     """Graphs from one source line keep compiling (the graph is dynamic)."""
 
 
-_syncs_at = cache({}, "source location -> lazy syncs from there")
-_compiles_at = cache({}, "source location -> new graphs from there")
-_warned_at = cache(set(), "source locations warned about recompiling (once each)")
+_syncs_at = cache({}, "source location -> lazy syncs from there", group="graphs")
+_compiles_at = cache({}, "source location -> new graphs from there", group="graphs")
+_warned_at = cache(set(), "source locations warned about recompiling (once each)", group="graphs")
 
 
 def _report_compile(rec: CompiledGraph, src) -> None:
@@ -542,7 +544,7 @@ def find_graph(plan: GraphPlan, device: int, cause: str, src, placed=None, quick
     return rec, fresh, arrays
 
 
-def run_graph(plan: GraphPlan, device: int, cause: str, src, placed=None,
+def run_plan_as_graph(plan: GraphPlan, device: int, cause: str, src, placed=None,
               run: bool = False) -> list:
     """Compile (or find) the graph of ``plan`` and run it; returns the roots' arrays.
     ``placed`` (SPMD): per root, the sharding of the value it replaces (see ``stages.kept_shardings``).
@@ -604,7 +606,7 @@ def run_compiled(rec: CompiledGraph, arrays, scalars, what: str, src) -> list:
     with jax.enable_x64(True):  # lifted Python floats are float64, as when it was lowered
         try:
             outs = rec.executable(arrays, scalars)
-            if lowerings_waiting():  # while the device runs it (execute/prefix.py)
+            if lowerings_waiting():  # while the device runs it (executables/prefix.py)
                 drain_lowerings(lambda: all(o.is_ready() for o in outs))
             jax.block_until_ready(outs)
         except Exception as e:
@@ -639,9 +641,6 @@ def graphs() -> GraphList:
 
 
 def clear_graph_cache() -> None:
-    resident_graphs.clear()
-    _graph_cache.clear()
-    graph_log.clear()
-    _syncs_at.clear()
-    _compiles_at.clear()
-    _warned_at.clear()
+    """Forget every compiled graph, its log and the recompile statistics (the caches
+    registered in the "graphs" group), nothing else."""
+    clear_group("graphs")

@@ -21,9 +21,9 @@ import numpy as np
 
 from ..base.frames import SourceLoc, format_loc
 from ..graph.summary import aval_text
-from ..ir import GETITEM, GraphPlan, Node, OpSignature
-from .compile import op_context
-from .single_op import op_executable
+from ..ir.nodes import GETITEM, GraphPlan, Node, OpSignature
+from ..executables.compile import op_context
+from ..executables.single_op import op_executable
 
 # Ops recorded during backward -> (autograd node name, forward aten op, its SourceLoc,
 # its scope). Filled only while debug_nans is on (xlanb.debug); weak: a node nobody

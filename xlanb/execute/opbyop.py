@@ -9,14 +9,14 @@ from ..base import metrics
 from ..base.config import config
 from ..base.frames import format_loc
 from ..base.session import session
-from ..ir import GETITEM, GraphPlan
-from .background import compile_op_ahead
-from .compile import add_op_note
-from .memory import check_op, device_oom, is_device_oom
-from .single_op import op_executable, run_op
+from ..ir.nodes import GETITEM, GraphPlan
+from ..executables.background import compile_op_ahead
+from ..executables.compile import add_op_note
+from ..values.memory import check_op, device_oom, is_device_oom
+from ..executables.single_op import op_executable, run_op_on_arrays
 
 
-def run_op_by_op(plan: GraphPlan, keep=None) -> list:
+def run_plan_op_by_op(plan: GraphPlan, keep=None) -> list:
     """Run ``plan`` node by node through the single-op cache.
 
     ``keep``, if given (a PeekCache), receives every intermediate value and supplies
@@ -44,10 +44,10 @@ def run_op_by_op(plan: GraphPlan, keep=None) -> list:
             args = [vals[i] for i in ins]
             if info.name == GETITEM:  # pick one output of a multi-output node: nothing to run
                 out = info.fn(args, ())
-            elif session.spmd:  # chosen by the inputs' shardings (execute/single_op.py)
+            elif session.spmd:  # chosen by the inputs' shardings (executables/single_op.py)
                 t0 = time.perf_counter()
                 try:
-                    out = run_op(info, args, plan.scalars[k:k + n], node.src)
+                    out = run_op_on_arrays(info, args, plan.scalars[k:k + n], node.src)
                 except Exception as e:
                     add_op_note(e, "running failed for", info, node.src, node.scope)
                     raise
@@ -96,7 +96,7 @@ def time_op_by_op(plan: GraphPlan, repeats: int = 3) -> list:
                 times.append(0.0)
                 continue
             if session.spmd:  # sharded inputs: the executable of their shardings
-                exe = lambda *a, _info=info: run_op(_info, list(a[:len(args)]), a[len(args):])  # noqa: E731
+                exe = lambda *a, _info=info: run_op_on_arrays(_info, list(a[:len(args)]), a[len(args):])  # noqa: E731
             else:
                 exe = op_executable(info)
             out = jax.block_until_ready(exe(*args, *scalars))  # warm

@@ -13,7 +13,7 @@ to its own ``FusionCompiler::Compile`` time (XLA:CPU measures every fusion), the
 to the ops it holds; everything else (lowering, HLO passes, the rest of the backend,
 loading) goes evenly to every instruction of the optimized module, which is all that is
 known of it. Each instruction's metadata names its aten op, scope and the user's line
-(``execute/stages.py``). libtpu times no fusion: a TPU compile's time goes evenly to its
+(``executables/stages.py``). libtpu times no fusion: a TPU compile's time goes evenly to its
 instructions, and the profile says so.
 """
 from __future__ import annotations

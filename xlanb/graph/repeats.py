@@ -13,7 +13,7 @@ before it only its *carry* (the running activation, or its gradient), always fro
 same op. Their other inputs are either the same value for every layer (an attention
 mask: *invariant*) or one value per layer (weights, dropout keys: stacked, *xs*). Values
 of a segment that anything outside the run uses (activations saved for backward, weight
-gradients) come out stacked (*ys*). ``execute/stages.py`` lowers such a run as one
+gradients) come out stacked (*ys*). ``executables/stages.py`` lowers such a run as one
 ``jax.lax.scan``. Anything uncertain stays unrolled: a layer that differs, a run whose
 ops would have to move across an op outside it, a segment that reads a value from two
 layers back. ``find_repeats`` says why for each layer left out of a run.
@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 _NUMBERED = re.compile(r"\.(\d+)(?=\.|$)")
 MIN_RUN = 2
-# the op that ends each iteration of a loop the program asked for (xlanb/loops.py)
+# the op that ends each iteration of a loop the program asked for (xlanb/loops/scan.py)
 LOOP_OP = "xlanb::loop_step"
 
 

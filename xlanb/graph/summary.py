@@ -8,9 +8,9 @@ from typing import NamedTuple
 import torch
 
 from ..base.frames import SourceLoc
-from ..ir import leaf_meta
+from ..ir.nodes import leaf_meta
 from ..runtime.mesh import is_sharded, sharding_text
-from ..templates import format_call
+from ..ir.templates import format_call
 
 _DTYPE_SHORT = {
     torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",

@@ -6,18 +6,18 @@ import torch
 
 from ..base.frames import user_frame
 from ..execute.graphs import find_graph
-from ..execute.stages import (GraphLowering, kept_shardings, leaf_mesh, leaf_shardings,
+from ..executables.stages import (GraphLowering, kept_shardings, leaf_mesh, leaf_shardings,
                               lower_graph, mesh_leaves)
-from ..execute.target import TargetReport, compile_for_target
+from ..executables.target import TargetReport, compile_for_target
 from ..runtime.targets import target as resolve_target
-from ..execute.memory import forecast
-from ..realize import placed
+from ..values.memory import forecast
+from ..pending.realize import placed
 from ..graph.render import render_dot, render_text
 from ..graph.repeats import find_repeats
 from ..graph.summary import GraphSummary, summarize
-from ..ir import GraphPlan, Node, plan_graph
-from ..live import pending_roots
-from ..record import value_node
+from ..ir.nodes import GraphPlan, Node, plan_graph
+from ..pending.live import pending_roots
+from ..modes.record import value_node
 
 
 def roots_of(tensors) -> list[Node]:

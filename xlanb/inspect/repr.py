@@ -4,13 +4,13 @@ from __future__ import annotations
 import torch
 
 from ..base.config import config
-from ..ir import plan_graph
-from ..reads import peek_host, to_host
-from ..realize import peek_node
-from ..record import value_node
+from ..ir.nodes import plan_graph
+from ..dispatch.reads import peek_host, to_host
+from ..pending.realize import peek_node
+from ..modes.record import value_node
 from ..runtime.mesh import global_index
 from ..runtime.transfer import array_to_host
-from ..tensor import set_handler
+from ..ir.tensor import set_handler
 
 
 def _pending_ops(node) -> int:

@@ -16,15 +16,15 @@ import torch
 
 from ..base.dtypes import to_jax_dtype, to_torch_dtype
 from ..base.caches import cache
-from ..ir import GETITEM, OpSignature, TensorMeta, contiguous_strides
-from ..templates import fill_call, template_of
+from ..ir.nodes import GETITEM, OpSignature, TensorMeta, contiguous_strides
+from ..ir.templates import fill_call, template_of
 from .plan import OpPlan
 from .signature import meta_tensor, metas_of
 from .views import ViewRecord
 
-# op signature -> OpSignature (dispatch.py and spmd.py fill it)
+# op signature -> OpSignature (dispatch/dispatcher.py and spmd.py fill it)
 infos: dict = cache({}, "op signature -> OpSignature", compiled=True)
-_getitem_infos = getitem_infos = cache({}, "(OpSignature uid, output index) -> OpSignature", compiled=True)
+getitem_infos = cache({}, "(OpSignature uid, output index) -> OpSignature", compiled=True)
 
 
 def _conform(res, out, name):
@@ -66,7 +66,7 @@ _run_decomposition = _no_runner
 def set_decomposition_runner(fn) -> None:
     """Install ``fn(decomp, template, arrays, scalars) -> JAX value(s)``: runs torch's
     decomposition ``decomp``, called as ``template`` says, on tensors holding the JAX
-    ``arrays`` (record.py installs it)."""
+    ``arrays`` (modes/record.py installs it)."""
     global _run_decomposition
     _run_decomposition = fn
 
@@ -218,9 +218,9 @@ def _metas_from_lowering(plan: OpPlan, template, tensors, scalars):
 
 def getitem_info(info: OpSignature, i: int) -> OpSignature:
     key = (info.uid, i)
-    gi = _getitem_infos.get(key)
+    gi = getitem_infos.get(key)
     if gi is None:
-        gi = _getitem_infos[key] = OpSignature(
+        gi = getitem_infos[key] = OpSignature(
             GETITEM, (GETITEM, info.sig, i), lambda ins, scs: ins[0][i], info.out[i], n_in=1,
             device=info.device, in_metas=(None,))
     return gi

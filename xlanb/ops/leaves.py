@@ -11,9 +11,9 @@ from ..base.dtypes import to_jax_dtype, to_torch_dtype
 from ..base.caches import cache
 from ..base.frames import user_frame
 from ..base.scopes import current_scope
-from ..ir import Node, OpSignature, TensorMeta, contiguous_strides
+from ..ir.nodes import Node, OpSignature, TensorMeta, contiguous_strides
 from ..runtime.transfer import host_to_device
-from ..tensor import XlaTensor, new_tensor
+from ..ir.tensor import XlaTensor, new_tensor
 
 def _leaf_info(cache: dict, name: str, tag: str, meta: TensorMeta, device: int,
                make_fn=None) -> OpSignature:
@@ -28,7 +28,7 @@ def _leaf_info(cache: dict, name: str, tag: str, meta: TensorMeta, device: int,
 
 
 # small integer tensors moved from the host (index lists): their host values, so
-# indexing can check bounds with no transfer back (dispatch.py)
+# indexing can check bounds with no transfer back (dispatch/dispatcher.py)
 host_values = cache(weakref.WeakKeyDictionary(), "Node -> its CPU tensor (small host integers)")
 _data_infos = cache({}, "leaf infos of device data, by (shape, dtype, device)")
 _empty_infos = cache({}, "leaf infos of uninitialized memory")

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from ..ir import TensorMeta
-from ..templates import FLOAT
-from ..tensor import XlaTensor
+from ..ir.nodes import TensorMeta
+from ..ir.templates import FLOAT
+from ..ir.tensor import XlaTensor
 from .leaves import from_host
 
 

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from ..base.caches import cache
-from ..ir import OpSignature, TensorMeta
+from ..ir.nodes import OpSignature, TensorMeta
 
 
 class ViewRecord(NamedTuple):
@@ -21,13 +21,13 @@ class ViewRecord(NamedTuple):
     raw: Callable | None  # the view on any array, without the dtype cast (None: not writable)
 
 
-_scatter_infos = scatter_infos = cache({}, "writes through a view chain -> OpSignature", compiled=True)
+scatter_infos = cache({}, "writes through a view chain -> OpSignature", compiled=True)
 
 
 def view_scatter_info(base_meta: TensorMeta, view_meta: TensorMeta, chain, device) -> OpSignature:
     key = (base_meta.shape, base_meta.dtype, view_meta.shape, view_meta.dtype,
            tuple((info.uid, idx) for info, idx in chain), device)
-    info = _scatter_infos.get(key)
+    info = scatter_infos.get(key)
     if info is None:
         raws = []
         for vinfo, idx in chain:
@@ -40,7 +40,7 @@ def view_scatter_info(base_meta: TensorMeta, view_meta: TensorMeta, chain, devic
         if base_meta.dtype.is_complex and any(v.name == "aten::view_as_real" for v, _ in chain):
             scatter = _real_space_scatter(shape, size, raws)
             sig = ("view_scatter", base_meta, view_meta, tuple((i.sig, k) for i, k in chain), device)
-            info = _scatter_infos[key] = OpSignature("view_scatter", sig, scatter, base_meta, n_in=2,
+            info = scatter_infos[key] = OpSignature("view_scatter", sig, scatter, base_meta, n_in=2,
                                                 device=device, in_metas=(base_meta, view_meta))
             return info
 
@@ -58,7 +58,7 @@ def view_scatter_info(base_meta: TensorMeta, view_meta: TensorMeta, chain, devic
             return flat.reshape(shape)
 
         sig = ("view_scatter", base_meta, view_meta, tuple((i.sig, k) for i, k in chain), device)
-        info = _scatter_infos[key] = OpSignature("view_scatter", sig, scatter, base_meta, n_in=2,
+        info = scatter_infos[key] = OpSignature("view_scatter", sig, scatter, base_meta, n_in=2,
                                             device=device, in_metas=(base_meta, view_meta))
     return info
 

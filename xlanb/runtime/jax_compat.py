@@ -44,13 +44,13 @@ def initialize_lapack() -> None:
 def source_info():
     """(``Traceback.get_traceback``, the source-info context) from
     ``jax._src.source_info_util``: the line and scope xlanb gives each traced op
-    (execute/stages.py). Raises ImportError or AttributeError where JAX moved them."""
+    (executables/stages.py). Raises ImportError or AttributeError where JAX moved them."""
     from jax._src import source_info_util as siu
     return siu.Traceback.get_traceback, siu._source_info_context
 
 
 def hlo_module_cost_analysis(client, hlo_text: str) -> dict:
-    """XLA's generic cost analysis of one HLO module's text (execute/target.py)."""
+    """XLA's generic cost analysis of one HLO module's text (executables/target.py)."""
     from jax._src.lib import _jax
     from jaxlib import _hlo
     return _jax.hlo_module_cost_analysis(client, _hlo.hlo_module_from_text(hlo_text))

@@ -7,7 +7,7 @@ cannot map the next executable's code (XLA logs "LLVM compilation error: Cannot 
 memory") and XLA goes on to crash the process with SIGSEGV wherever it next needs a
 mapping: inside a compile, or inside ``serialize_executable`` on a compile thread, which
 is where a long eager session first met it. xlanb keeps a bounded set of executables
-loaded (``execute/resident.py``) and checks the headroom here before it compiles or
+loaded (``executables/resident.py``) and checks the headroom here before it compiles or
 loads another, so the process gets a Python error it can survive instead.
 """
 from __future__ import annotations

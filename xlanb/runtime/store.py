@@ -65,11 +65,12 @@ _LOWERING_SETTINGS = ("default_matmul_precision", "default_prng_impl", "threefry
 # relative to the package (a folder means every .py under it): the lowerings, how a
 # signature becomes a JAX function (ops/, templates, dtypes, and dispatch and record,
 # through which torch's decompositions trace), the description format (ir's digests)
-# and how executables are built from it (execute/compile, execute/graphs). Edit this
+# and how executables are built from it (executables/compile, execute/graphs). Edit this
 # list when those move; other modules (metrics, the renderers, the front ends, ...)
 # may change freely without losing the store.
-KEY_SOURCES = ("lowering", "ops", "templates.py", "ir.py", "base/dtypes.py", "dispatch.py",
-               "record.py", "execute/compile.py", "execute/graphs.py",
+KEY_SOURCES = ("lowering", "ops", "ir/templates.py", "ir/nodes.py", "base/dtypes.py",
+               "dispatch/dispatcher.py", "modes/record.py", "executables/compile.py",
+               "execute/graphs.py",
                "runtime/jit.py")  # its compile_lowered may compile again (YNNPACK)
 # Bump when the entry format changes, or when code outside KEY_SOURCES starts to decide
 # what an executable computes.

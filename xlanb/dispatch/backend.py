@@ -1,0 +1,328 @@
+"""Registers the ``xla`` device with torch, in pure Python (``torch._C._acc``; the torch
+versions that have it: base/torch_compat.py).
+
+torch's PrivateUse1 backend is renamed to ``xla``; a Python device guard and hooks make
+``.to("xla")`` and ``device="xla"`` legal; kernels for the few ops that create tensors on
+the device (``empty``, ``empty_strided``, ``_copy_from``...) return ``XlaTensor``s, after
+which every op reaches ``XlaTensor.__torch_dispatch__``.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import gc
+import itertools
+import operator
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import types
+
+import torch
+
+from ..base import rng, torch_compat
+from .dispatcher import dispatch
+from ..executables import target as _target
+from ..ir.nodes import Node, TensorMeta, contiguous_strides
+from ..ops.leaves import empty_info
+from ..runtime import devices, jit
+from ..runtime.devices import device_index
+from ..ir.tensor import new_tensor
+
+aten = torch.ops.aten
+
+_registered = False
+_lib = None
+
+
+# Ctrl-C must never end the process (issue 37). C++ reaches Python from code that cannot
+# carry a Python exception: ``PythonDeviceGuard::getStream`` is noexcept, and autograd calls
+# it for every output of an op on an xla tensor (``set_history``), as the autograd engine
+# does for streams. An exception there is std::terminate ("terminate called without an
+# active exception", rc 134). Two ways a KeyboardInterrupt got there:
+# - a guard method written in Python runs a pending SIGINT's handler at its first bytecode;
+#   so the guard and hooks below are builtin callables that return a constant: they run no
+#   bytecode (nor give debuggers a frame to step into);
+# - before calling any override, pybind11's lookup (``get_type_override``) calls
+#   ``PyObject_Str``, which calls ``PyErr_CheckSignals``, which runs the Python SIGINT
+#   handler; the default one raises, and pybind11 throws the error on. So ``_on_sigint``
+#   below replaces ``signal.default_int_handler``: it raises as that one does, except when
+#   the C stack shows it was called from that lookup in libtorch_python, where it leaves
+#   the interrupt for a moment later and has it delivered again (see ``_interrupt_later``).
+# The same handler holds a Ctrl-C back while an import runs: the first op imports parts of
+# torch (torch.distributed.tensor, sympy, torch._dynamo) and JAX, and a half-done import
+# broke every later op (``module 'sympy' has no attribute 'core'``).
+def _constant(value):
+    """A builtin callable of no arguments that returns ``value``."""
+    return itertools.repeat(value).__next__
+
+
+class _Guard(torch._C._acc.DeviceGuard if hasattr(torch._C, "_acc") else object):
+    type_ = _constant(torch._C._autograd.DeviceType.PrivateUse1)
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks if hasattr(torch._C, "_acc") else object):
+    is_available = _constant(True)
+    is_built = _constant(True)
+    # has_primary_context(device_index) -> True: ``None is not device_index``, in C
+    has_primary_context = functools.partial(operator.is_not, None)
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+_STACK_DEPTH = 128  # C frames looked at; nested handlers each add about fifteen
+_probe = None  # (backtrace, dladdr, address of PyObject_Str), or False where not available
+_later: "queue.SimpleQueue | None" = None
+_later_pid = 0
+
+
+def _load_probe():
+    try:
+        libc = ctypes.CDLL(None)
+        backtrace, dladdr = libc.backtrace, libc.dladdr
+        backtrace.argtypes = (ctypes.POINTER(ctypes.c_void_p), ctypes.c_int)
+        backtrace.restype = ctypes.c_int
+        dladdr.argtypes = (ctypes.c_void_p, ctypes.POINTER(_DlInfo))
+        dladdr.restype = ctypes.c_int
+        to_str = ctypes.cast(ctypes.pythonapi.PyObject_Str, ctypes.c_void_p).value
+        backtrace((ctypes.c_void_p * 4)(), 4)  # glibc loads its unwinder on the first call
+        return backtrace, dladdr, to_str
+    except (AttributeError, OSError, TypeError, ValueError):
+        return False
+
+
+def _in_override_lookup() -> bool:
+    """Whether this thread's C stack holds ``PyObject_Str`` called from libtorch_python:
+    pybind11 looking up a Python override, which must not see a Python exception."""
+    backtrace, dladdr, to_str = _probe
+    frames = (ctypes.c_void_p * _STACK_DEPTH)()
+    info = _DlInfo()
+    called_by = False  # the frame before was in PyObject_Str
+    for i in range(backtrace(frames, _STACK_DEPTH)):
+        if not frames[i] or not dladdr(frames[i] - 1, ctypes.byref(info)):
+            called_by = False
+            continue
+        if called_by and info.dli_fname and b"libtorch_python" in info.dli_fname:
+            return True
+        called_by = info.dli_saddr == to_str
+    return False
+
+
+def _importing(frame) -> bool:
+    """Whether ``frame`` runs inside an import (the first xla op imports parts of torch,
+    sympy and JAX; an import cut in half leaves a module that later ops find broken)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+_IMPORT_GRACE_S = 10.0  # how long an import may hold back a Ctrl-C; past that it is delivered
+_deferred_since: "float | None" = None
+
+
+def _deliver_later() -> None:
+    while True:
+        main, delay = _later.get()
+        time.sleep(delay)
+        try:
+            signal.pthread_kill(main, signal.SIGINT)
+        except (OSError, ValueError):  # the main thread is gone: nothing to interrupt
+            pass
+
+
+def _interrupt_later(delay: float) -> None:
+    """SIGINT to the main thread again after ``delay``, from a helper thread: a blocked
+    wait is woken by a real signal, where a tripped flag would wait for the wait to end."""
+    global _later, _later_pid
+    if _later_pid != os.getpid():  # first use, or a forked child without the helper
+        _later, _later_pid = queue.SimpleQueue(), os.getpid()
+        threading.Thread(target=_deliver_later, name="xlanb-sigint", daemon=True).start()
+    _later.put((threading.main_thread().ident, delay))
+
+
+def _in_gc_callback(frame) -> bool:
+    """Whether ``frame`` runs inside a garbage collector callback (JAX's
+    ``_xla_gc_callback``): the collector prints an exception raised there and drops it,
+    so a Ctrl-C would be lost."""
+    codes = {getattr(cb, "__code__", None) for cb in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _exiting_while_compiling(frame) -> bool:
+    """Whether the program has ended (the interpreter joins its threads:
+    ``threading._shutdown`` is on the stack) while xlanb compiles in the background. A
+    KeyboardInterrupt would end that join, and the interpreter would finalize under the
+    compile, which crashes the process when it ends (runtime/jit.py, ``_finish_at_exit``)."""
+    shutdown = getattr(getattr(threading, "_shutdown", None), "__code__", None)
+    while frame is not None:
+        if frame.f_code is shutdown:
+            return jit.compiles_pending() or _target.compiles_pending()
+        frame = frame.f_back
+    return False
+
+
+def _exit_now() -> None:
+    print("xlanb: Ctrl-C while exiting, during a compile that cannot be stopped: exiting "
+          "now", file=sys.stderr)
+    for f in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            f.flush()
+    os._exit(130)
+
+
+def _on_sigint(signum, frame):
+    """``signal.default_int_handler``, except where a KeyboardInterrupt would do harm:
+    inside pybind11's override lookup (it would end the process) it waits 2 ms; inside a
+    garbage collector callback (it would be lost) likewise; inside an import (it would
+    leave a half-imported module behind) it waits for the import to end, at most
+    ``_IMPORT_GRACE_S``; after the program ended, while xlanb compiles in the background,
+    the process exits at once (exit status 130)."""
+    global _deferred_since
+    __tracebackhide__ = True  # noqa: F841  (IPython and pytest hide this frame)
+    __debuggerskip__ = True  # noqa: F841
+    try:
+        if _probe and _in_override_lookup() or _in_gc_callback(frame):
+            _interrupt_later(0.002)
+            return
+        if _exiting_while_compiling(frame):
+            _exit_now()
+        if _importing(frame):
+            now = time.monotonic()
+            if _deferred_since is None:
+                _deferred_since = now
+            if now - _deferred_since < _IMPORT_GRACE_S:
+                _interrupt_later(0.01)
+                return
+    except Exception:  # noqa: BLE001  (a broken probe: behave as the default handler)
+        pass
+    _deferred_since = None
+    signal.default_int_handler(signum, frame)
+
+
+def install_sigint_handler() -> bool:
+    """Make Ctrl-C safe with the xla device (main thread; idempotent). Replaces only
+    ``signal.default_int_handler``, also where ipykernel puts it back before each cell;
+    a handler of the user's own is left alone. Returns whether ``_on_sigint`` is in place."""
+    global _probe
+    if _probe is None:
+        _probe = _load_probe()
+    kernelbase = sys.modules.get("ipykernel.kernelbase")  # never imported from here
+    if getattr(kernelbase, "default_int_handler", None) is signal.default_int_handler:
+        kernelbase.default_int_handler = _on_sigint  # ipykernel's pre_handler_hook
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _on_sigint)
+    except ValueError:  # not the main thread: signals are the main thread's to set
+        pass
+    return signal.getsignal(signal.SIGINT) is _on_sigint
+
+
+def _device_module() -> types.ModuleType:
+    """``torch.xla``: what torch asks a device module for (seeding, counts)."""
+    m = types.ModuleType("torch.xla")
+    m.is_available = lambda: True
+    m.is_initialized = lambda: True  # FakeTensor asks (torch.compile traces on device xla)
+    m.device_count = devices.device_count
+    m.current_device = lambda: 0
+    m._is_in_bad_fork = lambda: False
+    m.manual_seed = rng.manual_seed
+    m.manual_seed_all = rng.manual_seed
+    m.seed = lambda: rng.manual_seed(torch.initial_seed())
+    m.seed_all = m.seed
+    m.initial_seed = rng.initial_seed
+    m.get_rng_state = lambda device=None: rng.get_rng_state()
+    m.set_rng_state = lambda state, device=None: rng.set_rng_state(state)
+    m.synchronize = lambda device=None: None
+    # torch.utils.checkpoint keeps a device's RNG state across the recomputation (the same
+    # dropout masks) only for an initialized module, inside its device(i) block; xlanb's
+    # generator is one for every device
+    m._initialized = True
+    m.device = lambda device=None: contextlib.nullcontext()
+    return m
+
+
+def _empty(size, dtype, device, stride=None):
+    shape = tuple(int(s) for s in size)
+    dtype = dtype or torch.get_default_dtype()
+    idx = device_index(device)
+    meta = TensorMeta(shape, tuple(stride) if stride is not None else contiguous_strides(shape), dtype)
+    return new_tensor(Node(empty_info(meta, idx)), meta, idx)
+
+
+def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None,
+                         memory_format=None):
+    return _empty(size, dtype, device)
+
+
+def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    return _empty(size, dtype, device, stride)
+
+
+def _copy_from(self, dst, non_blocking=False):
+    return dispatch(aten.copy_.default, (dst, self), {})
+
+
+def _copy_from_and_resize(self, dst):
+    return _copy_from(self, dst)
+
+
+# Factories whose composite kernels make an empty tensor and then resize it through an
+# out= op: wrapper tensors cannot be resized, so these go straight to dispatch.
+_FACTORIES = ("arange", "arange.start", "arange.start_step", "linspace", "logspace", "eye",
+              "eye.m", "randperm", "scalar_tensor", "triu_indices", "tril_indices",
+              "_efficientzerotensor")
+
+
+def _dispatch_kernel(op):
+    def kernel(*args, **kwargs):
+        return dispatch(op, args, kwargs)
+    return kernel
+
+
+def register() -> None:
+    """Make ``torch.device("xla")`` real. Idempotent."""
+    global _registered, _lib
+    if _registered:
+        return
+    torch_compat.check()
+    torch._C._acc.register_python_privateuseone_device_guard(_Guard())
+    torch._C._acc.register_python_privateuseone_hook(_Hooks())
+    torch.utils.rename_privateuse1_backend("xla")
+    torch._register_device_module("xla", _device_module())
+    # autocast's policy needs the device module (torch asks it which dtypes autocast
+    # takes, even for autocast(enabled=False), which torch.utils.checkpoint enters): the
+    # lowering registry's import came before it existed, so it installs now
+    from ..lowering import aten_autocast
+    aten_autocast.install()
+    _lib = torch.library.Library("aten", "IMPL")
+    _lib.impl("empty.memory_format", _empty_memory_format, "PrivateUse1")
+    _lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+    _lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    _lib.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
+    for name in _FACTORIES:
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+        _lib.impl(name, _dispatch_kernel(op), "PrivateUse1")
+    # one_hot is CompositeImplicitAutograd: for a tensor with the Python key torch
+    # decomposes it as eq(index.unsqueeze(-1), arange(C)), without CPU's class checks (a bad
+    # class gave a zero row). A kernel of its own brings it to dispatch whole, where its
+    # classes are checked (values/checks.py).
+    _lib.impl("one_hot", _dispatch_kernel(aten.one_hot.default), "PrivateUse1")
+    # The MHA / TransformerEncoderLayer fast paths call fused CUDA-style kernels when they
+    # see a PrivateUse1 backend; the composite path lowers cleanly.
+    torch.backends.mha.set_fastpath_enabled(False)
+    install_sigint_handler()
+    _registered = True

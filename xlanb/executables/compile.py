@@ -1,0 +1,225 @@
+"""How every executable is made: the abstract arguments it compiles for, its compile
+options (tiers), and ``Build``, the one chain from a lowering through the executable
+store to XLA's compile."""
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+
+from ..base import metrics
+from ..base.dtypes import to_jax_dtype
+from ..base.frames import SourceLoc
+from ..graph.summary import aval_text
+from ..ir.nodes import OpSignature, info_digest
+from ..runtime import store
+from ..runtime.devices import jax_device
+from ..runtime.jit import compile_lowered, lower_jitted
+from .resident import reserve
+
+_F64 = np.dtype(np.float64)
+_F32 = np.dtype(np.float32)
+_U32 = np.dtype(np.uint32)
+
+
+def sharding(device: int):
+    return jax.sharding.SingleDeviceSharding(jax_device(device))
+
+
+def tensor_spec(meta, device: int):
+    return jax.ShapeDtypeStruct(meta.shape, to_jax_dtype(meta.dtype), sharding=sharding(device))
+
+
+def scalar_spec(kind: str, device: int):
+    if kind == "f" or kind == "f32":  # a lifted Python float (ops/infos.py, float_kind)
+        return jax.ShapeDtypeStruct((), _F64 if kind == "f" else _F32, weak_type=True,
+                                    sharding=sharding(device))
+    return jax.ShapeDtypeStruct((2,), _U32, sharding=sharding(device))  # PRNG key data
+
+
+def single_op_options(device: int):
+    # XLA:CPU's fusion emitters cost ~25% of a single-op compile and buy nothing for one
+    # op (measured on the BERT eager first step: XLA compile 5.45 -> 4.02 s, same steady
+    # step). Whole graphs keep them.
+    if jax_device(device).platform == "cpu":
+        return {"xla_cpu_use_fusion_emitters": False}
+    return None
+
+
+# What someone waits for at first sight (a first look in pdb, an eager run of new ops)
+# compiles quickly; the optimized executable compiles after, in the background, and
+# replaces it (executables/background.py, graphs.tier_up).
+#
+# What someone waits for compiles with LLVM at -O0, its expensive passes and XLA:CPU's
+# fusion emitters off (pure JAX, ms, loaded machine):
+#   six elementwise and reduce ops as one graph: 27-29 against 41-87 emitters off alone,
+#   118 with XLA's defaults;
+#   the BERT training step (824 ops) as one eager run: 1.9 s against 12.6 s emitters off
+#   alone (LLVM's full pipeline over the emitters' loops) and 6.3 s with the defaults;
+#   tanh, matmul, softmax alone: 14-18 against 30-35.
+# -O0 also keeps a run's values those of its ops run one by one: XLA's defaults contract
+# a multiply and the add that uses it into one FMA across ops (x * y + x: 1 ulp from op
+# by op and from CPU torch), -O0 does not. Its code runs slower (the BERT step: 0.9 s
+# against 0.33 s), so what comes back gets the optimized executable (tier_up).
+_QUICK_CPU = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
+              "xla_cpu_use_fusion_emitters": False}
+# XLA:CPU ignores JAX's effort options (exec_time_optimization_effort,
+# optimization_level): measured, no quicker.
+
+
+def quick_options(device: int):
+    """XLA options for a quickly compiled executable (a graph or a single op); None
+    where xlanb has no quicker tier for the platform (only XLA:CPU's were measured)."""
+    if jax_device(device).platform != "cpu":
+        return None
+    return _QUICK_CPU
+
+
+def lower_op(info: OpSignature):
+    n = info.n_in
+    fn = info.fn
+    specs = [tensor_spec(m, info.device) for m in info.in_metas]
+    specs += [scalar_spec(k, info.device) for k in info.scalar_specs]
+    return lower_jitted(lambda *flat: fn(flat[:n], flat[n:]), specs, lower_metric="OpLowerTime")
+
+
+# The tiers an executable compiles at: "op" (a single op: XLA's optimizations, fusion
+# emitters off), "quick" and "op_quick" (a graph or a single op someone waits for: see
+# _QUICK_CPU) and "full" (XLA's defaults: graphs, tier-ups, TPU targets).
+def tier_options(tier: str, device: int | None):
+    if tier == "op":
+        return single_op_options(device)
+    if tier in ("quick", "op_quick"):
+        return quick_options(device)
+    return None
+
+
+class _Lowering:
+    """A build's lowering, made once and shared by its tiers (``Build.at``); its time is
+    counted once, with the first compile."""
+    __slots__ = ("make", "lowered", "seconds")
+
+    def __init__(self, make, lowered=None, seconds: float = 0.0):
+        self.make = make
+        self.lowered = lowered
+        self.seconds = seconds
+
+    def get(self):
+        if self.lowered is None:
+            t0 = time.perf_counter()
+            self.lowered = self.make()
+            self.seconds = time.perf_counter() - t0
+        return self.lowered
+
+    def take_seconds(self) -> float:
+        s, self.seconds = self.seconds, 0.0
+        return s
+
+
+class Build:
+    """One executable to make, and the one chain that makes every executable (single
+    ops, sharded ops, a look's prefix graph, graphs, reloads, tier-ups, TPU targets), as
+    JAX's ``Traced.lower`` -> ``Lowered.compile`` -> ``Compiled`` makes a primitive's and a
+    function's alike:
+
+    - ``stored()``: the executable from the store (no lowering), its load timed into
+      ``metric``; where the process's room for another executable is checked first;
+    - ``lower()``: the ``jax.stages.Lowered`` (made once, from ``lower``, on the calling
+      thread: it holds the GIL, and a lowering error belongs to the caller's line);
+    - ``compile()``: XLA's compile at the build's tier (``runtime/jit.compile_lowered``,
+      the only call of ``Lowered.compile``), timed with the lowering into ``metric``, and
+      stored under the build's key; it may run on a compile thread;
+    - ``executable()``: stored, else lowered and compiled.
+
+    ``description`` says what it computes, completely (the store key's input; None: not
+    stored). ``device`` is xlanb's device (None for a TPU target, which is not stored and
+    takes no room in this process)."""
+
+    __slots__ = ("device", "lowering", "description", "tier", "metric")
+
+    def __init__(self, device: int | None, lower, *, description: bytes | None = None,
+                 tier: str = "full", metric: str = "CompileTime", lowered=None,
+                 lower_s: float = 0.0):
+        self.device = device
+        self.lowering = (lower if isinstance(lower, _Lowering)
+                         else _Lowering(lower, lowered, lower_s if lowered is not None else 0.0))
+        self.description = description
+        self.tier = tier
+        self.metric = metric
+
+    @classmethod
+    def op(cls, info: OpSignature) -> "Build":
+        """``info``'s single-op executable."""
+        return cls(info.device, lambda: lower_op(info), description=info_digest(info),
+                   tier="op", metric="OpCompileTime")
+
+    def at(self, tier: str, metric: str | None = None) -> "Build":
+        """The same computation at another tier (its own store key), sharing the lowering."""
+        return Build(self.device, self.lowering, description=self.description, tier=tier,
+                     metric=metric or self.metric)
+
+    @property
+    def options(self):
+        return tier_options(self.tier, self.device) if self.device is not None else None
+
+    @property
+    def key(self) -> str | None:
+        """Its store key (None: not stored, or the store is off)."""
+        if self.description is None or self.device is None or not store.directory():
+            return None
+        return store.key(self.description, self.device, self.options)
+
+    def in_store(self) -> bool:
+        """Whether the store has it: a look that counts no miss (``stored`` counts one)."""
+        key = self.key
+        return key is not None and store.has(key)
+
+    def stored(self):
+        """The executable in the store, or None (a miss, or the store is off)."""
+        if self.device is not None:
+            reserve()
+        key = self.key
+        if key is None:
+            return None
+        t0 = time.perf_counter()
+        exe = store.load(key, self.device)
+        if exe is not None:
+            metrics.record(self.metric, time.perf_counter() - t0)
+        return exe
+
+    def lower(self):
+        return self.lowering.get()
+
+    def compile(self, *, metric: str | None = None, keep: bool = True):
+        """Compile it (lowering it first if nobody has); stored unless ``keep`` is False.
+        ``metric``: time it there instead (a tier-up's compile)."""
+        if self.device is not None:
+            reserve()
+        lowered = self.lower()
+        exe = compile_lowered(lowered, metric=metric or self.metric,
+                              lower_s=self.lowering.take_seconds(),
+                              compiler_options=self.options)
+        key = self.key if keep else None
+        if key is not None:
+            store.store(key, exe)
+        return exe
+
+    def executable(self):
+        exe = self.stored()
+        return exe if exe is not None else self.compile()
+
+
+def op_context(info: OpSignature, src: SourceLoc | None, scope: str) -> str:
+    """A failing op as a person finds it: ``aten::mm(f32[2,3], f32[4,5]) at model.py:42
+    forward [Model.fc]``."""
+    ins = ", ".join(aval_text(m) for m in info.in_metas if m is not None)
+    where = f" at {src.short}" if src is not None else ""
+    return f"{info.name}({ins}){where}" + (f" [{scope}]" if scope else "")
+
+
+def add_op_note(err: BaseException, what: str, info: OpSignature, src, scope: str) -> None:
+    """Name the op in ``err``'s traceback (a note: its type and message stay)."""
+    note = f"xlanb: {what} {op_context(info, src, scope)}"
+    if note not in getattr(err, "__notes__", ()):
+        err.add_note(note)

@@ -1,0 +1,1 @@
+"""Loops the program asks for (scan, scan_layers) and optimization barriers."""

@@ -1,0 +1,1 @@
+"""The execution modes: recording or running one op, the mode objects, switching."""

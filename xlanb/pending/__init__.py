@@ -1,0 +1,1 @@
+"""Pending work: what is live, and computing it (sync, materialize, peek)."""

@@ -1,0 +1,84 @@
+"""Live pending work: the storages whose value may be pending (in write order), the views
+eager mode waits on, and the values peeks computed. ``pending_roots`` is what a sync runs."""
+from __future__ import annotations
+
+import weakref
+
+from ..base.session import mode_state, session
+from ..base.caches import cache
+from ..values.peeks import peek_values
+from ..ir.nodes import Node
+
+# Storages whose node may be pending, appended on every write. Read in last-write order,
+# which is the program order of their pending nodes: graph structure (and so the cache
+# key) depends on neither set iteration order nor when a tensor was created, so a first
+# step that creates optimizer state cuts the same graph as the steps after it. Weak: a
+# tensor nobody holds is never computed. A list of weakrefs, because tracking happens on
+# every recorded op; duplicates and dead entries are dropped when it is read or compacted.
+_live = cache([], "weakrefs of pending storages, in write order")
+_compact_at = 4096  # compact() sets it: twice the pending storages it left
+
+
+def track(storage) -> None:
+    _live.append(weakref.ref(storage))
+    if len(_live) > _compact_at:
+        compact()
+
+
+def live_storages() -> list:
+    """Live storages with pending nodes, each once, in last-write order."""
+    seen = set()
+    out = []
+    for ref in reversed(_live):
+        s = ref()
+        if s is not None and s.node.data is None and id(s) not in seen:
+            seen.add(id(s))
+            out.append(s)
+    out.reverse()
+    return out
+
+
+def compact() -> None:
+    global _compact_at
+    _live[:] = [weakref.ref(s) for s in live_storages()]
+    _compact_at = max(4096, 2 * len(_live))
+
+
+# Eager mode: views whose cached value waits on a background compile (dispatch/dispatcher.py). A
+# view's value is not its storage's node, so running the storages alone would leave it.
+_waiting_views = cache([], "eager: weakrefs of views waiting on a compile")
+
+
+def track_view(t) -> None:
+    _waiting_views.append(weakref.ref(t))
+
+
+def end_waiting() -> None:
+    """Eager: nothing waits on a background compile any more (every pending node was
+    run, whichever thread recorded it)."""
+    session.default.deferred = 0
+    mode_state().deferred = 0
+    _waiting_views.clear()
+
+
+def pending_roots() -> list[Node]:
+    """The pending nodes of every live tensor, each once."""
+    seen = set()
+    roots = []
+    for s in live_storages():
+        node = s.node
+        if id(node) not in seen:
+            seen.add(id(node))
+            roots.append(node)
+    for ref in _waiting_views:
+        t = ref()
+        if t is not None and t._view and t._ver == t._storage.version:  # still a view
+            node = t._node
+            if node.data is None and id(node) not in seen:
+                seen.add(id(node))
+                roots.append(node)
+    return roots
+
+
+def clear_peeks() -> None:
+    peek_values.clear()
