@@ -638,9 +638,10 @@ class SyncSummary(Rich):
         out = []
         if a.new_graphs or a.hit_graphs:
             for g in a.new_graphs:  # in eager: a run of ops, compiled as one graph
-                out.append(f"xla sync ({self.mode}): {'a run of ' if g.quick else ''}"
+                out.append(f"xla sync ({self.mode}): {'a run of ' if self.mode == 'eager' else ''}"
                            f"{plural(g.n_nodes, 'op')} -> graph {xlanb.format_hash(g.hash)} · new "
-                           f"{'quick ' if g.quick else ''}compile {xlanb.format_duration(g.compile_time)}")
+                           f"compile {xlanb.format_duration(g.compile_time)}"
+                           f"{' (quick tier)' if g.quick else ''}")
                 out.append(f"  why: {graph_why(g, self.resolver)}")
             for g, n in a.hit_graphs:
                 out.append(f"xla sync ({self.mode}): {plural(g.n_nodes, 'op')} -> graph "
