@@ -107,21 +107,30 @@ def annotate_op_types(lowered, names) -> None:
         module = lowered.compiler_ir("stablehlo")
         names = set(names)
         made: dict = {}
+        # An aten op's instructions mostly share one location, uniqued by MLIR (so ``==``
+        # is a pointer comparison): the last one's answer is reused without printing the
+        # location, which costs more than everything else here (a location holds the
+        # user's whole call stack).
+        last = [None, None]
 
         def visit(op):
             loc = op.location
-            text = str(loc)
-            if text in made:
-                new = made[text]
+            if last[0] is not None and loc == last[0]:
+                new = last[1]
             else:
-                new = None
-                m = _LOC_NAME.match(text)
-                if m is not None and not m.group(1).endswith(":"):
-                    for seg in reversed(m.group(1).split("/")):
-                        if seg in names:
-                            new = ir.Location.name(f"{seg}:", childLoc=loc)
-                            break
-                made[text] = new
+                text = str(loc)
+                if text in made:
+                    new = made[text]
+                else:
+                    new = None
+                    m = _LOC_NAME.match(text)
+                    if m is not None and not m.group(1).endswith(":"):
+                        for seg in reversed(m.group(1).split("/")):
+                            if seg in names:
+                                new = ir.Location.name(f"{seg}:", childLoc=loc)
+                                break
+                    made[text] = new
+                last[0], last[1] = loc, new
             if new is not None:
                 op.location = new
             return ir.WalkResult.ADVANCE
