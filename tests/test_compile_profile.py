@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ import torch
 import xlanb
 from xlanb.graph import compile_time
 from xlanb.runtime import libtpu
+from xlanb.runtime.compile_profile import RawCompile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "scripts", "compile_profile_script.py")
@@ -103,6 +105,22 @@ def test_a_tpu_target_compile_has_its_parts_or_says_why(measured):
     assert "<table class='xlanb-compile-time'>" in p["html"]
 
 
+def test_a_repeated_tpu_target_compile_counts_its_own_stages_only(measured):
+    if not libtpu.installed():
+        pytest.skip("libtpu is not installed")
+    for p in [measured["tpu"]] + measured["tpu_again"]:
+        assert p["error"] is None
+        names = [part[1] for part in p["parts"]]
+        if "TPU HLO passes" not in names:
+            continue  # no libtpu log here: the test above checks what the profile says
+        # each part is this compile's (none negative, none another compile's), and they
+        # add up: at most the stamps' microsecond rounding is left over
+        assert all(part[2] >= -1e-3 for part in p["parts"]), p["text"]
+        assert -1e-3 <= p["unattributed"] <= 0.1 * p["total"], p["text"]
+        assert abs(_named(p) + p["unattributed"] - p["total"]) < 1e-6
+        assert _named(p) <= 1.1 * p["total"], p["text"]
+
+
 # --------------------------------------------------------------------------- in process
 
 def test_parsing_libtpus_stage_lines():
@@ -118,6 +136,32 @@ def test_parsing_libtpus_stage_lines():
     assert began == pytest.approx(stages["HLO_PASSES"][1] - 0.26166268725)
     # another module's compile is not this one's
     assert compile_time.tpu_stages(log.replace("jit_a", "jit_b"), "jit_a") == ({}, None)
+
+
+def test_libtpus_stage_lines_are_taken_from_the_compiles_own_window():
+    def compile_log(t0: float, ms: float) -> str:
+        # one compile's stage lines from t0 on (glog's local time), each stage ms long
+        def at(s):
+            return time.strftime("I%m%d %H:%M:%S", time.localtime(int(s))) + f".{int(s % 1 * 1e6):06d}"
+        return "".join(
+            f"{at(t0 + (i + 1) * ms / 1e3)}   1 x.cc:1] {stage} stage duration: {ms}ms\n"
+            for i, stage in enumerate(("HLO_PASSES", "BACKEND_PASSES", "CODE_GENERATION")))
+
+    t0 = 1795000000.0
+    # the file as a second compile's window read it: the first compile's lines (they
+    # reached the file late), its own, and (read later) a third compile's
+    log = compile_log(t0, 10) + compile_log(t0 + 1, 20) + compile_log(t0 + 2, 40)
+    raw = RawCompile("tpu", "jit_a", 0.0, 0.1, started=t0 + 1, ended=t0 + 1.07)
+    stages, began = compile_time.tpu_stages(log, "jit_a", raw)
+    assert {k: round(v[0], 6) for k, v in stages.items()} == {
+        "HLO_PASSES": 0.02, "BACKEND_PASSES": 0.02, "CODE_GENERATION": 0.02}
+    assert began == pytest.approx(t0 + 1, abs=1e-5)
+    parts, unattributed, _ = compile_time.tpu_parts(raw, log)
+    assert all(p.seconds >= -1e-5 for p in parts) and unattributed >= -1e-5, parts
+    # a compile whose window holds no stage line of its own (JAX's cache answered):
+    # nothing of the others' is taken
+    lone = RawCompile("tpu", "jit_a", 0.0, 0.1, started=t0 + 1.5, ended=t0 + 1.6)
+    assert compile_time.tpu_stages(log, "jit_a", lone) == ({}, None)
 
 
 @pytest.fixture

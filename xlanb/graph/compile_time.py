@@ -28,6 +28,7 @@ from typing import NamedTuple
 from ..base.frames import source_text
 from ..base.formats import (format_bytes, format_duration, format_location, format_table,
                             format_table_html)
+from ..runtime.compile_profile import in_compile, log_time
 from .hlo_text import (
     _INSTR,
     array_sizes,
@@ -254,7 +255,6 @@ def cpu_parts(raw) -> tuple[list[CompilePart], float, dict, str]:
 _STAGE = re.compile(r"\b(HLO_PASSES|BACKEND_PASSES|CODE_GENERATION|END_TO_END) stage duration: "
                     r"([\d.hmsuµn]+)")
 _MODULE = re.compile(r"module:? (jit_[\w.\-]+)")
-_STAMP = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d(?:\.\d+)?) ")
 _UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
 
@@ -263,33 +263,27 @@ def parse_duration(text: str) -> float:
     return sum(float(n) * _UNITS[u] for n, u in re.findall(r"([\d.]+)(ms|us|µs|ns|h|m|s)", text))
 
 
-def _stamp(line: str, near: float) -> float | None:
-    """A glog line's local time (``I1127 09:39:32.222587``) as ``time.time()`` seconds,
-    in the year of ``near``."""
-    m = _STAMP.match(line)
-    if m is None:
-        return None
-    year = time.localtime(near).tm_year
-    month, day, hour, minute = (int(m.group(i)) for i in range(1, 5))
-    secs = float(m.group(5))
-    whole = time.mktime((year, month, day, hour, minute, int(secs), 0, 0, -1))
-    return whole + secs - int(secs)
-
-
-def tpu_stages(log: str, module: str, near: float = 0.0) -> tuple[dict, float | None]:
-    """libtpu's stages in what it logged from a compile's start (target compiles run one
-    at a time): stage -> ``(seconds, time it ended)`` (None where the line has no time),
-    each stage's first line, and when its HLO passes began. libtpu does not always name
-    the module at the start (its "running hlo passes" line is missing from some
-    compiles), so the stages are the first after the compile's start; ``module`` is
+def tpu_stages(log: str, module: str, raw=None) -> tuple[dict, float | None]:
+    """libtpu's stages in what it logged around a compile (target compiles run one at a
+    time): stage -> ``(seconds, time it ended)`` (None where the line has no time),
+    each stage's first line, and when its HLO passes began. Given ``raw`` (the
+    compile's ``RawCompile``), a line stamped outside the compile's start and end is
+    another compile's (``in_compile``: libtpu's file lags, so the text may begin with
+    the previous compile's stages, or run into the next's) and is skipped. libtpu does
+    not always name the module at the start (its "running hlo passes" line is missing
+    from some compiles), so the stages are the first in the window; ``module`` is
     checked where a line names one: a line naming another module before the first stage
     means the log is not this compile's, and nothing is returned."""
+    near = raw.started if raw is not None else time.time()
     out: dict = {}
     for line in log.splitlines():
+        at = log_time(line, near)
+        if raw is not None and not in_compile(at, raw):
+            continue
         m = _STAGE.search(line)
         if m is not None:
             if m.group(1) not in out:
-                out[m.group(1)] = (parse_duration(m.group(2)), _stamp(line, near))
+                out[m.group(1)] = (parse_duration(m.group(2)), at)
             if len(out) == 4:
                 break
             continue
@@ -303,7 +297,7 @@ def tpu_stages(log: str, module: str, near: float = 0.0) -> tuple[dict, float | 
 
 def tpu_parts(raw, log: str) -> tuple[list[CompilePart], float, str]:
     """libtpu's stages, and the gaps between them from its log lines' times."""
-    stages, began = tpu_stages(log, raw.module, raw.started)
+    stages, began = tpu_stages(log, raw.module, raw)
     if not stages:
         return [], 0.0, "libtpu logged no stage durations for this module"
     how = "libtpu's logged stage duration"
