@@ -37,9 +37,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     ("ir", "nodes, op infos, graph plans and hashes; argument templates",
      ("xlanb.ir", "xlanb.templates")),
     ("graph", "a graph as plain data, its differ and its one renderer (text, DOT, SVG); "
-     "its repeated layers",
+     "its repeated layers and which parameter each optimizer op updates",
      ("xlanb.graph.summary", "xlanb.graph.explain", "xlanb.graph.render",
-      "xlanb.graph.hlo_text", "xlanb.graph.layouts", "xlanb.graph.collectives",
+      "xlanb.graph.updates", "xlanb.graph.hlo_text", "xlanb.graph.layouts", "xlanb.graph.collectives",
       "xlanb.graph.repeats", "xlanb.graph.compile_time")),
     ("tensor", "XlaTensor, storages, signature keys",
      ("xlanb.tensor",)),

@@ -36,6 +36,7 @@ from .hlo_text import (
     attr,
     computations,
     origin,
+    param_of,
     scope_of,
     stack_tables,
 )
@@ -335,6 +336,7 @@ def tpu_parts(raw, log: str) -> tuple[list[CompilePart], float, str]:
 class _Op(NamedTuple):
     source: str
     scope: str
+    param: str = ""  # an optimizer's op: the module whose parameter it updates
 
 
 def module_ops(text: str, recorded: dict | None = None) -> tuple[list[_Op], dict[str, list[int]]]:
@@ -367,7 +369,7 @@ def module_ops(text: str, recorded: dict | None = None) -> tuple[list[_Op], dict
             if not source and op_name and not op:  # JAX's ops for xlanb's own code
                 source = LOOPS if any(k in op_name for k in _LOOP_PARTS) else OWN
             in_comp[comp].append(len(ops))
-            ops.append(_Op(source, scope))
+            ops.append(_Op(source, scope, _user_scope(param_of(op_name))))
     return ops, {f: in_comp.get(c, []) for f, c in calls.items()}
 
 
@@ -434,7 +436,9 @@ def _is_step_line(source: str) -> bool:
 
 def _op_scope(op: _Op, forward: dict, steps: dict) -> tuple[str, str]:
     """(scope key, layer) of one instruction: its own scope; else, by its line, the
-    forward scope it differentiates (``name (backward)``) or the optimizer's step."""
+    forward scope it differentiates (``name (backward)``) or the optimizer's step,
+    split by the module whose parameter it updates (``optimizer.step (name)``, a
+    layer stack's as one key, with the layer)."""
     if op.scope:
         return _scope_key(op.scope)
     src = op.source
@@ -445,8 +449,19 @@ def _op_scope(op: _Op, forward: dict, steps: dict) -> tuple[str, str]:
         if src not in steps:
             steps[src] = _is_step_line(src)
         if steps[src]:
+            if op.param:
+                name, layer = _scope_key(op.param)
+                return f"{OPTIMIZER} ({name})", layer
             return OPTIMIZER, ""
     return NO_SCOPE, ""
+
+
+def _module_of(key: str) -> str:
+    """The module a scope key counts for: ``x (backward)`` and ``optimizer.step (x)``
+    are ``x``'s (its stack's loops and advice cover them)."""
+    if key.startswith(OPTIMIZER + " (") and key.endswith(")"):
+        return key[len(OPTIMIZER) + 2:-1]
+    return key.removesuffix(BACKWARD)
 
 
 class _Stats(NamedTuple):
@@ -502,24 +517,26 @@ def attribute(text: str, total_s: float, fusion_pool_s: float, fusion_weights: d
                    key=lambda r: -r.seconds)
 
     def looped(key: str) -> int:
-        base = key.removesuffix(BACKWARD)
+        base = _module_of(key)
         return next((n for name, n in (loops or {}).items()
                      if base == name or base.endswith("." + name)), 0)
 
     def layers_of(key: str) -> int:
-        # a stack's backward counts the stack's layers (its ops carry no layer of their own)
+        # a stack's backward and updates count the stack's layers (its backward ops
+        # carry no layer of their own)
         n = looped(key)
         if n:
             return n
-        seen = by_scope.get(key.removesuffix(BACKWARD))
-        return len(seen[2]) if seen is not None else 0
+        seen = by_scope.get(_module_of(key))
+        return max(len(seen[2]) if seen is not None else 0, len(by_scope[key][2]))
 
     def label(key: str, layers: set) -> str:
         # a stack lowered as one loop compiles one layer's body (its ops carry layer 0's
         # scope): named by the loop's layer count
-        base, backward = key.removesuffix(BACKWARD), key.endswith(BACKWARD)
+        backward = key.endswith(BACKWARD)
         n = layers_of(key)
         if looped(key):
+            base = key.removesuffix(BACKWARD)
             return f"{n} × {base} ({'backward, ' if backward else ''}one loop)"
         return f"{n} × {key}" if n > 1 else key
 
@@ -530,7 +547,7 @@ def attribute(text: str, total_s: float, fusion_pool_s: float, fusion_weights: d
         for k, v in by_scope.items():
             n = layers_of(k)
             if n > 1:
-                st = stacks[k.removesuffix(BACKWARD)]
+                st = stacks[_module_of(k)]
                 st[0] += v[0] / t
                 st[1] = max(st[1], n)
                 st[2] = st[2] or bool(looped(k))
