@@ -292,6 +292,17 @@ def test_backward_and_optimizer_ops_have_scopes():
         r.ops for r in p.by_line(None) if r.key.endswith(f"test_compile_profile.py:{step_line}"))
 
 
+def test_a_loops_per_layer_results_count_as_the_loop():
+    torch.manual_seed(0)
+    p = _train_step(_Stack(6, 10, looped=True).to("xla"), 10)
+    rows = {r.key: r for r in p.by_line(None)}
+    # each layer's results taken out of the loop's stacked ones (weights, gradients)
+    # are the loop's instructions, not xlanb's other ops
+    loops = rows[compile_time.LOOPS]
+    own = rows.get(compile_time.OWN)
+    assert loops.ops >= 6 and (own.ops if own else 0) < loops.ops / 4, str(p)
+
+
 class _Net(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -224,6 +224,9 @@ def _eval(vals, n_leaves, steps, places, scalars, offsets, j) -> None:
                                    scalars[offsets[j]:offsets[j] + n], places[j])
 
 
+UNSTACK = "unstack"  # the name-stack segment of a loop's results taken out per layer
+
+
 def _stack(values):
     return jax.tree_util.tree_map(lambda *a: jax.numpy.stack(a), *values)
 
@@ -293,10 +296,13 @@ def _scan_run(vals, n_leaves, steps, places, scalars, offsets, run, stacked) -> 
         return [local[m] for _, m in run.carry], [local[m] for m in run.exported]
 
     _, ys = jax.lax.scan(body, carry_in, (xs, scal), reverse=run.reverse)
-    for s, ops in enumerate(run.segments):
-        for q, m in enumerate(run.exported):
-            vals[n_leaves + ops[m]] = jax.tree_util.tree_map(lambda a: a[s], ys[q])
-            stacked[n_leaves + ops[m]] = (ys[q], s)
+    # named, so that the compile profile counts these per-layer slices as the loop's
+    # (graph/compile_time.py: LOOPS), not as xlanb's other ops
+    with jax.named_scope(UNSTACK):
+        for s, ops in enumerate(run.segments):
+            for q, m in enumerate(run.exported):
+                vals[n_leaves + ops[m]] = jax.tree_util.tree_map(lambda a, s=s: a[s], ys[q])
+                stacked[n_leaves + ops[m]] = (ys[q], s)
 
 
 def sharding_of(a):

@@ -79,7 +79,8 @@ NO_LINE = "(no line: XLA's own instructions)"
 # as a loop stacks each layer's weights and slices its results (graph/repeats.py)
 LOOPS = "(no line: the layer loops' stacking and slicing)"
 OWN = "(no line: xlanb's own ops, outside any aten op)"
-_LOOP_PARTS = ("while/", "/stack", "dynamic_index_in_dim", "dynamic_update_index_in_dim")
+_LOOP_PARTS = ("while/", "/stack", "/unstack/", "dynamic_index_in_dim",
+               "dynamic_update_index_in_dim")
 
 
 class CompileProfile:
