@@ -301,6 +301,7 @@ def test_a_loops_per_layer_results_count_as_the_loop():
     loops = rows[compile_time.LOOPS]
     own = rows.get(compile_time.OWN)
     assert loops.ops >= 6 and (own.ops if own else 0) < loops.ops / 4, str(p)
+    assert not any("unstack" in r.key for r in p.by_scope(None)), str(p)
 
 
 class _Net(torch.nn.Module):

@@ -376,8 +376,9 @@ def module_ops(text: str, recorded: dict | None = None) -> tuple[list[_Op], dict
 
 # name-stack segments JAX adds around a traced body: a repeated layer stack lowered as
 # one lax.scan (graph/repeats.py) puts its ops under ``while/body/closed_call/...``
+# (and xlanb's own ``unstack``, around a loop's per-layer results: no module's)
 _JAX_SEGMENTS = frozenset(("while", "body", "cond", "closed_call", "scan", "remat",
-                           "checkpoint", "pjit", "while.body", "while.cond"))
+                           "checkpoint", "pjit", "while.body", "while.cond", "unstack"))
 
 
 def _user_scope(scope: str) -> str:
