@@ -5,8 +5,9 @@ compiled for the CPU (a lazy sync) and then for a TPU target, each profile print
     python benchmarks/bench_compile_time.py --layers 2 [--target v5e:1x1] [--no-cpu]
 
 XLANB_SCAN_LAYERS applies as set in the environment. Each compile's wall seconds and
-its process CPU seconds (``*_cpu_s``) are printed: on a loaded machine the wall seconds of
-the same TPU compile moved 2.3x between runs, the CPU seconds far less. One process per run: the CPU's
+its process CPU seconds (``*_cpu_s``, every thread's) are printed: on a loaded machine the
+wall seconds of the same TPU compile moved 2.3x between runs; CPU seconds count the work
+done, not the wait for a core. One process per run: the CPU's
 phase spans need JAX's profiler, which cannot start once libtpu is loaded, so the CPU
 compile comes first. The executable store is off.
 """
@@ -53,8 +54,8 @@ def main() -> None:
         t0, c0 = time.perf_counter(), time.process_time()
         xlanb.sync()
         res["cpu_sync_s"] = time.perf_counter() - t0
-        # the process's CPU seconds (every thread's): on a shared machine they move far
-        # less with the load than the wall seconds do
+        # the process's CPU seconds (every thread's): the work done, not the wait for a
+        # core on a shared machine
         res["cpu_sync_cpu_s"] = time.process_time() - c0
         g = max(xlanb.graphs(), key=lambda g: g.n_nodes)
         p = g.compile_profile
