@@ -189,7 +189,9 @@ def _lower_op(info, args, scalars, place):
     try:
         return _trace_op(info, args, scalars, *place)
     except Exception as e:  # runs while tracing only: no cost in the executable
-        add_op_note(e, "lowering failed in", info, *place)
+        src, scope = place  # an optimizer's op was recorded with no scope: said so
+        add_op_note(e, "lowering failed in", info, src,
+                    "" if scope.startswith(PARAM_SEGMENT) else scope)
         raise
 
 
