@@ -38,9 +38,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
      "templates; XlaTensor, storages, signature keys",
      ("xlanb.ir.nodes", "xlanb.ir.templates", "xlanb.ir.tensor")),
     ("graph", "a graph as plain data, its differ and its one renderer (text, DOT, SVG); "
-     "its repeated layers",
+     "its repeated layers and which parameter each optimizer op updates",
      ("xlanb.graph.summary", "xlanb.graph.explain", "xlanb.graph.render",
-      "xlanb.graph.hlo_text", "xlanb.graph.layouts", "xlanb.graph.collectives",
+      "xlanb.graph.updates", "xlanb.graph.hlo_text", "xlanb.graph.layouts", "xlanb.graph.collectives",
       "xlanb.graph.repeats", "xlanb.graph.compile_time")),
     ("ops", "op plans, view records, leaves, signatures, op infos",
      ("xlanb.ops.plan", "xlanb.ops.views", "xlanb.ops.leaves", "xlanb.ops.signature",

@@ -22,6 +22,7 @@ from ..base.config import config
 from ..base.formats import HASH_ID, format_hash
 from ..base.frames import SourceLoc
 from ..graph.repeats import LOOP_OP, find_repeats
+from ..graph.updates import PARAM_SEGMENT, param_modules
 from ..ir.nodes import GraphPlan, leaf_meta, stable_hash
 from ..runtime.devices import jax_device
 from ..runtime.jit import jax_context, lower_jitted
@@ -148,18 +149,33 @@ def module_name(graph_hash: str) -> str:
     return "jit_xlanb_graph_" + format_hash(graph_hash, HASH_ID)
 
 
+def _named_places(steps, n_leaves: int, places) -> list:
+    """``places`` for the lowering's names: an optimizer's op (no scope) is named after
+    the module whose parameter it updates, under ``PARAM_SEGMENT`` (graph/updates.py),
+    so that the compile profile can count it there. Metadata only."""
+    params = param_modules(steps, n_leaves, places)
+    if not params:
+        return places
+    return [(src, f"{PARAM_SEGMENT}.{params[j]}" if j in params else scope)
+            for j, (src, scope) in enumerate(places)]
+
+
 def _graph_fn_of(recipe: tuple, out_shardings=None, name: str = "run", repeats=None):
     steps, root_pos, places = recipe
     offsets = None
+    named = None
 
     def run(leaves, scalars):
-        nonlocal offsets
+        nonlocal offsets, named
+        if named is None:
+            named = _named_places(steps, len(leaves), places)
+        places_ = named
         if repeats is None:
             vals = list(leaves)
             k = 0
             for j, (info, ins) in enumerate(steps):
                 n = len(info.scalar_specs)
-                vals.append(_lower_op(info, [vals[i] for i in ins], scalars[k:k + n], places[j]))
+                vals.append(_lower_op(info, [vals[i] for i in ins], scalars[k:k + n], places_[j]))
                 k += n
         else:
             if offsets is None:
@@ -168,7 +184,7 @@ def _graph_fn_of(recipe: tuple, out_shardings=None, name: str = "run", repeats=N
                     offsets.append(k)
                     k += len(info.scalar_specs)
             vals = list(leaves) + [None] * len(steps)
-            _run_in_order(vals, len(leaves), steps, places, scalars, offsets, repeats)
+            _run_in_order(vals, len(leaves), steps, places_, scalars, offsets, repeats)
         if out_shardings is not None:  # SPMD: tensors updated in place stay where they were
             return [vals[p] if sh is None
                     else jax.lax.with_sharding_constraint(vals[p], retarget(sh))
@@ -182,7 +198,9 @@ def _lower_op(info, args, scalars, place):
     try:
         return _trace_op(info, args, scalars, *place)
     except Exception as e:  # runs while tracing only: no cost in the executable
-        add_op_note(e, "lowering failed in", info, *place)
+        src, scope = place  # an optimizer's op was recorded with no scope: said so
+        add_op_note(e, "lowering failed in", info, src,
+                    "" if scope.startswith(PARAM_SEGMENT) else scope)
         raise
 
 
@@ -215,6 +233,9 @@ def _eval(vals, n_leaves, steps, places, scalars, offsets, j) -> None:
     n = len(info.scalar_specs)
     vals[n_leaves + j] = _lower_op(info, [vals[i] for i in ins],
                                    scalars[offsets[j]:offsets[j] + n], places[j])
+
+
+UNSTACK = "unstack"  # the name-stack segment of a loop's results taken out per layer
 
 
 def _stack(values):
@@ -286,10 +307,13 @@ def _scan_run(vals, n_leaves, steps, places, scalars, offsets, run, stacked) -> 
         return [local[m] for _, m in run.carry], [local[m] for m in run.exported]
 
     _, ys = jax.lax.scan(body, carry_in, (xs, scal), reverse=run.reverse)
-    for s, ops in enumerate(run.segments):
-        for q, m in enumerate(run.exported):
-            vals[n_leaves + ops[m]] = jax.tree_util.tree_map(lambda a: a[s], ys[q])
-            stacked[n_leaves + ops[m]] = (ys[q], s)
+    # named, so that the compile profile counts these per-layer slices as the loop's
+    # (graph/compile_time.py: LOOPS), not as xlanb's other ops
+    with jax.named_scope(UNSTACK):
+        for s, ops in enumerate(run.segments):
+            for q, m in enumerate(run.exported):
+                vals[n_leaves + ops[m]] = jax.tree_util.tree_map(lambda a, s=s: a[s], ys[q])
+                stacked[n_leaves + ops[m]] = (ys[q], s)
 
 
 def sharding_of(a):

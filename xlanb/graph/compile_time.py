@@ -28,6 +28,7 @@ from typing import NamedTuple
 from ..base.frames import source_text
 from ..base.formats import (format_bytes, format_duration, format_location, format_table,
                             format_table_html)
+from ..runtime.compile_profile import in_compile, log_time
 from .hlo_text import (
     _INSTR,
     array_sizes,
@@ -35,6 +36,7 @@ from .hlo_text import (
     attr,
     computations,
     origin,
+    param_of,
     scope_of,
     stack_tables,
 )
@@ -77,7 +79,8 @@ NO_LINE = "(no line: XLA's own instructions)"
 # as a loop stacks each layer's weights and slices its results (graph/repeats.py)
 LOOPS = "(no line: the layer loops' stacking and slicing)"
 OWN = "(no line: xlanb's own ops, outside any aten op)"
-_LOOP_PARTS = ("while/", "/stack", "dynamic_index_in_dim", "dynamic_update_index_in_dim")
+_LOOP_PARTS = ("while/", "/stack", "/unstack/", "dynamic_index_in_dim",
+               "dynamic_update_index_in_dim")
 
 
 class CompileProfile:
@@ -254,7 +257,6 @@ def cpu_parts(raw) -> tuple[list[CompilePart], float, dict, str]:
 _STAGE = re.compile(r"\b(HLO_PASSES|BACKEND_PASSES|CODE_GENERATION|END_TO_END) stage duration: "
                     r"([\d.hmsuµn]+)")
 _MODULE = re.compile(r"module:? (jit_[\w.\-]+)")
-_STAMP = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d(?:\.\d+)?) ")
 _UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
 
@@ -263,33 +265,27 @@ def parse_duration(text: str) -> float:
     return sum(float(n) * _UNITS[u] for n, u in re.findall(r"([\d.]+)(ms|us|µs|ns|h|m|s)", text))
 
 
-def _stamp(line: str, near: float) -> float | None:
-    """A glog line's local time (``I1127 09:39:32.222587``) as ``time.time()`` seconds,
-    in the year of ``near``."""
-    m = _STAMP.match(line)
-    if m is None:
-        return None
-    year = time.localtime(near).tm_year
-    month, day, hour, minute = (int(m.group(i)) for i in range(1, 5))
-    secs = float(m.group(5))
-    whole = time.mktime((year, month, day, hour, minute, int(secs), 0, 0, -1))
-    return whole + secs - int(secs)
-
-
-def tpu_stages(log: str, module: str, near: float = 0.0) -> tuple[dict, float | None]:
-    """libtpu's stages in what it logged from a compile's start (target compiles run one
-    at a time): stage -> ``(seconds, time it ended)`` (None where the line has no time),
-    each stage's first line, and when its HLO passes began. libtpu does not always name
-    the module at the start (its "running hlo passes" line is missing from some
-    compiles), so the stages are the first after the compile's start; ``module`` is
+def tpu_stages(log: str, module: str, raw=None) -> tuple[dict, float | None]:
+    """libtpu's stages in what it logged around a compile (target compiles run one at a
+    time): stage -> ``(seconds, time it ended)`` (None where the line has no time),
+    each stage's first line, and when its HLO passes began. Given ``raw`` (the
+    compile's ``RawCompile``), a line stamped outside the compile's start and end is
+    another compile's (``in_compile``: libtpu's file lags, so the text may begin with
+    the previous compile's stages, or run into the next's) and is skipped. libtpu does
+    not always name the module at the start (its "running hlo passes" line is missing
+    from some compiles), so the stages are the first in the window; ``module`` is
     checked where a line names one: a line naming another module before the first stage
     means the log is not this compile's, and nothing is returned."""
+    near = raw.started if raw is not None else time.time()
     out: dict = {}
     for line in log.splitlines():
+        at = log_time(line, near)
+        if raw is not None and not in_compile(at, raw):
+            continue
         m = _STAGE.search(line)
         if m is not None:
             if m.group(1) not in out:
-                out[m.group(1)] = (parse_duration(m.group(2)), _stamp(line, near))
+                out[m.group(1)] = (parse_duration(m.group(2)), at)
             if len(out) == 4:
                 break
             continue
@@ -303,7 +299,7 @@ def tpu_stages(log: str, module: str, near: float = 0.0) -> tuple[dict, float | 
 
 def tpu_parts(raw, log: str) -> tuple[list[CompilePart], float, str]:
     """libtpu's stages, and the gaps between them from its log lines' times."""
-    stages, began = tpu_stages(log, raw.module, raw.started)
+    stages, began = tpu_stages(log, raw.module, raw)
     if not stages:
         return [], 0.0, "libtpu logged no stage durations for this module"
     how = "libtpu's logged stage duration"
@@ -341,6 +337,7 @@ def tpu_parts(raw, log: str) -> tuple[list[CompilePart], float, str]:
 class _Op(NamedTuple):
     source: str
     scope: str
+    param: str = ""  # an optimizer's op: the module whose parameter it updates
 
 
 def module_ops(text: str, recorded: dict | None = None) -> tuple[list[_Op], dict[str, list[int]]]:
@@ -373,14 +370,15 @@ def module_ops(text: str, recorded: dict | None = None) -> tuple[list[_Op], dict
             if not source and op_name and not op:  # JAX's ops for xlanb's own code
                 source = LOOPS if any(k in op_name for k in _LOOP_PARTS) else OWN
             in_comp[comp].append(len(ops))
-            ops.append(_Op(source, scope))
+            ops.append(_Op(source, scope, _user_scope(param_of(op_name))))
     return ops, {f: in_comp.get(c, []) for f, c in calls.items()}
 
 
 # name-stack segments JAX adds around a traced body: a repeated layer stack lowered as
 # one lax.scan (graph/repeats.py) puts its ops under ``while/body/closed_call/...``
+# (and xlanb's own ``unstack``, around a loop's per-layer results: no module's)
 _JAX_SEGMENTS = frozenset(("while", "body", "cond", "closed_call", "scan", "remat",
-                           "checkpoint", "pjit", "while.body", "while.cond"))
+                           "checkpoint", "pjit", "while.body", "while.cond", "unstack"))
 
 
 def _user_scope(scope: str) -> str:
@@ -440,7 +438,9 @@ def _is_step_line(source: str) -> bool:
 
 def _op_scope(op: _Op, forward: dict, steps: dict) -> tuple[str, str]:
     """(scope key, layer) of one instruction: its own scope; else, by its line, the
-    forward scope it differentiates (``name (backward)``) or the optimizer's step."""
+    forward scope it differentiates (``name (backward)``) or the optimizer's step,
+    split by the module whose parameter it updates (``optimizer.step (name)``, a
+    layer stack's as one key, with the layer)."""
     if op.scope:
         return _scope_key(op.scope)
     src = op.source
@@ -451,8 +451,19 @@ def _op_scope(op: _Op, forward: dict, steps: dict) -> tuple[str, str]:
         if src not in steps:
             steps[src] = _is_step_line(src)
         if steps[src]:
+            if op.param:
+                name, layer = _scope_key(op.param)
+                return f"{OPTIMIZER} ({name})", layer
             return OPTIMIZER, ""
     return NO_SCOPE, ""
+
+
+def _module_of(key: str) -> str:
+    """The module a scope key counts for: ``x (backward)`` and ``optimizer.step (x)``
+    are ``x``'s (its stack's loops and advice cover them)."""
+    if key.startswith(OPTIMIZER + " (") and key.endswith(")"):
+        return key[len(OPTIMIZER) + 2:-1]
+    return key.removesuffix(BACKWARD)
 
 
 class _Stats(NamedTuple):
@@ -508,24 +519,26 @@ def attribute(text: str, total_s: float, fusion_pool_s: float, fusion_weights: d
                    key=lambda r: -r.seconds)
 
     def looped(key: str) -> int:
-        base = key.removesuffix(BACKWARD)
+        base = _module_of(key)
         return next((n for name, n in (loops or {}).items()
                      if base == name or base.endswith("." + name)), 0)
 
     def layers_of(key: str) -> int:
-        # a stack's backward counts the stack's layers (its ops carry no layer of their own)
+        # a stack's backward and updates count the stack's layers (its backward ops
+        # carry no layer of their own)
         n = looped(key)
         if n:
             return n
-        seen = by_scope.get(key.removesuffix(BACKWARD))
-        return len(seen[2]) if seen is not None else 0
+        seen = by_scope.get(_module_of(key))
+        return max(len(seen[2]) if seen is not None else 0, len(by_scope[key][2]))
 
     def label(key: str, layers: set) -> str:
         # a stack lowered as one loop compiles one layer's body (its ops carry layer 0's
         # scope): named by the loop's layer count
-        base, backward = key.removesuffix(BACKWARD), key.endswith(BACKWARD)
+        backward = key.endswith(BACKWARD)
         n = layers_of(key)
         if looped(key):
+            base = key.removesuffix(BACKWARD)
             return f"{n} × {base} ({'backward, ' if backward else ''}one loop)"
         return f"{n} × {key}" if n > 1 else key
 
@@ -536,7 +549,7 @@ def attribute(text: str, total_s: float, fusion_pool_s: float, fusion_weights: d
         for k, v in by_scope.items():
             n = layers_of(k)
             if n > 1:
-                st = stacks[k.removesuffix(BACKWARD)]
+                st = stacks[_module_of(k)]
                 st[0] += v[0] / t
                 st[1] = max(st[1], n)
                 st[2] = st[2] or bool(looped(k))

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from ..base.formats import format_location
 from ..base.frames import is_internal_file
+from .updates import PARAM_SEGMENT
 
 BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
@@ -116,15 +117,29 @@ def aten_of(op_name: str) -> str:
 
 
 def scope_of(op_name: str, op_type: str) -> str:
-    """``jit(run)/MLP/fc1/aten::addmm/dot_general`` -> ``MLP/fc1``."""
+    """``jit(run)/MLP/fc1/aten::addmm/dot_general`` -> ``MLP/fc1``. An optimizer's op
+    named after its parameter's module (``param_of``) has no scope."""
     parts = op_name.split("/")
     if parts and parts[0].startswith("jit("):
         parts = parts[1:]
+    if PARAM_SEGMENT in parts:
+        return "/".join(parts[:parts.index(PARAM_SEGMENT)])
     if op_type and op_type in parts:
         parts = parts[:parts.index(op_type)]
     else:
         parts = [p for p in parts[:-1] if not p.startswith("aten::")]
     return "/".join(parts)
+
+
+def param_of(op_name: str) -> str:
+    """``jit(run)/xlanb-param/MLP/fc1/aten::add_/add`` -> ``MLP/fc1``: the module whose
+    parameter an optimizer's op updates (graph/updates.py), "" if none is named."""
+    parts = op_name.split("/")
+    if PARAM_SEGMENT not in parts:
+        return ""
+    rest = parts[parts.index(PARAM_SEGMENT) + 1:]
+    end = next((k for k, p in enumerate(rest) if p.startswith("aten::")), len(rest))
+    return "/".join(rest[:end])
 
 
 class HloBuffer(NamedTuple):

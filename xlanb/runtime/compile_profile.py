@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
 import threading
 import time
 import weakref
@@ -214,11 +215,42 @@ def _read_from(path: str, offset: int) -> tuple[str, int]:
     return data.decode(errors="replace"), offset + len(data)
 
 
+# a glog line's time: ``I1127 09:39:32.222587 ...`` (local time, no year)
+_GLOG_TIME = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d(?:\.\d+)?) ")
+# how far a line's time may lie outside the compile's window and still be its own
+# (glog stamps a line when it is logged, on the clock time.time() reads: the stage
+# lines of a compile were stamped 1-3 ms before it returned)
+LOG_SLACK_S = 0.005
+
+
+def log_time(line: str, near: float) -> float | None:
+    """A glog line's local time as ``time.time()`` seconds, in the year of ``near``
+    (None: not a stamped line)."""
+    m = _GLOG_TIME.match(line)
+    if m is None:
+        return None
+    year = time.localtime(near).tm_year
+    month, day, hour, minute = (int(m.group(i)) for i in range(1, 5))
+    secs = float(m.group(5))
+    whole = time.mktime((year, month, day, hour, minute, int(secs), 0, 0, -1))
+    return whole + secs - int(secs)
+
+
+def in_compile(at: float | None, raw: RawCompile) -> bool:
+    """Whether a log line stamped ``at`` was logged while ``raw``'s compile ran. libtpu's
+    lines reach its file late (buffered), so the file's size at a compile's start does
+    not divide one compile's lines from the last's: the stamps do. A line with no stamp
+    (a continuation) is kept."""
+    if at is None or not raw.started:
+        return True
+    return raw.started - LOG_SLACK_S <= at <= (raw.ended or at) + LOG_SLACK_S
+
+
 def tpu_log_since(raw: RawCompile, wait_s: float = 3.0) -> str:
-    """What libtpu logged from the compile's start until now. Its last stage lines
-    (``CODE_GENERATION``, ``END_TO_END``) reach the file up to a second after the
-    compile returned (libtpu logs from a thread of its own): waited for, ``wait_s`` at
-    most, once."""
+    """What libtpu logged from the compile's start until now (with, where its file lagged,
+    some lines before: ``in_compile`` tells them apart). Its stage lines reach the file
+    up to a second after the compile returned (libtpu buffers its log): this compile's
+    ``END_TO_END`` line is waited for, ``wait_s`` at most, once."""
     if not raw.tpu_log_at:
         return raw.tpu_log
     deadline = time.perf_counter() + wait_s
@@ -228,6 +260,14 @@ def tpu_log_since(raw: RawCompile, wait_s: float = 3.0) -> str:
         if more:
             raw.tpu_log += more
             raw.tpu_log_at = (path, end)
-        if "END_TO_END" in raw.tpu_log or time.perf_counter() >= deadline:
+        if _ended_in(raw):
+            raw.tpu_log_at = ()  # this compile's lines are all in: none to read after
+            return raw.tpu_log
+        if time.perf_counter() >= deadline:
             return raw.tpu_log
         time.sleep(0.02)
+
+
+def _ended_in(raw: RawCompile) -> bool:
+    return any("END_TO_END" in line and in_compile(log_time(line, raw.started), raw)
+               for line in raw.tpu_log.splitlines())
