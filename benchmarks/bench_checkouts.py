@@ -26,7 +26,9 @@ KEYS = ("eager_op_us", "eager_chain_us", "eager_scalar_us", "lazy_trace_us")
 def measure(checkout: str) -> dict:
     script = os.path.join(checkout, "benchmarks", "scenarios.py")
     # no store: the same work in every round (older checkouts read its first name)
-    env = dict(os.environ, XLANB_STORE_DIR="", XLANB_CACHE_DIR="")
+    # and the checkout's own xlanb, not the installed one
+    env = dict(os.environ, XLANB_STORE_DIR="", XLANB_CACHE_DIR="",
+               PYTHONPATH=os.path.abspath(checkout))
     out = subprocess.run([sys.executable, script, "xlanb", "--only", "ops"], env=env,
                          capture_output=True, text=True, check=True).stdout
     return json.loads(out)
