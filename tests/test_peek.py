@@ -538,7 +538,10 @@ def test_a_first_look_missing_many_executables_compiles_its_prefix_once():
     assert counter("UncachedCompile") == 0 and xlanb.pending_ir(out) == before
     torch.testing.assert_close(out.cpu(), want)  # the sync: one graph, as without the look
     assert counter("UncachedCompile") == 1
-    assert counter("OpCompile") == missing  # lowered and started while it compiled
+    # lowered and started while it compiled and ran; the rest wait for the next graph (a
+    # quick compile can end before all are lowered)
+    from xlanb.executables import background
+    assert counter("OpCompile") + len(background._lower_soon) == missing
     again = forward(xla, inp)
     torch.testing.assert_close(xlanb.peek(again), want)
     assert counter("PeekCompile") == 1 and counter("OpCompile") == missing  # op by op, cached
