@@ -349,7 +349,7 @@ def test_optimizer_ops_are_split_by_the_module_of_their_parameter():
                    "after other tests' steps), likely from a lowering JAX cached; not traced")
 def test_every_optimizer_instruction_keeps_its_own_steps_line():
     # (its own steps at lines of its own, not a helper's shared with the test above: the
-    # stale line is the first line those signatures were traced at in the process)
+    # stale line is likely the first one those signatures were traced at in the process)
     torch.manual_seed(0)
     first = torch.nn.Linear(7, 3).to("xla")
     opt = torch.optim.AdamW(first.parameters(), lr=0.1)
