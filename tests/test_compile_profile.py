@@ -339,8 +339,10 @@ def test_optimizer_ops_are_split_by_the_module_of_their_parameter():
     # layers' worth of instructions against 1 (XLA's passes leave a few more or less)
     assert emb.ops > 0 and abs(head.ops - emb.ops) <= 0.1 * emb.ops, list(rows.items())
     assert 2.7 * emb.ops <= stack.ops <= 3.3 * emb.ops, list(rows.items())
+    # (at most: some may keep an earlier step's line, the strict xfail below)
     assert stack.ops + emb.ops + head.ops >= next(
-        r.ops for r in p.by_line(None) if r.key.endswith(f"test_compile_profile.py:{step_line}"))
+        (r.ops for r in p.by_line(None)
+         if r.key.endswith(f"test_compile_profile.py:{step_line}")), 0)
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError,
