@@ -199,15 +199,8 @@ def test_pre_ln_blocks_loop_backward_and_update(model):
         return (nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False).to("xla"),
                 torch.randn(2, 5, 16).to("xla"))
 
-    xlanb.config.scan_layers = True
-    clear_graph_cache()
-    torch.manual_seed(0)
-    args = make()
-    xlanb.sync()
-    vals = _train_step(*args)
-    xlanb.sync()
-    lines = xlanb.graphs()[-1].repeats
-    _on_cpu(make, _train_step, [v.detach().cpu() for v in vals])
+    vals, lines, _ = _run_once(make, _train_step, scan=True)
+    _on_cpu(make, _train_step, vals)
     assert any(line.startswith("4 × layers compiled once") for line in lines), lines
     # the first layer's backward computes no gradient for the model's input
     assert any(line.startswith("3 × layers backward compiled once (scan, layers 1–3)")
