@@ -2,6 +2,7 @@
 (``xlanb.graphs()``), each with why it compiled and, for a recompile, what changed."""
 from __future__ import annotations
 
+import concurrent.futures
 import sys
 import time
 import warnings
@@ -496,11 +497,8 @@ def finish_tier_up(rec: CompiledGraph) -> None:
     future = rec._tiering
     if future is None or not rec.quick or (not future.done() and later_is_held()):
         return
-    try:
-        future.result()
-    except Exception:  # noqa: BLE001 - a failed optimized compile: the quick one stays
-        return
-    _swap(rec, future)
+    concurrent.futures.wait([future])
+    _swap(rec, future)  # (a failed optimized compile leaves the quick one)
 
 
 class RecompileWarning(UserWarning):
