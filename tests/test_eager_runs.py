@@ -165,9 +165,8 @@ def test_dropout_under_a_seed_is_the_same_as_op_by_op(eager, monkeypatch):
 
 
 def test_a_runs_multiply_add_rounds_as_op_by_op_and_cpu_torch(eager, count, monkeypatch):
-    """A run keeps each op's own rounding: XLA's default compile contracts ``x * y`` and
-    the add after it into one FMA (1 ulp off for some elements of this size), the quick
-    tier does not."""
+    """A run keeps each op's own rounding: with FMA, XLA's default compile contracted
+    ``x * y`` and the add after it (1 ulp off for some elements of this size)."""
     cpu, x = _fresh(64)
     cpu_y, y = _fresh(64)
     cpu_y, y = cpu_y[:, :cpu.shape[1]].contiguous(), y[:, :x.shape[1]]
@@ -177,6 +176,19 @@ def test_a_runs_multiply_add_rounds_as_op_by_op_and_cpu_torch(eager, count, monk
     torch.testing.assert_close(in_run, want, rtol=0, atol=0)
     monkeypatch.setattr(config, "eager_runs", 0)
     torch.testing.assert_close((x * y + x).cpu(), in_run, rtol=0, atol=0)
+
+
+def test_a_value_read_twice_in_one_run_has_one_rounding(eager):
+    """XLA duplicates an elementwise producer into each fusion that reads it; with FMA,
+    the quick tier contracted ``uniform_``'s ``u * (high - low) + low`` in the gather's
+    fusion and not in the one that wrote ``t`` out: ``take_along_dim(t, i)`` was not
+    ``t[i]`` (PyTorch's test_take_along_dim). Without FMA (runtime/xla_cpu.py) it is."""
+    _fresh.n = getattr(_fresh, "n", 0) + 1
+    t = torch.empty(3, 2 * (977 + _fresh.n), device="xla").uniform_(-9, 9)[:, ::2]
+    i = torch.argsort(t.reshape(-1))
+    got = torch.take_along_dim(t, i, dim=None)
+    flat = t.cpu().reshape(-1)
+    torch.testing.assert_close(got.cpu(), flat[i.cpu()], rtol=0, atol=0)
 
 
 def test_in_place_updates_on_views_inside_a_run(eager, same):

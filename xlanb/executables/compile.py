@@ -58,10 +58,9 @@ def single_op_options(device: int):
 #   the BERT training step (824 ops) as one eager run: 1.9 s against 12.6 s emitters off
 #   alone (LLVM's full pipeline over the emitters' loops) and 6.3 s with the defaults;
 #   tanh, matmul, softmax alone: 14-18 against 30-35.
-# -O0 also keeps a run's values those of its ops run one by one: XLA's defaults contract
-# a multiply and the add that uses it into one FMA across ops (x * y + x: 1 ulp from op
-# by op and from CPU torch), -O0 does not. Its code runs slower (the BERT step: 0.9 s
-# against 0.33 s), so what comes back gets the optimized executable (tier_up).
+# Its code runs slower (the BERT step: 0.9 s against 0.33 s), so what comes back gets the
+# optimized executable (tier_up). Both tiers give the same bits: XLA:CPU's code has no
+# FMA (runtime/xla_cpu.py), the one place where -O0 and the optimizations rounded apart.
 _QUICK_CPU = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
               "xla_cpu_use_fusion_emitters": False}
 # XLA:CPU ignores JAX's effort options (exec_time_optimization_effort,
