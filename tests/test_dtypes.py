@@ -163,6 +163,32 @@ def test_jax_x64_not_enabled_globally():
     assert str(out.dtype) == "int32"
 
 
+def test_a_transfer_that_loses_64_bits_is_done_again(monkeypatch):
+    """JAX's 64-bit setting lost inside xlanb's own x64 block (seen twice in CI, cause
+    not found: runtime/transfer.put) must not hand an int64 tensor an int32 array: the
+    copy is checked and done again, said once and counted. The loss is simulated: the
+    first device_put canonicalizes as JAX does with the setting off."""
+    import jax
+    import numpy as np
+    from xlanb.runtime import transfer
+    real = jax.device_put
+    calls = []
+
+    def put_once_without_x64(a, *args, **kwargs):
+        calls.append(a.dtype)
+        if len(calls) == 1:
+            a = a.astype(np.int32)
+        return real(a, *args, **kwargs)
+
+    monkeypatch.setattr(transfer.jax, "device_put", put_once_without_x64)
+    before = xlanb.metrics.counter_value("X64Lost") or 0
+    with pytest.warns(RuntimeWarning, match="reached the device as int32"):
+        x = torch.tensor([2**40, 3]).to("xla")
+    monkeypatch.setattr(transfer.jax, "device_put", real)
+    assert xlanb.metrics.counter_value("X64Lost") == before + 1 and len(calls) == 2
+    assert x.dtype == torch.int64 and (x + 1).tolist() == [2**40 + 1, 4]
+
+
 def test_jax_x64_not_enabled_globally_fresh_process(python_child):
     code = """
 import warnings, json

@@ -1,7 +1,9 @@
 """Host <-> device copies of arrays, with torch's dtypes, timed into the metrics."""
 from __future__ import annotations
 
+import threading
 import time
+import warnings
 
 import jax
 import numpy as np
@@ -32,9 +34,40 @@ def host_to_device(cpu: torch.Tensor, device: int):
         # JAX's CPU client adopts an aligned numpy buffer without copying (may_alias=False
         # does not stop it), so a later in-place op on ``cpu`` would change the device value.
         arr = arr.copy()
+    data = put(arr, dev)
+    metrics.record("TransferToDeviceTime", time.perf_counter() - t0)
+    return data
+
+
+def put(arr: np.ndarray, dev):
+    """``jax.device_put`` of a host array, keeping its dtype (x64 on: int64 stays int64).
+
+    CI twice had an int64 index come back int32 from here, inside this very x64 block,
+    on the main thread (a later graph then refused it); never reproduced alone, with the
+    same tests before it, or under forced garbage collection. One way it can happen: a
+    generator suspended inside another ``jax.enable_x64`` block, finalized here by the
+    garbage collector, restores the setting it saw when it began. So the dtype is
+    checked, and a lost setting is said once, counted (``X64Lost``), and the copy done
+    again rather than handed on with the wrong dtype."""
     with jax.enable_x64(True):
         data = jax.device_put(arr, dev)
-    metrics.record("TransferToDeviceTime", time.perf_counter() - t0)
+    if data.dtype != arr.dtype:
+        data = _put_again(arr, dev, data.dtype)
+    return data
+
+
+def _put_again(arr: np.ndarray, dev, got):
+    metrics.counter("X64Lost")
+    if metrics.counter_value("X64Lost") == 1:
+        warnings.warn(f"xlanb: a {arr.dtype} host array reached the device as {got} on "
+                      f"thread {threading.current_thread().name!r}: JAX's 64-bit setting was "
+                      "off inside xlanb's x64 block; copied again (metrics: X64Lost)",
+                      RuntimeWarning, stacklevel=4)
+    with jax.enable_x64(True):
+        data = jax.device_put(arr, dev)
+    if data.dtype != arr.dtype:
+        raise RuntimeError(f"xlanb: a {arr.dtype} host array reached the device as "
+                           f"{data.dtype} twice: JAX's 64-bit setting is off on this thread")
     return data
 
 

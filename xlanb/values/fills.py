@@ -9,6 +9,7 @@ from ..base.dtypes import to_jax_dtype
 from ..ir.nodes import Node
 from ..runtime.devices import jax_device
 from ..runtime.mesh import is_sharded, place
+from ..runtime.transfer import put
 from .memory import device_oom, is_device_oom
 
 # Fills: nodes whose value does not depend on their inputs' values. Zeros, ones and
@@ -54,7 +55,7 @@ def settle_fill(node: Node, value=0) -> None:
         if device.platform == "cpu" and _nbytes(meta) <= _HOST_FILL_BYTES \
                 and len(meta.shape) <= 64:  # numpy's most dimensions
             # a small host buffer is the CPU device's own: nothing to compile
-            arr = jax.device_put(np.full(meta.shape, value, dtype), device)
+            arr = put(np.full(meta.shape, value, dtype), device)
         else:  # made on the device: no host copy, no transfer (one fill per shape)
             try:
                 arr = jax.numpy.full(meta.shape, value, dtype, device=device)
