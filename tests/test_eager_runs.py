@@ -191,6 +191,40 @@ def test_a_value_read_twice_in_one_run_has_one_rounding(eager):
     torch.testing.assert_close(got.cpu(), flat[i.cpu()], rtol=0, atol=0)
 
 
+def test_a_loop_over_rows_runs_op_by_op_and_compiles_each_signature_once(eager, count, same):
+    """``torch.stack([op(r) for r in x])`` (PyTorch's test_batch_vs_slicing): the rows lie
+    at different offsets of one storage, but the op's signature is the same for each, and
+    a run of many ops with few new signatures goes op by op instead of compiling all of
+    them as one graph (policy.few_signatures): three single-op compiles, not one graph
+    of 80 ops."""
+    cpu, x = _fresh(40)
+    compiles, graphs, by_op = count("OpCompile"), count("EagerRunCompile"), count("EagerRunOpByOp")
+    got = torch.stack([torch.tanh(r) for r in x])
+    same(got, torch.stack([torch.tanh(r) for r in cpu]))
+    assert count("EagerRunOpByOp") == by_op + 1 and count("EagerRunCompile") == graphs
+    assert count("OpCompile") - compiles == 3  # unbind, tanh of a row, stack
+    x2 = x * 1  # the loop again, on another storage: nothing new to compile
+    compiles = count("OpCompile")
+    same(torch.stack([torch.tanh(r) for r in x2]), torch.stack([torch.tanh(r) for r in cpu]))
+    assert count("OpCompile") - compiles <= 1  # (mul)
+
+
+def test_views_at_other_offsets_keep_their_own_signatures(eager, same):
+    """A view's result lies at an offset its input decides: ops of the view kind keep the
+    offsets in their signature, functional ops do not (ir/tensor.SigKey)."""
+    cpu = torch.arange(24.).reshape(4, 6)
+    x = cpu.to("xla")
+    for i in range(4):
+        row, crow = x[i], cpu[i]
+        assert row.storage_offset() == crow.storage_offset() == 6 * i
+        v, cv = row[2:], crow[2:]
+        assert v.storage_offset() == cv.storage_offset()
+        v.mul_(2.0)
+        cv.mul_(2.0)
+        same(torch.exp(row), torch.exp(crow))
+    same(x, cpu)
+
+
 def test_in_place_updates_on_views_inside_a_run(eager, same):
     cpu = torch.zeros(4, 47)
     x = cpu.to("xla")

@@ -168,7 +168,8 @@ class CompiledFunction:
     def __call__(self, *args, **kwargs):
         __debuggerskip__ = True  # IPython's debugger steps over xlanb frames
         flat, spec = pytree.tree_flatten((args, kwargs))
-        key = (spec, tuple(x._key if isinstance(x, XlaTensor) else
+        # with each input's storage offset: a view the function returns lies at one
+        key = (spec, tuple((x._key, x._meta.offset) if isinstance(x, XlaTensor) else
                            ("T", x.device, x.dtype, tuple(x.shape)) if isinstance(x, torch.Tensor)
                            else _static(x) for x in flat))
         entry = self._entries.get(key)

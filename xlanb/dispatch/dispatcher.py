@@ -191,6 +191,8 @@ def _dispatch_general(plan: OpPlan, func, args, kwargs):
     sig_args = tuple([sig_of(a, tensors, scalars, lift) for a in args])
     sig_kwargs = tuple([(k, sig_of(v, tensors, scalars, lift)) for k, v in kwargs.items()])
     sig = (plan, sig_args, sig_kwargs, tuple([o._key for o in outs])) if outs else (plan, sig_args, sig_kwargs)
+    if kind != "functional":  # a view's, an in-place op's or out='s result lies where its inputs do
+        sig += (tuple([t._meta.offset for t in tensors]), tuple([o._meta.offset for o in outs]))
     info = _infos.get(sig)
     device = tensors[0]._storage.device if tensors else (
         outs[0]._storage.device if outs else _factory_device(kwargs))

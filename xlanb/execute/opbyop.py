@@ -16,18 +16,19 @@ from ..values.memory import check_op, device_oom, is_device_oom
 from ..executables.single_op import op_executable, run_op_on_arrays
 
 
-def run_plan_op_by_op(plan: GraphPlan, keep=None) -> list:
+def run_plan_op_by_op(plan: GraphPlan, keep=None, quick: bool = False) -> list:
     """Run ``plan`` node by node through the single-op cache.
 
     ``keep``, if given (a PeekCache), receives every intermediate value and supplies
-    values computed earlier, so repeated peeks recompute nothing.
+    values computed earlier, so repeated peeks recompute nothing. Missing executables
+    compile quickly for a peek, and with ``quick`` (an eager run of few signatures).
     """
     if config.background_compile and not session.spmd:
         # Every missing executable starts compiling now, on the compile threads, while
         # the main thread lowers the next: the first peek at a layer's output or the
         # first op-by-op sync waits for the slowest compile, not for all of them in turn.
         # A peek waits for quickly compiled ones (the optimized ones follow).
-        quick = keep is not None and config.quick_peeks
+        quick = quick or (keep is not None and config.quick_peeks)
         for (info, _), node in zip(plan.steps, plan.op_nodes):
             if info.exe is None and info.name != GETITEM:
                 try:

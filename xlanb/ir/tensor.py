@@ -27,8 +27,12 @@ def torch_device(index: int) -> torch.device:
 
 
 class SigKey:
-    """A tensor's element in an op signature: its (shape, stride, dtype, device, offset),
-    interned once per distinct layout. Signatures hash and compare it by identity, which
+    """A tensor's element in an op signature: its (shape, stride, dtype, device),
+    interned once per distinct layout. Not its storage offset: a functional op's result
+    does not depend on where its input lies in its storage, and ``op(s) for s in x``
+    would otherwise make one signature, and one compile, per row; ops whose result lies
+    at an offset their inputs decide (views, in-place, out=) add the offsets to their
+    signature (dispatcher._dispatch_general). Signatures hash and compare it by identity, which
     is fast, and no static argument (an int, a bool, a tuple) can ever equal it: an int
     key could, and ``mul(x, t)`` would then find the OpSignature of ``mul(x, 3)``."""
 
@@ -41,11 +45,11 @@ class SigKey:
         return f"<SigKey {self.layout}>"
 
 
-_sig_keys = cache({}, "(shape, stride, dtype, device, offset) -> SigKey")
+_sig_keys = cache({}, "(shape, stride, dtype, device) -> SigKey")
 
 
 def sig_key(meta: TensorMeta, device: int) -> SigKey:
-    full = (meta.shape, meta.stride, meta.dtype, device, meta.offset)
+    full = (meta.shape, meta.stride, meta.dtype, device)
     k = _sig_keys.get(full)
     if k is None:
         k = _sig_keys[full] = SigKey(full)
