@@ -165,8 +165,9 @@ def test_dropout_under_a_seed_is_the_same_as_op_by_op(eager, monkeypatch):
 
 
 def test_a_runs_multiply_add_rounds_as_op_by_op_and_cpu_torch(eager, count, monkeypatch):
-    """A run keeps each op's own rounding: with FMA, XLA's default compile contracted
-    ``x * y`` and the add after it (1 ulp off for some elements of this size)."""
+    """A run keeps each op's own rounding: XLA's default compile contracts ``x * y`` and
+    the add after it into one FMA (1 ulp off for some elements of this size), the quick
+    tier does not."""
     cpu, x = _fresh(64)
     cpu_y, y = _fresh(64)
     cpu_y, y = cpu_y[:, :cpu.shape[1]].contiguous(), y[:, :x.shape[1]]
@@ -179,10 +180,11 @@ def test_a_runs_multiply_add_rounds_as_op_by_op_and_cpu_torch(eager, count, monk
 
 
 def test_a_value_read_twice_in_one_run_has_one_rounding(eager):
-    """XLA duplicates an elementwise producer into each fusion that reads it; with FMA,
-    the quick tier contracted ``uniform_``'s ``u * (high - low) + low`` in the gather's
-    fusion and not in the one that wrote ``t`` out: ``take_along_dim(t, i)`` was not
-    ``t[i]`` (PyTorch's test_take_along_dim). Without FMA (runtime/xla_cpu.py) it is."""
+    """XLA duplicates an elementwise producer into each fusion that reads it; with the
+    legacy emitters at -O0, the quick tier contracted ``uniform_``'s
+    ``u * (high - low) + low`` into an FMA in the gather's fusion and not in the one
+    that wrote ``t`` out: ``take_along_dim(t, i)`` was not ``t[i]`` (PyTorch's
+    test_take_along_dim). The quick tier keeps the fusion emitters (compile.quick_options)."""
     _fresh.n = getattr(_fresh, "n", 0) + 1
     t = torch.empty(3, 2 * (977 + _fresh.n), device="xla").uniform_(-9, 9)[:, ::2]
     i = torch.argsort(t.reshape(-1))

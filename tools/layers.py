@@ -27,9 +27,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     ("base", "torch versions, formats (durations, bytes, hashes, locations, tables), settings, the cache registry, metrics, dtypes, the session state, source locations, scopes, RNG",
      ("xlanb.base.torch_compat", "xlanb.base.formats", "xlanb.base.config", "xlanb.base.caches", "xlanb.base.metrics", "xlanb.base.dtypes",
       "xlanb.base.session", "xlanb.base.frames", "xlanb.base.scopes", "xlanb.base.rng")),
-    ("runtime", "JAX's private APIs, memory-mapping headroom, libtpu without a TPU, XLA:CPU without FMA, JAX devices and meshes, TPU "
+    ("runtime", "JAX's private APIs, memory-mapping headroom, libtpu without a TPU, JAX devices and meshes, TPU "
      "targets, lowering and compiling, the executable store, array transfers",
-     ("xlanb.runtime.jax_compat", "xlanb.runtime.maps", "xlanb.runtime.libtpu", "xlanb.runtime.xla_cpu", "xlanb.runtime.devices", "xlanb.runtime.mesh",
+     ("xlanb.runtime.jax_compat", "xlanb.runtime.maps", "xlanb.runtime.libtpu", "xlanb.runtime.devices", "xlanb.runtime.mesh",
       "xlanb.runtime.targets", "xlanb.runtime.compile_profile", "xlanb.runtime.jit",
       "xlanb.runtime.store", "xlanb.runtime.transfer")),
     ("lowering", "aten op -> JAX function, one registry",

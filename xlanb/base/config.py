@@ -15,8 +15,6 @@
 ``XLANB_EAGER_RUNS``  the most ops eager mode compiles as one run (default 2048); 0: each
                      new op compiles alone, as before (``execute/graphs.py``)
 ``XLANB_QUICK_COMPILES``  0: lazy graphs and eager runs compile with XLA's full optimizations at once
-``XLANB_CPU_FMA``    1: XLA:CPU may fuse a multiply and an add into one FMA (off by default:
-                     values then depend on the tier and the fusion; runtime/xla_cpu.py)
 ``XLANB_TIER_UP``    sightings of an op signature after which its own optimized
                      executable compiles in the background (default 3; 0: never)
 ``XLANB_DEBUG_NANS``  1: find the first op that makes a NaN or Inf (``xlanb.debug_nans``)
@@ -322,7 +320,6 @@ class Config:
     eager_runs = _Checked(check_count, 0, "0: off")
     tier_up = _Checked(check_count, 0, "0: never")
     quick_compiles = _Checked(check_flag)
-    cpu_fma = _Checked(check_flag)
     compile_profile = _Checked(check_flag)
 
     def __init__(self) -> None:
@@ -359,9 +356,6 @@ class Config:
         # fusion emitters off: execute/compile.quick_options); a graph that comes back
         # compiles fully in the background (execute/graphs.tier_up).
         self.quick_compiles = env_flag("XLANB_QUICK_COMPILES", True)
-        # XLA:CPU's code may use FMA (read once, before JAX makes its CPU client:
-        # runtime/xla_cpu.py); off, every tier rounds as op by op and CPU torch do
-        self.cpu_fma = env_flag("XLANB_CPU_FMA", False)
         # An op signature seen this many times in eager runs gets its own optimized
         # executable, compiled in the background, so that it then runs alone; 0: never.
         self.tier_up = env_count("XLANB_TIER_UP", 3, 0, "0: never")

@@ -140,9 +140,11 @@ DESCRIPTIONS = {
     "EagerRunCompile": "eager runs of ops compiled as one graph (some ops had no "
                        "executable of their own), or loaded from the on-disk store",
     "EagerRunCacheHit": "eager runs found in the compile cache (the same ops again)",
+    "EagerRunOpByOp": "eager runs of many ops and few new signatures (a Python loop over "
+                      "one op) run op by op through quickly compiled single ops",
     "EagerRunCompileTime": "time compiling eager runs (lowering included)",
     "QuickCompile": "graphs (lazy graphs, eager runs) compiled with the quick tier "
-                    "(XLA:CPU's LLVM at -O0, fusion emitters off) until they tier up",
+                    "(XLA:CPU's LLVM at -O0) until they tier up",
     "GraphTierUp": "quick graphs replaced by their optimized compile (background): a lazy "
                    "graph's at its third run, an eager run's once it has run as long as "
                    "its quick compile took",
@@ -157,6 +159,8 @@ DESCRIPTIONS = {
     "OpQuickCompile": "single-op executables compiled quickly first (LLVM's optimizations "
                       "off), to run at once",
     "OpTierUp": "quick single-op executables replaced by their optimized compile",
+    "X64Lost": "host arrays that reached the device with a narrower dtype (JAX's 64-bit "
+               "setting lost inside xlanb's x64 block) and were copied again",
     "YnnDotsOnly": "executables compiled with XLA:CPU's YNNPACK kept to dots: a reduce "
                    "that can fuse with a broadcast (YNNPACK's gives changing sums)",
     "OpTierUpCompileTime": "time compiling the optimized executables that replace quick ones "

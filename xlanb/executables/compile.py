@@ -51,18 +51,22 @@ def single_op_options(device: int):
 # compiles quickly; the optimized executable compiles after, in the background, and
 # replaces it (executables/background.py, graphs.tier_up).
 #
-# What someone waits for compiles with LLVM at -O0, its expensive passes and XLA:CPU's
-# fusion emitters off (pure JAX, ms, loaded machine):
-#   six elementwise and reduce ops as one graph: 27-29 against 41-87 emitters off alone,
-#   118 with XLA's defaults;
-#   the BERT training step (824 ops) as one eager run: 1.9 s against 12.6 s emitters off
-#   alone (LLVM's full pipeline over the emitters' loops) and 6.3 s with the defaults;
+# What someone waits for compiles with LLVM at -O0 and its expensive passes off (pure
+# JAX, ms, loaded machine):
+#   six elementwise and reduce ops as one graph: 27-29 against 118 with XLA's defaults;
+#   the BERT training step (824 ops) as one eager run: 1.9-2.9 s against 6.3 s with the
+#   defaults (fusion emitters off without -O0: 12.6 s, LLVM's full pipeline over the
+#   legacy emitters' loops);
 #   tanh, matmul, softmax alone: 14-18 against 30-35.
 # Its code runs slower (the BERT step: 0.9 s against 0.33 s), so what comes back gets the
-# optimized executable (tier_up). Both tiers give the same bits: XLA:CPU's code has no
-# FMA (runtime/xla_cpu.py), the one place where -O0 and the optimizations rounded apart.
-_QUICK_CPU = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
-              "xla_cpu_use_fusion_emitters": False}
+# optimized executable (tier_up). -O0 keeps each op's own rounding across ops: XLA's
+# defaults contract a multiply and the add after it into one FMA (x * y + x: 1 ulp from
+# op by op and from CPU torch). The fusion emitters stay on: with the legacy emitters at
+# -O0, XLA duplicated uniform_'s u * (high - low) + low into a gather's fusion, which
+# contracted it, and into the fusion that wrote the tensor out, which did not, so
+# take_along_dim(t, i) was not t[i] within one executable (PyTorch's test_take_along_dim
+# in eager mode). With the emitters every fusion rounded the same.
+_QUICK_CPU = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 # XLA:CPU ignores JAX's effort options (exec_time_optimization_effort,
 # optimization_level): measured, no quicker.
 

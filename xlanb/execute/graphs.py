@@ -490,8 +490,8 @@ def _swap(rec: CompiledGraph, future) -> None:
 def finish_tier_up(rec: CompiledGraph) -> None:
     """A lazy graph's third run: its optimized executable (started at its second run)
     takes the quick one's place, waited for if it is still compiling. At a fixed run,
-    so that a training loop's values never depend on how quick the compile was, where
-    the tiers may round apart (XLA:CPU with FMA: runtime/xla_cpu.py; other backends). Not
+    so that a training loop's values never depend on how quick the compile was (the
+    tiers round differently: XLA's defaults contract a multiply-add into an FMA). Not
     while a look holds back the compile threads' later work (``later_held``): it would
     wait on itself; the quick one runs once more."""
     future = rec._tiering

@@ -9,10 +9,9 @@ import jax
 import torch
 
 from ..base.config import config
-from . import libtpu, xla_cpu
+from . import libtpu
 
 libtpu.prepare()  # before JAX first loads libtpu (runtime/libtpu.py)
-xla_cpu.prepare()  # before JAX makes its CPU client (runtime/xla_cpu.py)
 
 
 @functools.cache
