@@ -26,7 +26,7 @@ from ..execute.opbyop import run_plan_op_by_op
 from ..executables.prefix import missing_ops
 from ..executables.single_op import direct_call, op_executable, run_op_on_arrays
 from ..ir.nodes import GraphPlan, Node, OpSignature
-from ..pending.live import end_waiting, pending_roots
+from ..pending.live import end_waiting, set_aside, swept_roots
 from ..pending.realize import node_array, sync
 from .record import _x64, run_op_executable
 
@@ -63,6 +63,9 @@ class ModePolicy:
 
     def synced(self, state: ModeState) -> None:
         """After a sync (or a sync that found nothing to run)."""
+
+    def run_failed(self, state: ModeState, nodes: list) -> None:
+        """A run of the pending ``nodes`` raised; they stay pending."""
 
     def __repr__(self) -> str:
         return f"<mode policy {self.name}>"
@@ -102,8 +105,14 @@ class Eager(ModePolicy):
         # a read runs the whole open run (or every op waiting on a compile): the run is
         # one graph, and what was recorded after the value read would otherwise wait on
         if state.deferred:
-            return list(roots) + without_failed(pending_roots())
+            return list(roots) + without_failed(swept_roots())
         return roots
+
+    def run_failed(self, state, nodes):
+        # the failed run's ops stay pending, out of other reads' runs; the next op opens
+        # a new run
+        set_aside(nodes)
+        end_waiting()
 
     def synced(self, state):
         if state.deferred:  # the open run ran (or its ops were never needed)

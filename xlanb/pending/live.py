@@ -6,6 +6,7 @@ import weakref
 
 from ..base.session import mode_state, session
 from ..base.caches import cache
+from ..values.checks import without_nodes
 from ..values.peeks import peek_values
 from ..ir.nodes import Node
 
@@ -82,3 +83,27 @@ def pending_roots() -> list[Node]:
 
 def clear_peeks() -> None:
     peek_values.clear()
+
+
+# Eager: the pending nodes of a run that failed (a lowering error, say), by id. They stay
+# pending, and a read of one of them (or of a tensor computed from one) runs it again; but
+# a later read of anything else does not sweep them into its run. Otherwise one op that
+# cannot lower (a complex32 conversion in a PyTorch test) failed every read after it for
+# as long as its tensor lived (pytest keeps a failed test's frames: 56 of the unary
+# float32 cut's failures).
+_set_aside: dict = {}
+
+
+def set_aside(nodes) -> None:
+    """Keep the pending ``nodes`` out of other reads' runs (eager mode)."""
+    for node in nodes:
+        if node.data is None:
+            key = id(node)
+            _set_aside[key] = weakref.ref(node, lambda _, key=key: _set_aside.pop(key, None))
+
+
+def swept_roots() -> list[Node]:
+    """The pending roots a read in eager mode sweeps into its run: every pending root,
+    less those set aside by a failed run and those computed from them."""
+    roots = pending_roots()
+    return without_nodes(roots, _set_aside) if _set_aside else roots

@@ -50,7 +50,11 @@ def materialize(roots: list[Node], cause: str) -> None:
         checks = take_index_checks(device) if pending_index_checks else ()
         if not nodes and not checks:
             continue
-        plan, arrays = run_checked(nodes, checks, device, state.mode, cause, src)
+        try:
+            plan, arrays = run_checked(nodes, checks, device, state.mode, cause, src)
+        except Exception:  # (an interrupt is not the run's fault: it keeps what it swept)
+            state.policy.run_failed(state, nodes)
+            raise
         if observers:
             for fn in tuple(observers):
                 fn("graph", plan, (state.mode, cause, src))

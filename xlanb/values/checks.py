@@ -452,6 +452,11 @@ def without_failed(roots: list) -> list:
     can still run (the others stay pending, and raise when read)."""
     if not failed_nodes:
         return roots
+    return without_nodes(roots, failed_nodes)
+
+
+def without_nodes(roots: list, bad) -> list:
+    """``roots`` (pending nodes) less those computed from a node whose id is in ``bad``."""
     tainted: dict[int, bool] = {}
     for root in roots:
         stack = [root]
@@ -465,7 +470,7 @@ def without_failed(roots: list) -> list:
                 stack.extend(todo)
                 continue
             stack.pop()
-            tainted[id(n)] = id(n) in failed_nodes or any(tainted[id(i)] for i in n.inputs)
+            tainted[id(n)] = id(n) in bad or any(tainted[id(i)] for i in n.inputs)
     return [r for r in roots if not tainted[id(r)]]
 
 
