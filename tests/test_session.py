@@ -21,7 +21,7 @@ def test_reset_forgets_compiles_and_keeps_values(count):
     assert xlanb.graphs() and infos and dispatch.plans
     filled = {what for what, n in caches.registered() if n}
     assert {"op signature -> OpSignature", "(device, structural key) -> CompiledGraph",
-            "(shape, stride, dtype, device, offset) -> SigKey",
+            "(shape, stride, dtype, device) -> SigKey",
             "weakrefs of pending storages, in write order"} <= filled
     xlanb.reset()
     assert list(xlanb.graphs()) == []
