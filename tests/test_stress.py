@@ -38,7 +38,11 @@ def test_four_processes_race_on_one_fresh_store(tmp_path):
         assert p.returncode == 0, err[-3000:]
         results.append(json.loads(out.strip().splitlines()[-1]))
     values = [(r["a"], r["b"], r["c"]) for r in results]
-    assert all(v == values[0] for v in values)
+    # close, not equal: a process may find the optimized executable another one stored
+    # (a quick compile that took 0.5 s, on a loaded machine, tiers up at once), and the
+    # tiers round a multiply-add differently (compile.quick_options): 1 ulp
+    for v in values[1:]:
+        torch.testing.assert_close(v, values[0], rtol=1e-6, atol=1e-6)
     # what they wrote, together, is whole and signed: a fifth process loads it all
     out, err = _spawn(SCRIPT + "\nprint(json.dumps({'rejected': metrics.counter_value("
                       "'PersistentCacheRejected') or 0}))\n", env).communicate(timeout=300)
@@ -46,7 +50,7 @@ def test_four_processes_race_on_one_fresh_store(tmp_path):
     fifth, rejected = json.loads(lines[-2]), json.loads(lines[-1])["rejected"]
     assert rejected == 0, err[-2000:]
     assert fifth["counters"]["PersistentCacheHit"] >= 3 and fifth["counters"]["UncachedCompile"] == 1
-    assert (fifth["a"], fifth["b"], fifth["c"]) == values[0]
+    torch.testing.assert_close((fifth["a"], fifth["b"], fifth["c"]), values[0], rtol=1e-6, atol=1e-6)
 
 
 SIGINT_CHILD = """
