@@ -9,6 +9,7 @@ import itertools
 import re
 from html import unescape
 import shutil
+import time
 
 import pytest
 import torch
@@ -390,6 +391,14 @@ def test_metrics_dashboard_shows_counts_and_charts():
     dash.close()
 
 
+def _compile_threads_idle(timeout: float = 120.0) -> None:
+    """Wait until no compile runs or waits on xlanb's compile threads."""
+    from xlanb.runtime import jit
+    end = time.monotonic() + timeout
+    while jit.compiles_pending() and time.monotonic() < end:
+        time.sleep(0.02)
+
+
 def test_metrics_dashboard_refreshes_after_each_cell():
     IPython = pytest.importorskip("IPython")
     from IPython.core.interactiveshell import InteractiveShell
@@ -398,8 +407,10 @@ def test_metrics_dashboard_refreshes_after_each_cell():
     try:
         assert dash._post_run_cell in ip.events.callbacks["post_run_cell"]
         n = fresh()
+        _compile_threads_idle()  # an earlier test's tier-up must not land in these cells
         ip.run_cell(f"import torch, xlanb\nxlanb.set_mode('lazy')\n"
                     f"_t = torch.ones(2, {n}).to('xla') * 3\nxlanb.sync()", store_history=True)
+        _compile_threads_idle()  # (a quick compile of 0.5 s, loaded, tiers up at once)
         ip.run_cell("1 + 1", store_history=True)  # no xla work: no column
         assert len(dash._history) == 1
         cell = dash._history[0]
