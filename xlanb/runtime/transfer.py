@@ -49,26 +49,20 @@ def put(arr: np.ndarray, dev):
     garbage collector, restores the setting it saw when it began. So the dtype is
     checked, and a lost setting is said once, counted (``X64Lost``), and the copy done
     again rather than handed on with the wrong dtype."""
-    with jax.enable_x64(True):
-        data = jax.device_put(arr, dev)
-    if data.dtype != arr.dtype:
-        data = _put_again(arr, dev, data.dtype)
-    return data
-
-
-def _put_again(arr: np.ndarray, dev, got):
-    metrics.counter("X64Lost")
-    if metrics.counter_value("X64Lost") == 1:
-        warnings.warn(f"xlanb: a {arr.dtype} host array reached the device as {got} on "
-                      f"thread {threading.current_thread().name!r}: JAX's 64-bit setting was "
-                      "off inside xlanb's x64 block; copied again (metrics: X64Lost)",
-                      RuntimeWarning, stacklevel=4)
-    with jax.enable_x64(True):
-        data = jax.device_put(arr, dev)
-    if data.dtype != arr.dtype:
-        raise RuntimeError(f"xlanb: a {arr.dtype} host array reached the device as "
-                           f"{data.dtype} twice: JAX's 64-bit setting is off on this thread")
-    return data
+    for attempt in (1, 2):
+        with jax.enable_x64(True):
+            data = jax.device_put(arr, dev)
+        if data.dtype == arr.dtype:
+            return data
+        if attempt == 1:
+            metrics.counter("X64Lost")
+            if metrics.counter_value("X64Lost") == 1:
+                warnings.warn(f"xlanb: a {arr.dtype} host array reached the device as "
+                              f"{data.dtype} on thread {threading.current_thread().name!r}: "
+                              "JAX's 64-bit setting was off inside xlanb's x64 block; copied "
+                              "again (metrics: X64Lost)", RuntimeWarning, stacklevel=3)
+    raise RuntimeError(f"xlanb: a {arr.dtype} host array reached the device as "
+                       f"{data.dtype} twice: JAX's 64-bit setting is off on this thread")
 
 
 def array_to_host(arr) -> torch.Tensor:
