@@ -193,6 +193,24 @@ def test_a_value_read_twice_in_one_run_has_one_rounding(eager):
     torch.testing.assert_close(got.cpu(), flat[i.cpu()], rtol=0, atol=0)
 
 
+def test_a_small_run_compiles_unfused_and_a_large_one_fused(eager, count, same):
+    """The quick tier compiles a module of at most ``UNFUSED_MAX_OPS`` StableHLO ops
+    without XLA's fusion (quicker to compile, compile.compile_options), a larger one
+    with the fusion emitters; both give CPU torch's values."""
+    from xlanb.executables.compile import UNFUSED_MAX_OPS
+    cpu, x = _fresh(3)
+    same(_seq(x)[1], _seq(cpu)[1])
+    small = xlanb.graphs()[-1]
+    assert small.quick and " fusion(" not in small.hlo(optimized=True)
+    y, cy = x, cpu
+    for _ in range(UNFUSED_MAX_OPS // 4):  # new shapes: every signature is new
+        y, cy = torch.tanh(y[:, 1:] * 1.5 + y[:, 1:].exp()), torch.tanh(cy[:, 1:] * 1.5 + cy[:, 1:].exp())
+    same(y, cy)
+    big = xlanb.graphs()[-1]
+    assert big.quick and len(big.ops) > UNFUSED_MAX_OPS // 4
+    assert " fusion(" in big.hlo(optimized=True)
+
+
 def test_a_loop_over_rows_runs_op_by_op_and_compiles_each_signature_once(eager, count, same):
     """``torch.stack([op(r) for r in x])`` (PyTorch's test_batch_vs_slicing): the rows lie
     at different offsets of one storage, but the op's signature is the same for each, and

@@ -79,6 +79,31 @@ def quick_options(device: int):
     return _QUICK_CPU
 
 
+# A small module compiles quicker unfused: the fusion emitters cost a fixed ~60 ms per
+# compile and little per op, one kernel per op costs ~1 ms per op (pure JAX, blocks of
+# exp, mul, add, sum, softmax, matmul, tanh; StableHLO ops: unfused ms / emitters ms):
+#   29: 39 / 93   58: 75 / 126   116: 122 / 154   232: 254 / 177
+# (issue 47's six-op shape: 144 -> 66 ms per new shape in xlanb). Unfused, no producer
+# is copied into two fusions either, so every value is rounded once (see above).
+_UNFUSED_CPU = {"xla_cpu_use_fusion_emitters": False, "xla_disable_hlo_passes": "fusion"}
+UNFUSED_MAX_OPS = 128
+
+
+def lowered_ops(lowered) -> int:
+    """The StableHLO ops in ``lowered``'s functions (a reduction's body not counted)."""
+    return sum(len(block.operations) for func in lowered.compiler_ir().body.operations
+               for region in func.regions for block in region.blocks)
+
+
+def compile_options(tier: str, options, lowered):
+    """``options`` for this lowering: a small one at the quick tiers compiles unfused.
+    The choice follows from the lowering, so the store key need not hold it."""
+    if (tier in ("quick", "op_quick") and options is _QUICK_CPU
+            and lowered_ops(lowered) <= UNFUSED_MAX_OPS):
+        return {**options, **_UNFUSED_CPU}
+    return options
+
+
 def lower_op(info: OpSignature):
     n = info.n_in
     fn = info.fn
@@ -202,7 +227,8 @@ class Build:
         lowered = self.lower()
         exe = compile_lowered(lowered, metric=metric or self.metric,
                               lower_s=self.lowering.take_seconds(),
-                              compiler_options=self.options)
+                              compiler_options=compile_options(self.tier, self.options,
+                                                               lowered))
         key = self.key if keep else None
         if key is not None:
             store.store(key, exe)

@@ -580,12 +580,23 @@ def run_plan_as_graph(plan: GraphPlan, device: int, cause: str, src, placed=None
                     tier_up(rec, swap_when_done=False)
                 elif rec.hits >= 2:
                     finish_tier_up(rec)
-    return run_compiled(rec, arrays, plan.scalars,
-                        f"the graph of {len(plan.steps)} ops ({cause}) synced at "
-                        f"{format_loc(src) or '?'}", src)
+    return run_compiled(rec, arrays, plan.scalars, _SyncedGraph(len(plan.steps), cause, src),
+                        src)
 
 
-def run_compiled(rec: CompiledGraph, arrays, scalars, what: str, src) -> list:
+class _SyncedGraph:
+    """A synced graph as errors name it; the text is made only for an error (an eager
+    run's read makes one of these per run)."""
+    __slots__ = ("n", "cause", "src")
+
+    def __init__(self, n: int, cause: str, src):
+        self.n, self.cause, self.src = n, cause, src
+
+    def __str__(self) -> str:
+        return f"the graph of {self.n} ops ({self.cause}) synced at {format_loc(self.src) or '?'}"
+
+
+def run_compiled(rec: CompiledGraph, arrays, scalars, what, src) -> list:
     """The one step that runs a compiled graph, whatever made it (a sync, an eager run,
     an ``xlanb.compile`` replay); returns its outputs, ready. In order: its report for a
     target set since it compiled; its projected peak and ``xlanb.memory_limit``'s check
@@ -593,7 +604,7 @@ def run_compiled(rec: CompiledGraph, arrays, scalars, what: str, src) -> list:
     run it; the run, with a device out-of-memory error converted to one that names the
     graph; its time (``ExecuteTime``) and collectives counted. Nothing is written into
     any tensor here: the caller checks the outputs (index ranges, NaNs) first. ``what``
-    names the run in errors; ``src``: the user's line."""
+    names the run in errors (its ``str``); ``src``: the user's line."""
     start_target_compile(rec)  # a target set since it compiled
     check_graph(rec, rec.device, what)
     if config.memory_limit_target:

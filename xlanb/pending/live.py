@@ -2,6 +2,7 @@
 eager mode waits on, and the values peeks computed. ``pending_roots`` is what a sync runs."""
 from __future__ import annotations
 
+import threading
 import weakref
 
 from ..base.session import mode_state, session
@@ -18,6 +19,7 @@ from ..ir.nodes import Node
 # every recorded op; duplicates and dead entries are dropped when it is read or compacted.
 _live = cache([], "weakrefs of pending storages, in write order")
 _compact_at = 4096  # compact() sets it: twice the pending storages it left
+_trimming = threading.Lock()
 
 
 def track(storage) -> None:
@@ -27,22 +29,29 @@ def track(storage) -> None:
 
 
 def live_storages() -> list:
-    """Live storages with pending nodes, each once, in last-write order."""
-    seen = set()
-    out = []
-    for ref in reversed(_live):
-        s = ref()
-        if s is not None and s.node.data is None and id(s) not in seen:
-            seen.add(id(s))
-            out.append(s)
-    out.reverse()
+    """Live storages with pending nodes, each once, in last-write order. Drops what it
+    read past (dead, computed, written again), so each read scans only the writes since
+    the last: eager mode reads after every few ops, and a scan of the whole list (up to
+    ``_compact_at`` entries) was the largest cost of its cached path."""
+    with _trimming:
+        n = len(_live)  # another thread may append while this reads: those stay
+        seen = set()
+        out, kept = [], []
+        for ref in reversed(_live[:n]):
+            s = ref()
+            if s is not None and s.node.data is None and id(s) not in seen:
+                seen.add(id(s))
+                out.append(s)
+                kept.append(ref)
+        out.reverse()
+        kept.reverse()
+        _live[:n] = kept
     return out
 
 
 def compact() -> None:
     global _compact_at
-    _live[:] = [weakref.ref(s) for s in live_storages()]
-    _compact_at = max(4096, 2 * len(_live))
+    _compact_at = max(4096, 2 * len(live_storages()))
 
 
 # Eager mode: views whose cached value waits on a background compile (dispatch/dispatcher.py). A
