@@ -594,3 +594,29 @@ def test_ops_a_look_left_are_forgotten_once_compiled_in_opbyop_mode(monkeypatch)
         xlanb.peek(out2)
         assert not any(i in background._lower_soon for i in first)
         assert background._lower_soon
+
+
+def test_a_look_that_lowers_a_decomposition_first_gives_its_value():
+    """A look may be the first to lower an op, and a decomposition's torch ops reach
+    xlanb through ``__torch_dispatch__``: repr and ``xlanb.peek`` must not look with it
+    turned off (``torch.rad2deg``'s ``self * c`` failed as aten::mul.out on the xla
+    backend; PyTorch's test_reference_numerics formats its small inputs)."""
+    code = textwrap.dedent("""
+        import json, torch, xlanb
+        out = {}
+        for i, mode in enumerate(("eager", "lazy", "opbyop")):
+            xlanb.set_mode(mode)
+            for look in ("repr", "peek"):
+                # a length of its own: every op is new to the process
+                x = torch.tensor([0.5, -1.0, 2.0] + [0.0] * i).to("xla")
+                a = torch.deg2rad(x) if look == "repr" else torch.rad2deg(x)
+                text = repr(a) if look == "repr" else str(xlanb.peek(a))
+                out[mode + " " + look] = [text, a.cpu().tolist()[:3]]
+        print(json.dumps(out))
+    """)
+    got = last_json_line(run_python(code, env={"XLANB_STORE_DIR": ""}))
+    for key, (text, values) in got.items():
+        want = torch.deg2rad(torch.tensor([0.5, -1.0, 2.0])) if "repr" in key else \
+            torch.rad2deg(torch.tensor([0.5, -1.0, 2.0]))
+        assert str(round(float(want[2]), 4)) in text, (key, text)
+        torch.testing.assert_close(torch.tensor(values), want)

@@ -28,7 +28,9 @@ def to_host(t, *, cause: str) -> torch.Tensor:
 def peek_host(t) -> torch.Tensor:
     """``t``'s value as a CPU tensor, computed op by op: nothing pending changes."""
     with torch._C._DisableTorchDispatch():
-        return array_to_host(peek_node(value_node(t)))
+        node = value_node(t)
+    # the look may lower a decomposition, whose torch ops need __torch_dispatch__
+    return array_to_host(peek_node(node))
 
 
 set_handler("to_host", to_host)

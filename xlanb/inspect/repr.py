@@ -33,18 +33,21 @@ def tensor_repr(t) -> str:
         suffix.append("requires_grad=True")
     with torch._C._DisableTorchDispatch():
         node = value_node(t)
-        if how == "meta":
-            return (f"tensor(<{_pending_ops(node)} pending ops>, size={tuple(t.shape)}, "
-                    f"dtype={t.dtype}, {', '.join(suffix)})")
-        if how == "sync":
-            host = to_host(t, cause="repr (config.inspect='sync')")
-        else:
-            arr = peek_node(node)
-            if not getattr(arr, "is_fully_addressable", True) and not arr.is_fully_replicated:
-                return _local_repr(t, arr, suffix)
-            host = array_to_host(arr)
-            if host.dtype != t.dtype:
-                host = host.to(t.dtype)
+    # Not inside that guard: what the look runs may lower a decomposition, whose torch
+    # ops reach xlanb through __torch_dispatch__ (rad2deg's ``self * c`` failed as
+    # aten::mul.out on the xla backend when a look was its first lowering)
+    if how == "meta":
+        return (f"tensor(<{_pending_ops(node)} pending ops>, size={tuple(t.shape)}, "
+                f"dtype={t.dtype}, {', '.join(suffix)})")
+    if how == "sync":
+        host = to_host(t, cause="repr (config.inspect='sync')")
+    else:
+        arr = peek_node(node)
+        if not getattr(arr, "is_fully_addressable", True) and not arr.is_fully_replicated:
+            return _local_repr(t, arr, suffix)
+        host = array_to_host(arr)
+        if host.dtype != t.dtype:
+            host = host.to(t.dtype)
     body = repr(host)
     return body[:-1] + ", " + ", ".join(suffix) + ")"
 
