@@ -211,6 +211,35 @@ def test_a_small_run_compiles_unfused_and_a_large_one_fused(eager, count, same):
     assert " fusion(" in big.hlo(optimized=True)
 
 
+def test_a_module_that_hands_out_most_of_its_values_compiles_unfused():
+    """The emitters' cost goes with the number of fusions, one per value handed out:
+    ``unbind`` of many rows compiles unfused at the quick tier whatever its size, a
+    large module with few results keeps the emitters (compile.unfused)."""
+    import jax
+    import jax.numpy as jnp
+    from xlanb.executables import compile as C
+
+    def chain(x):
+        for _ in range(40):
+            x = jnp.tanh(x * 1.5 + jnp.exp(x))
+        return x
+
+    spec = jax.ShapeDtypeStruct((300, 8), jnp.float32)
+    rows = jax.jit(lambda x: [x[i] for i in range(x.shape[0])]).lower(spec)
+    big = jax.jit(chain).lower(spec)
+    assert C.lowered_ops(rows) > C.UNFUSED_MAX_OPS and C.lowered_ops(big) > C.UNFUSED_MAX_OPS
+    quick = C.tier_options("quick", 0)
+    assert C.compile_options("quick", quick, rows)["xla_disable_hlo_passes"] == "fusion"
+    assert C.compile_options("quick", quick, big) is quick
+    assert C.compile_options("full", None, rows) is None  # tier-ups stay XLA's defaults
+    # a standalone scatter unfused at -O0 gave wrong values (x.t().copy_(y)): a small
+    # module with one keeps the emitters
+    small = jax.jit(lambda b, i, v: b.at[i].set(v)).lower(
+        spec, jax.ShapeDtypeStruct((3,), jnp.int32), jax.ShapeDtypeStruct((3, 8), jnp.float32))
+    assert C.lowered_ops(small) <= C.UNFUSED_MAX_OPS
+    assert C.compile_options("quick", quick, small) is quick
+
+
 def test_a_loop_over_rows_runs_op_by_op_and_compiles_each_signature_once(eager, count, same):
     """``torch.stack([op(r) for r in x])`` (PyTorch's test_batch_vs_slicing): the rows lie
     at different offsets of one storage, but the op's signature is the same for each, and
@@ -229,20 +258,32 @@ def test_a_loop_over_rows_runs_op_by_op_and_compiles_each_signature_once(eager, 
     assert count("OpCompile") - compiles <= 1  # (mul)
 
 
-def test_views_at_other_offsets_keep_their_own_signatures(eager, same):
-    """A view's result lies at an offset its input decides: ops of the view kind keep the
-    offsets in their signature, functional ops do not (ir/tensor.SigKey)."""
+def test_views_at_other_offsets_share_a_signature_and_land_at_their_own_offsets(eager, same):
+    """A view's result lies at an offset its input decides: a view's signature leaves
+    the offsets out and its result's offset moves with its input's, scaled by the
+    element sizes (dispatcher._view_meta); in-place ops keep them (ir/tensor.SigKey)."""
     cpu = torch.arange(24.).reshape(4, 6)
     x = cpu.to("xla")
+    sigs = set()
     for i in range(4):
         row, crow = x[i], cpu[i]
         assert row.storage_offset() == crow.storage_offset() == 6 * i
         v, cv = row[2:], crow[2:]
-        assert v.storage_offset() == cv.storage_offset()
+        u, cu = row.unsqueeze(0), crow.unsqueeze(0)
+        assert v.storage_offset() == cv.storage_offset() and u.storage_offset() == cu.storage_offset()
+        sigs.add(id(v._view[-1][0]))
         v.mul_(2.0)
         cv.mul_(2.0)
         same(torch.exp(row), torch.exp(crow))
+        same(u, cu)
+    assert len(sigs) == 1  # row[2:] of each row: one OpSignature
     same(x, cpu)
+    z = torch.randn(3, 4, dtype=torch.complex64)
+    zx = z.to("xla")
+    for i in range(3):  # a view that changes the element size scales the offset
+        r, cr = torch.view_as_real(zx[i]), torch.view_as_real(z[i])
+        assert r.storage_offset() == cr.storage_offset() == 8 * i
+        same(r, cr)
 
 
 def test_in_place_updates_on_views_inside_a_run(eager, same):

@@ -30,9 +30,10 @@ class SigKey:
     """A tensor's element in an op signature: its (shape, stride, dtype, device),
     interned once per distinct layout. Not its storage offset: a functional op's result
     does not depend on where its input lies in its storage, and ``op(s) for s in x``
-    would otherwise make one signature, and one compile, per row; ops whose result lies
-    at an offset their inputs decide (views, in-place, out=) add the offsets to their
-    signature (dispatcher._dispatch_general). Signatures hash and compare it by identity, which
+    would otherwise make one signature, and one compile, per row; in-place and out= ops,
+    whose result lies where their inputs do, add the offsets to their signature
+    (dispatcher._dispatch_general). A view does not: its result's offset moves with its
+    input's (dispatcher._view_meta). Signatures hash and compare it by identity, which
     is fast, and no static argument (an int, a bool, a tuple) can ever equal it: an int
     key could, and ``mul(x, t)`` would then find the OpSignature of ``mul(x, 3)``."""
 
