@@ -238,6 +238,19 @@ def test_a_module_that_hands_out_most_of_its_values_compiles_unfused():
         spec, jax.ShapeDtypeStruct((3,), jnp.int32), jax.ShapeDtypeStruct((3, 8), jnp.float32))
     assert C.lowered_ops(small) <= C.UNFUSED_MAX_OPS
     assert C.compile_options("quick", quick, small) is quick
+    # so does a transpose: unfused at -O0, x.T.reshape(-1) came back in x's order
+    flat_t = jax.jit(lambda x: x.T.reshape(-1)).lower(spec)
+    assert C.compile_options("quick", quick, flat_t) is quick
+
+
+@pytest.mark.parametrize("mode", ["eager", "lazy"])
+def test_a_transpose_reshaped_in_a_quick_graph_keeps_its_order(mode, same):
+    """XLA:CPU's legacy emitters at -O0 without fusion returned ``x.t().reshape(-1)`` in
+    x's own order (compile._UNFUSED_OK)."""
+    xlanb.set_mode(mode)
+    cpu, x = _fresh(5)
+    same(x.t().reshape(-1) * 2, cpu.t().reshape(-1) * 2)
+    same(torch.cat([x.t(), x.t()]).reshape(-1), torch.cat([cpu.t(), cpu.t()]).reshape(-1))
 
 
 def test_a_loop_over_rows_runs_op_by_op_and_compiles_each_signature_once(eager, count, same):

@@ -89,19 +89,21 @@ _UNFUSED_CPU = {"xla_cpu_use_fusion_emitters": False, "xla_disable_hlo_passes": 
 UNFUSED_MAX_OPS = 128
 
 
-# What may compile unfused: ops that compute a new value from their operands. XLA:CPU's
-# legacy emitters at -O0 without fusion wrote a standalone scatter wrongly (a write
-# through a transposed view, .t().copy_(y): y's values landed row-major; pure JAX
-# reproduces it; -O3 unfused, -O0 fused and the fusion emitters were right), so a
-# module with any other op (scatter, gather, dynamic slices, sort, loops, custom
-# calls, random bits, windows, convolutions) keeps the fusion emitters.
+# What may compile unfused. XLA:CPU's legacy emitters at -O0 without fusion give wrong
+# values for a transpose whose result is reshaped (jnp: x.T.reshape(-1), pure JAX; the
+# transpose becomes a layout the reshape then ignores): a write through a transposed
+# view (.t().copy_(y)) landed row-major, and stft and bilinear interpolation (a dot
+# beside a transpose) were wrong in most elements. -O3 unfused, -O0 fused and the
+# fusion emitters were right. So a module with a transpose or a dot (which chooses its
+# operands' layouts), or with any op not listed (scatter, gather, dynamic slices, sort,
+# loops, custom calls, random bits, windows, convolutions) keeps the fusion emitters.
 _UNFUSED_OK = frozenset(f"stablehlo.{n}" for n in (
     "constant add subtract multiply divide remainder negate abs exponential "
     "exponential_minus_one log log_plus_one logistic tanh sine cosine tan sqrt rsqrt cbrt "
     "power maximum minimum floor ceil round_nearest_afz round_nearest_even sign not and or "
     "xor shift_left shift_right_arithmetic shift_right_logical compare select clamp "
-    "convert bitcast_convert broadcast_in_dim reshape transpose slice concatenate reduce "
-    "iota is_finite atan2 real imag complex dot_general pad reverse popcnt "
+    "convert bitcast_convert broadcast_in_dim reshape slice concatenate reduce "
+    "iota is_finite atan2 real imag complex pad reverse popcnt "
     "count_leading_zeros return").split()) | {"func.return", "func.call"}
 
 
