@@ -348,6 +348,26 @@ def test_a_quick_run_that_runs_again_tiers_up_to_its_optimized_executable(eager,
     assert store.load(g._store_key(), g.device) is not None  # a new process finds it
 
 
+def test_a_big_quick_run_tiers_up_at_its_third_run_as_a_lazy_graph_does(eager, count):
+    """A run whose quick compile took long (a training step) starts its optimized
+    compile after its second run and swaps it in at its third, waiting for it: at that
+    run whatever the compile's speed (swapped in when ready, BERT's came after eight
+    steps or more, on two cores). Values stay CPU torch's."""
+    cpu, x = _fresh(4)
+    want = _seq(cpu)[0]
+    torch.testing.assert_close(_seq(x)[0].cpu(), want)
+    g = xlanb.graphs()[-1]
+    assert g.quick and g._tiering is None
+    from xlanb.execute import graphs
+    g.compile_time = graphs.QUICK_BIG_S  # as long as a big graph's quick compile
+    torch.testing.assert_close(_seq(x)[0].cpu(), want)
+    assert g._tiering is not None
+    g._tiering.result(timeout=120)  # even when it is ready, the swap waits for run 3
+    assert g.quick and count("GraphTierUp") == 0
+    torch.testing.assert_close(_seq(x)[0].cpu(), want)
+    assert not g.quick and count("GraphTierUp") == 1
+
+
 def test_a_cnn_backward_run_at_the_quick_tier_matches_cpu(eager):
     """The backward of conv -> batch norm -> max pool, one eager run compiled at the quick
     tier: conv1's weight gradient was off by 0.08 (of 0.45) while max pool found its taps

@@ -488,7 +488,7 @@ def _swap(rec: CompiledGraph, future) -> None:
 
 
 def finish_tier_up(rec: CompiledGraph) -> None:
-    """A lazy graph's third run: its optimized executable (started at its second run)
+    """A lazy graph's (or a big eager run's) third run: its optimized executable (started at its second run)
     takes the quick one's place, waited for if it is still compiling. At a fixed run,
     so that a training loop's values never depend on how quick the compile was (the
     tiers round differently: XLA's defaults contract a multiply-add into an FMA). Not
@@ -556,13 +556,22 @@ def run_plan_as_graph(plan: GraphPlan, device: int, cause: str, src, placed=None
         metrics.counter("EagerRunCompile" if fresh else "EagerRunCacheHit")
         if not fresh:
             rec.hits += 1
-            # Its optimized compile (3-5x the quick one's time) pays once the graph has
-            # run for as long as its quick compile took: a graph that runs in
-            # microseconds never tiers up. A graph whose quick compile took long is a
-            # big one (a training step), whose quick code runs 3-5x slower (the BERT
-            # step: 0.6-0.9 s against 0.18 s): it tiers up the first time it comes back.
-            if rec.quick and (rec.run_time >= rec.compile_time
-                              or rec.compile_time >= QUICK_BIG_S):
+            if rec.quick and rec.compile_time >= QUICK_BIG_S:
+                # A big graph (a training step), whose quick code runs 3-5x slower (the
+                # BERT step: 0.35-0.55 s against 0.10): as a lazy graph does, its
+                # optimized compile starts after its second run and its third waits for
+                # it. Swapped in whenever it was ready, it came after 8 steps or more:
+                # the compile threads share two cores with the steps (BERT's eager
+                # steady step was 0.9 s). At a fixed run, a loop's values do not depend
+                # on how quick the compile was either.
+                if rec._tiering is None:
+                    tier_up_after = False
+                elif rec.hits >= 2:
+                    finish_tier_up(rec)
+            elif rec.quick and rec.run_time >= rec.compile_time:
+                # a small graph's optimized compile pays once it has run for as long as
+                # its quick compile took (one that runs in microseconds never tiers
+                # up); it takes the quick one's place when ready: nobody waits for it
                 tier_up_after = True
     else:
         _syncs_at[src] = _syncs_at.get(src, 0) + 1
