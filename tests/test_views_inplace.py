@@ -178,7 +178,16 @@ def as_strided_of_a_view(dev):
     return [a, b, x, torch.tensor([v.storage_offset(), a.storage_offset()]).to(dev)]
 
 
-SCENARIOS = [inplace_view_ops, as_strided_of_a_view, index_add_one, view_flat_add_, transpose_copy_, slice_assign_zero,
+def prims_broadcast_in_dim(dev):
+    # a prim view torch's _refs make (PyTorch's _refs.nn.functional.prelu tests); it has
+    # no aten decomposition, so it needs a lowering of its own
+    x = _base(dev, (3,))
+    b = torch.ops.prims.broadcast_in_dim(x, [2, 3, 4], [1])
+    w = _base(dev, (4,)) * 0.25
+    return [b * 2, torch._refs.nn.functional.prelu(_base(dev, (2, 4)), w)]
+
+
+SCENARIOS = [prims_broadcast_in_dim, inplace_view_ops, as_strided_of_a_view, index_add_one, view_flat_add_, transpose_copy_, slice_assign_zero,
              slice_assign_tensor, out_add, out_variants, out_into_view, chained_views_write,
              write_visible_via_base_and_other_views, base_write_visible_via_view,
              inplace_on_view_of_view_then_read_base, diagonal_zero_,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from xlanb.base.dtypes import to_jax_dtype
@@ -87,6 +88,12 @@ def expand(x, size, *, implicit=False):
     shape = (1,) * (len(size) - x.ndim) + x.shape
     target = tuple(s if t == -1 else t for s, t in zip(shape, size))
     return jnp.broadcast_to(x.reshape(shape), target)
+
+
+@register(torch.ops.prims.broadcast_in_dim.default)
+def broadcast_in_dim(x, shape, broadcast_dimensions):
+    # a view torch's _refs make (_refs.nn.functional.prelu); a prim, so no decomposition
+    return lax.broadcast_in_dim(x, tuple(shape), tuple(broadcast_dimensions))
 
 
 @register(aten.unsqueeze.default, aten.unsqueeze_copy.default)
