@@ -221,3 +221,16 @@ def test_is_this_frame_xlanbs_is_answered_in_frames_only():
                     and rel.startswith("xlanb")):
                 offenders.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
     assert not offenders, "\n".join(offenders)
+
+
+@pytest.mark.parametrize("path", ["eager-cold", "lazy-warm"])
+def test_an_op_turns_upward_only_through_the_mode_policy_hook(path):
+    """Followed from its line to its value (tools/follow_an_op, a child process), an op
+    calls up the layer order only where a read asks the mode's policy what to run
+    (``realize`` -> ``roots_to_run``, ``run_sync_plan``, ``synced``), not through a
+    lambda or a property a lower layer was handed (the build's lowering function and a
+    graph's ``memory`` were both, once)."""
+    from tools import follow_an_op
+    up = follow_an_op.follow(path)["up"]
+    assert up and all(caller == "xlanb.pending.realize" and callee == "xlanb.modes.policy"
+                      for caller, callee, _ in up), up

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import sys
 import time
 import warnings
@@ -445,7 +446,9 @@ def _note_partitioning(rec: CompiledGraph, plan: GraphPlan, exe, mesh) -> None:
 def graph_build(lowering: GraphLowering, device: int, metric: str) -> Build:
     """How a graph's optimized executable is made: stored under its lowering's hash,
     unless it is on a mesh (a sharding's devices are this process's own)."""
-    return Build(device, lambda: lowering.lower("LowerTime"), metric=metric,
+    # (a partial, not a lambda: the build calls into the lowering's own layer, not back
+    # up into this module)
+    return Build(device, functools.partial(lowering.lower, "LowerTime"), metric=metric,
                  description=lowering.hash.encode() if lowering.shardings is None else None)
 
 
@@ -621,7 +624,7 @@ def run_compiled(rec: CompiledGraph, arrays, scalars, what, src) -> list:
     any tensor here: the caller checks the outputs (index ranges, NaNs) first. ``what``
     names the run in errors (its ``str``); ``src``: the user's line."""
     start_target_compile(rec)  # a target set since it compiled
-    check_graph(rec, rec.device, what)
+    check_graph(rec, rec.device, what, rec.memory)
     if config.memory_limit_target:
         check_target_fit(rec, what)
     if session.agree is not None:  # several processes: all about to run the same one

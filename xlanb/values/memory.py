@@ -729,22 +729,25 @@ class MemoryForecast(NamedTuple):
     __repr__ = __str__
 
 
-def forecast(rec, index: int) -> MemoryForecast | None:
-    """The projected peak of running ``rec`` (a CompiledGraph) on xla:``index`` now."""
-    mem = rec.memory
+def forecast(rec, index: int, mem=None) -> MemoryForecast | None:
+    """The projected peak of running ``rec`` (a CompiledGraph) on xla:``index`` now.
+    ``mem``: its ``GraphMemory``, where the caller has it (else read from ``rec``)."""
+    if mem is None:
+        mem = rec.memory
     if mem is None:
         return None
     live = device_bytes().get(index, 0)
     return MemoryForecast(rec, live, live + mem.extra_bytes, config.memory_limit)
 
 
-def check_graph(rec, index: int, what: str) -> None:
+def check_graph(rec, index: int, what: str, mem=None) -> None:
     """Before ``rec`` (a CompiledGraph) runs on xla:``index``: raise DeviceMemoryError if
-    the live buffers plus what it adds would pass the limit. Notes the projected peak."""
-    f = forecast(rec, index)
+    the live buffers plus what it adds (``mem``, its ``GraphMemory``, as ``forecast``
+    takes it) would pass the limit. Notes the projected peak."""
+    f = forecast(rec, index, mem)
     if f is None:
         return
-    mem, live, projected = rec.memory, f.live, f.projected
+    mem, live, projected = f.graph.memory if mem is None else mem, f.live, f.projected
     _note_peak(index, projected)
     limit = config.memory_limit
     if limit is None or projected <= limit:
