@@ -169,6 +169,14 @@ def test_unary_special_values():
     check(aten.round.decimals, r(7) * 10, decimals=2)
 
 
+def test_digamma_at_its_poles():
+    # torch: -inf at +0, +inf at -0, NaN at the negative integers (JAX: NaN at +-0);
+    # polygamma of order 0 is digamma
+    x = torch.tensor([0.0, -0.0, -1.0, -2.0, 1e-8, -1e-8, 0.5])
+    check(aten.digamma.default, x)
+    check(aten.polygamma.default, 0, x)
+
+
 def test_float64_and_int64_exact():
     x = r(5, dtype=torch.float64)
     check(aten.exp.default, x, rtol=1e-14, atol=0)

@@ -73,7 +73,8 @@ register(aten.sign.default, aten.sgn.default)(lambda x: x if x.dtype == jnp.bool
 @register(aten.digamma.default)
 def digamma(x):
     x = to_float(x)
-    return jnp.where(x == 0, -jnp.inf, lax.digamma(x))  # torch: -inf at 0 (JAX: NaN)
+    # torch: -inf at +0 and +inf at -0 (copysign(inf, -x)); JAX gives NaN at both
+    return jnp.where(x == 0, jnp.copysign(jnp.asarray(jnp.inf, x.dtype), -x), lax.digamma(x))
 register(aten.signbit.default)(jnp.signbit)
 register(aten.bitwise_not.default)(jnp.invert)
 register(aten.logical_not.default)(jnp.logical_not)

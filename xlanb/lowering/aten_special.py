@@ -14,6 +14,7 @@ from jax import lax
 
 from xlanb.lowering import _cephes as C
 from xlanb.lowering._util import aten, default_float, to_float
+from xlanb.lowering.aten_elementwise import digamma
 from xlanb.lowering.registry import register
 
 
@@ -123,8 +124,8 @@ def _trigamma(x):
 @register(aten.polygamma.default)
 def polygamma(n, x):
     x = _f(x)
-    if n == 0:
-        return jss.digamma(x)
+    if n == 0:  # digamma, with torch's infinities at +-0
+        return digamma(x)
     if n == 1:
         return _trigamma(x)
     fact = float(math.factorial(n))
