@@ -448,7 +448,8 @@ def graph_build(lowering: GraphLowering, device: int, metric: str) -> Build:
     unless it is on a mesh (a sharding's devices are this process's own)."""
     # (a partial, not a lambda: the build calls into the lowering's own layer, not back
     # up into this module)
-    return Build(device, functools.partial(lowering.lower, "LowerTime"), metric=metric,
+    lower = functools.partial(lowering.lower, lower_metric="LowerTime")
+    return Build(device, lower, metric=metric,
                  description=lowering.hash.encode() if lowering.shardings is None else None)
 
 
