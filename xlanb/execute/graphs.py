@@ -492,12 +492,12 @@ def _swap(rec: CompiledGraph, future) -> None:
 
 
 def finish_tier_up(rec: CompiledGraph) -> None:
-    """A lazy graph's (or a big eager run's) third run: its optimized executable (started at its second run)
-    takes the quick one's place, waited for if it is still compiling. At a fixed run,
-    so that a training loop's values never depend on how quick the compile was (the
-    tiers round differently: XLA's defaults contract a multiply-add into an FMA). Not
-    while a look holds back the compile threads' later work (``later_held``): it would
-    wait on itself; the quick one runs once more."""
+    """A lazy graph's (or a big eager run's) third run: its optimized executable
+    (started at its second run) takes the quick one's place, waited for if it is still
+    compiling. At a fixed run, so that a training loop's values never depend on how
+    quick the compile was (the tiers round differently: XLA's defaults contract a
+    multiply-add into an FMA). Not while a look holds back the compile threads' later
+    work (``later_held``): it would wait on itself; the quick one runs once more."""
     future = rec._tiering
     if future is None or not rec.quick or (not future.done() and later_is_held()):
         return
@@ -568,10 +568,7 @@ def run_plan_as_graph(plan: GraphPlan, device: int, cause: str, src, placed=None
                 # the compile threads share two cores with the steps (BERT's eager
                 # steady step was 0.9 s). At a fixed run, a loop's values do not depend
                 # on how quick the compile was either.
-                if rec._tiering is None:
-                    tier_up_after = False
-                elif rec.hits >= 2:
-                    finish_tier_up(rec)
+                tier_up_after = _at_a_fixed_run(rec)
             elif rec.quick and rec.run_time >= rec.compile_time:
                 # a small graph's optimized compile pays once it has run for as long as
                 # its quick compile took (one that runs in microseconds never tiers
@@ -592,15 +589,23 @@ def run_plan_as_graph(plan: GraphPlan, device: int, cause: str, src, placed=None
                 # its second (a big graph's: at its first) and runs from its third. A
                 # graph that runs once (most of an interactive session's, a test's)
                 # never pays for it.
-                if rec._tiering is None:
-                    tier_up_after = False
-                elif rec.hits >= 2:
-                    finish_tier_up(rec)
+                tier_up_after = _at_a_fixed_run(rec)
     outs = run_compiled(rec, arrays, plan.scalars, _SyncedGraph(len(plan.steps), cause, src),
                         src)
     if tier_up_after is not None:
         tier_up(rec, swap_when_done=tier_up_after)
     return outs
+
+
+def _at_a_fixed_run(rec: CompiledGraph):
+    """A quick graph that came back, tiered up at a fixed run: False (its optimized
+    compile starts after this run, to be swapped in at a later one) if none started
+    yet; else, from its third run, the swap (``finish_tier_up``), and None."""
+    if rec._tiering is None:
+        return False
+    if rec.hits >= 2:
+        finish_tier_up(rec)
+    return None
 
 
 class _SyncedGraph:

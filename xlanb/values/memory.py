@@ -744,10 +744,12 @@ def check_graph(rec, index: int, what: str, mem=None) -> None:
     """Before ``rec`` (a CompiledGraph) runs on xla:``index``: raise DeviceMemoryError if
     the live buffers plus what it adds (``mem``, its ``GraphMemory``, as ``forecast``
     takes it) would pass the limit. Notes the projected peak."""
+    if mem is None:
+        mem = rec.memory
     f = forecast(rec, index, mem)
     if f is None:
         return
-    mem, live, projected = f.graph.memory if mem is None else mem, f.live, f.projected
+    live, projected = f.live, f.projected
     _note_peak(index, projected)
     limit = config.memory_limit
     if limit is None or projected <= limit:
