@@ -257,12 +257,14 @@ def test_opbyop_training_step_second_time_compiles_nothing():
 def test_a_lazy_graph_runs_quick_twice_then_its_optimized_executable():
     """A new lazy graph compiles with the quick tier; its optimized compile starts at its
     second run and replaces it at its third, at that run whatever the compile's speed
-    (so a loop's values never depend on timing); the values stay CPU torch's."""
+    (so a loop's values never depend on timing); the values stay CPU torch's. Both tiers
+    compile the one lowering: the tier-up does not trace the graph again."""
     xlanb.set_mode("lazy")
     cpu = torch.randn(5, 1013)
     x = cpu.to("xla")
     xlanb.sync()
     quick0, up0 = c("QuickCompile"), c("GraphTierUp")
+    lowered0 = _lowerings()
     want = (cpu * 1.5 + 2.0).tanh().sum(dim=1)
 
     def step():
@@ -282,6 +284,12 @@ def test_a_lazy_graph_runs_quick_twice_then_its_optimized_executable():
     torch.testing.assert_close(step().cpu(), want)
     assert not g.quick and c("GraphTierUp") == up0 + 1
     assert c("QuickCompile") == quick0 + 1  # one graph, compiled quickly once
+    assert _lowerings() == lowered0 + 1
+
+
+def _lowerings() -> int:
+    data = metrics.metric_data("LowerTime")
+    return data.count if data is not None else 0
 
 
 def test_quick_compiles_off_compile_lazy_graphs_optimized(monkeypatch):

@@ -215,6 +215,9 @@ def test_hlo_metadata_names_user_line_and_scope():
     for k in addmm + relu:
         file, line, fn = srcs[k]
         assert file == __file__ and line == _line("HLO-LINE") and fn == "forward"
+    # one frame per instruction, the user's: not the lowering's own stack under it
+    files = text[text.index("FileNames"):text.index("FunctionNames")]
+    assert "xlanb" not in files and "parent_frame_id=0" not in text, files
     # metadata is no part of the key: the same structure from another line hits the cache
     n = len(xlanb.graphs())
     m2 = _Small().to("xla")

@@ -12,6 +12,7 @@ before anything asks JAX for a backend.
 from __future__ import annotations
 
 __all__ = ["mlir_module", "backends_started", "initialize_lapack", "source_info",
+           "locations_frame_limit",
            "hlo_module_cost_analysis", "distributed_client"]
 
 
@@ -47,6 +48,14 @@ def source_info():
     (executables/stages.py). Raises ImportError or AttributeError where JAX moved them."""
     from jax._src import source_info_util as siu
     return siu.Traceback.get_traceback, siu._source_info_context
+
+
+def locations_frame_limit(frames: int):
+    """A context in which JAX's MLIR locations keep at most ``frames`` Python frames
+    (``jax_traceback_in_locations_limit``, a thread-local setting; its public
+    ``jax.config.update`` is process-wide)."""
+    from jax._src import config
+    return config.traceback_in_locations_limit(frames)
 
 
 def hlo_module_cost_analysis(client, hlo_text: str) -> dict:
