@@ -287,6 +287,37 @@ def test_a_lazy_graph_runs_quick_twice_then_its_optimized_executable():
     assert _lowerings() == lowered0 + 1
 
 
+def test_a_big_lazy_graph_stores_its_optimized_executable_not_its_quick_one(monkeypatch,
+                                                                           tmp_path):
+    """A lazy graph whose quick compile took long (a training step) starts its optimized
+    compile right after its first run; only that one goes to the store, where a new
+    process (here: a cleared graph cache) finds it and runs it without compiling."""
+    from xlanb import config
+    from xlanb.execute import graphs
+    monkeypatch.setattr(graphs, "QUICK_BIG_S", 0.0)  # every graph counts as big
+    monkeypatch.setattr(config, "store_dir", str(tmp_path))
+    xlanb.set_mode("lazy")
+    cpu = torch.randn(4, 1021)
+    x = cpu.to("xla")
+    xlanb.sync()
+    writes0 = c("PersistentCacheWrite")
+    y = (x * 0.5 - 1.0).exp().sum(dim=0)
+    xlanb.sync()
+    g = xlanb.graphs()[-1]
+    assert g.quick and g._tiering is not None  # its optimized compile started at once
+    assert c("PersistentCacheWrite") == writes0  # the quick one was not stored
+    g._tiering.result()
+    assert c("PersistentCacheWrite") == writes0 + 1
+    torch.testing.assert_close(y.cpu(), (cpu * 0.5 - 1.0).exp().sum(dim=0))
+    graphs.clear_graph_cache()
+    quick0, hits0, lowered0 = c("QuickCompile"), c("PersistentCacheHit"), _lowerings()
+    z = (x * 0.5 - 1.0).exp().sum(dim=0)
+    xlanb.sync()
+    assert c("QuickCompile") == quick0 and _lowerings() == lowered0  # nothing compiled
+    assert c("PersistentCacheHit") == hits0 + 1 and not xlanb.graphs()[-1].quick
+    torch.testing.assert_close(z.cpu(), (cpu * 0.5 - 1.0).exp().sum(dim=0))
+
+
 def _lowerings() -> int:
     data = metrics.metric_data("LowerTime")
     return data.count if data is not None else 0

@@ -267,10 +267,15 @@ class Build:
                               lower_s=self.lowering.take_seconds(),
                               compiler_options=compile_options(self.tier, self.options,
                                                                lowered))
-        key = self.key if keep else None
+        if keep:
+            self.store(exe)
+        return exe
+
+    def store(self, exe) -> None:
+        """Write ``exe`` to the store under the build's key (nothing if it has none)."""
+        key = self.key
         if key is not None:
             store.store(key, exe)
-        return exe
 
     def executable(self):
         exe = self.stored()

@@ -380,8 +380,8 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
     A graph on one device (a lazy graph, or ``quick``: an eager run) is the optimized
     executable if there is one, in memory or in the store (``tier_up`` makes one), else
     the quick one: from the store, where it has a key of its own (its options), or
-    compiled now and stored there, so that a new process runs the same program without
-    lowering anything."""
+    compiled now and stored there (but for a big lazy graph's, whose optimized one is
+    stored soon), so that a new process runs the same program without lowering anything."""
     shardings = tuple(sharding_of(a) for a in arrays) if mesh is not None else None
     key = (device, plan.key) if shardings is None else (device, plan.key, shardings, keep)
     tiered = shardings is None and config.quick_compiles
@@ -396,16 +396,22 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
         # key of its own (its options)
         if not build.in_store():  # (a look that counts no miss)
             build = build.at("quick")
-    quick = build.tier == "quick"
+    eager_run, quick = quick, build.tier == "quick"
     exe = build.stored()
     if exe is None:
         try:
-            exe = _compile_graph(build)
+            exe = _compile_graph(build, keep=not quick)
         except Exception as e:
             e.add_note(f"xlanb: while compiling a graph of {len(plan.steps)} ops ({cause}) "
                        f"synced at {format_loc(src) or '?'}; every tensor keeps its "
                        "pending work (xlanb.pending_ir() shows it)")
             raise
+        if quick and (eager_run or time.perf_counter() - t0 < QUICK_BIG_S):
+            # stored, so that a new process runs it without lowering; but not a big lazy
+            # graph's: its optimized compile starts after this run (run_plan_as_graph) and
+            # is stored (at exit, xlanb waits for it), and pickling the quick one was
+            # 0.12 s of BERT's first step
+            build.store(exe)
     lowered = build.lowering.lowered
     if quick:
         key = (device, plan.key, "quick")
@@ -456,14 +462,14 @@ def graph_build(lowering: GraphLowering, device: int, metric: str, lowered=None)
                  description=lowering.hash.encode() if lowering.shardings is None else None)
 
 
-def _compile_graph(build: Build):
-    """Compile a graph; single ops a look or an eager run left unlowered
-    (``background.lower_soon``) are lowered meanwhile, on this thread, which would
-    otherwise only wait."""
+def _compile_graph(build: Build, keep: bool = True):
+    """Compile a graph (stored if ``keep``); single ops a look or an eager run left
+    unlowered (``background.lower_soon``) are lowered meanwhile, on this thread, which
+    would otherwise only wait."""
     build.lower()
     if not lowerings_waiting():
-        return build.compile()
-    future = background(build.compile)
+        return build.compile(keep=keep)
+    future = background(functools.partial(build.compile, keep=keep))
     drain_lowerings(future.done)
     return future.result()
 
