@@ -158,7 +158,8 @@ DESCRIPTIONS = {
     "OpLowerTime": "of which tracing and lowering them (JAX)",
     "OpQuickCompile": "single-op executables compiled quickly first (LLVM's optimizations "
                       "off), to run at once",
-    "OpTierUp": "quick single-op executables replaced by their optimized compile",
+    "OpTierUp": "quick single-op executables replaced by their optimized compile (at "
+                "their third use)",
     "X64Lost": "host arrays that reached the device with a narrower dtype (JAX's 64-bit "
                "setting lost inside xlanb's x64 block) and were copied again",
     "YnnDotsOnly": "executables compiled with XLA:CPU's YNNPACK kept to dots: a reduce "

@@ -6,7 +6,6 @@ each other and the Python that follows."""
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import time
 
 from ..base import metrics
@@ -16,7 +15,6 @@ from ..runtime.jit import background
 from ..values.checks import checked
 from .compile import Build
 from .resident import admit
-from .single_op import tier_lock
 
 _in_flight = cache([], "Futures of background single-op compiles not yet seen done")
 
@@ -28,7 +26,8 @@ def compile_op_ahead(info: OpSignature, quick: bool = False):
 
     ``quick`` (someone waits for the value): the Future's executable is compiled with
     LLVM's optimizations off, and the optimized one compiles after every compile that
-    someone waits for, then takes its place (``_tier_up``)."""
+    someone waits for; it takes the quick one's place at a fixed use
+    (``single_op.op_executable``)."""
     if info.compiling is None:
         start_prepared(info, prepare_op(info), quick)
     return info.compiling
@@ -71,8 +70,7 @@ def start_prepared(info: OpSignature, prepared: tuple, quick: bool = False) -> N
         _drop_finished()
         _in_flight.append(future)
     info.compiling = future
-    if better is not None:  # after the line above: _tier_up looks for this Future
-        better.add_done_callback(functools.partial(_tier_up, info, future))
+    info.tiering = better
     admit(info)
     metrics.counter("OpCompile")
 
@@ -104,25 +102,6 @@ def drain_lowerings(stop) -> None:
                 compile_op_ahead(info)
             except Exception:  # noqa: BLE001 - raised again, at its line, when it runs
                 pass
-
-
-def _tier_up(info: OpSignature, quick, better) -> None:
-    """On the compile thread, once ``info``'s optimized executable is ready: it takes the
-    quick one's place, as the compile to collect if nobody collected the quick one yet,
-    else as the executable (its fast call cleared, so eager's next call picks it up).
-    Nothing changes if the compile failed (the quick one stays) or the executable was
-    dropped meanwhile (the next use loads the optimized one from the store)."""
-    if better.cancelled() or better.exception() is not None:
-        return
-    with tier_lock:
-        if info.compiling is quick:
-            info.compiling = better
-        elif info.exe is not None:
-            info.exe = checked(better.result(), info)
-            info.call = None
-        else:
-            return
-    metrics.counter("OpTierUp")
 
 
 def _compile_off_thread(build: Build, **how):

@@ -105,7 +105,7 @@ def _shrink(target: int) -> int:
             continue
         del resident[uid]
         # every reference xlanb holds: the executable is freed with its code mappings
-        info.exe = info.compiling = info.sharded = None
+        info.exe = info.compiling = info.sharded = info.tiering = None
         dropped += 1
     return dropped
 

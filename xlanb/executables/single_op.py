@@ -1,7 +1,6 @@
 """Single-op executables: eager mode, op-by-op runs and peeks share one per signature."""
 from __future__ import annotations
 
-import threading
 import time
 
 import jax
@@ -11,17 +10,20 @@ from ..base.dtypes import to_jax_dtype
 from ..base.session import session
 from ..graph.collectives import parse_collectives
 from ..ir.nodes import OpSignature
-from ..runtime.jit import lower_jitted
+from ..runtime.jit import later_is_held, lower_jitted
 from ..runtime.mesh import common_mesh, on_mesh, place
 from ..values.checks import checked
 from .compile import Build
 from .resident import admit, touch
 
 
-# Guards the hand-over from a quick executable to its optimized one (executables/background.py):
-# the compile thread that finishes the optimized one and op_executable collecting the
-# quick one agree here.
-tier_lock = threading.Lock()
+# A quick single-op executable (one someone waited for) runs for its first two uses; at
+# its third, its optimized one (compiling since, ``background.start_prepared``) takes its
+# place, waited for if need be, as a lazy graph's does (execute/graphs.finish_tier_up).
+# At a fixed use, not when ready: the tiers round differently (XLA's defaults contract a
+# multiply-add into an FMA), so an op's values must not depend on how quick the compile
+# was.
+TIER_UP_USE = 3
 
 
 def op_executable(info: OpSignature):
@@ -31,6 +33,8 @@ def op_executable(info: OpSignature):
     if exe is not None:
         metrics.counter("OpCacheHit")
         touch(info)
+        if info.tiering is not None:
+            exe = _at_a_fixed_use(info, exe)
         return exe
     pending = info.compiling
     exe = None
@@ -43,16 +47,37 @@ def op_executable(info: OpSignature):
         finally:
             metrics.record("OpCompileWaitTime", time.perf_counter() - t0)
     if exe is None:
-        exe = Build.op(info).executable()
+        exe = Build.op(info).executable()  # the optimized one: nothing to tier up to
+        info.tiering = None
         if pending is None:
             metrics.counter("OpCompile")
-    with tier_lock:
-        later = info.compiling
-        if later is not None and later is not pending:
-            exe = later.result()  # the optimized one took the quick one's place meanwhile
-        exe = info.exe = checked(exe, info)
-        info.compiling = None
+    exe = info.exe = checked(exe, info)
+    info.compiling = None
+    info.quick_uses = 1
     admit(info)
+    return exe
+
+
+def _at_a_fixed_use(info: OpSignature, exe):
+    """The quick ``exe`` for its first uses; from the ``TIER_UP_USE``-th, the optimized
+    one. Not while a look holds back the compile threads' later work (``later_held``): it
+    would wait on itself; the quick one runs once more."""
+    info.quick_uses += 1
+    better = info.tiering
+    if info.quick_uses < TIER_UP_USE or better is None or (
+            not better.done() and later_is_held()):
+        return exe
+    info.tiering = None
+    t0 = time.perf_counter()
+    try:
+        optimized = better.result()
+    except Exception:  # noqa: BLE001 - a failed optimized compile: the quick one stays
+        return exe
+    finally:
+        metrics.record("OpCompileWaitTime", time.perf_counter() - t0)
+    exe = info.exe = checked(optimized, info)
+    info.call = None
+    metrics.counter("OpTierUp")
     return exe
 
 

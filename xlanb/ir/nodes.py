@@ -61,7 +61,7 @@ class OpSignature:
 
     __slots__ = ("uid", "name", "op", "sig", "fn", "out", "multi", "n_in", "scalar_specs",
                  "device", "plan", "in_metas", "template", "view",
-                 "exe", "call", "compiling", "aval_uid", "layout", "sharding", "sharded",
+                 "exe", "call", "compiling", "tiering", "quick_uses", "aval_uid", "layout", "sharding", "sharded",
                  "nbytes", "lines", "seen", "__weakref__")
 
     def __init__(self, name: str, sig, fn: Callable, out, *, op=None, n_in: int = 0,
@@ -86,6 +86,10 @@ class OpSignature:
         self.exe = None
         self.call = None
         self.compiling = None
+        # while ``exe`` is a quick one: the Future of its optimized compile, and how many
+        # times the quick one was handed out (executables/single_op.op_executable)
+        self.tiering = None
+        self.quick_uses = 0
         self.seen = 0             # eager: runs it was in without an executable of its own
         self.aval_uid = None      # interned (shape, dtype) when used as a leaf
         self.layout = None        # the result's BaseLayout (single-output ops), made on first use

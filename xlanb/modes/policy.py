@@ -151,7 +151,7 @@ class Eager(ModePolicy):
         if config.memory_limit is not None:  # xlanb.memory_limit: checked before it runs
             check_op(info, user_frame())
         node = run_op_executable(info, call, inputs, scalars)
-        if info.call is None:
+        if info.call is None and info.tiering is None:  # (a quick one counts its uses)
             info.call = direct_call(call)
         return node
 
