@@ -49,11 +49,14 @@ except (ImportError, AttributeError):  # another JAX: no metadata, nothing else 
     _siu = None
 
 
+try:
+    _frame_limit = locations_frame_limit()
+except (ImportError, AttributeError):  # another JAX: full stacks, nothing else changes
+    _frame_limit = None
+
+
 def _one_frame():
-    try:
-        return locations_frame_limit(1)
-    except (ImportError, AttributeError):  # another JAX: full stacks, nothing else changes
-        return contextlib.nullcontext()
+    return _frame_limit(1) if _frame_limit is not None else contextlib.nullcontext()
 
 
 def _traceback_template(get, box, lock): box.append(get()); lock.release()  # noqa: E702

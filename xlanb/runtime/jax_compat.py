@@ -50,12 +50,12 @@ def source_info():
     return siu.Traceback.get_traceback, siu._source_info_context
 
 
-def locations_frame_limit(frames: int):
-    """A context in which JAX's MLIR locations keep at most ``frames`` Python frames
-    (``jax_traceback_in_locations_limit``, a thread-local setting; its public
-    ``jax.config.update`` is process-wide)."""
+def locations_frame_limit():
+    """JAX's ``jax_traceback_in_locations_limit`` setting: called with ``n``, a context in
+    which JAX's MLIR locations keep at most ``n`` Python frames (on this thread only; the
+    public ``jax.config.update`` is process-wide)."""
     from jax._src import config
-    return config.traceback_in_locations_limit(frames)
+    return config.traceback_in_locations_limit
 
 
 def hlo_module_cost_analysis(client, hlo_text: str) -> dict:
