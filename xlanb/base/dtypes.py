@@ -25,12 +25,17 @@ TORCH_TO_NUMPY: dict[torch.dtype, np.dtype] = {
 NUMPY_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_NUMPY.items()}
 
 
+class UnsupportedDtypeError(TypeError):
+    """A torch dtype the xla device cannot hold (complex32)."""
+
+
 def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
     """The numpy/JAX dtype for a torch dtype (JAX accepts numpy dtypes)."""
     try:
         return TORCH_TO_NUMPY[dtype]
     except KeyError:
-        raise TypeError(f"xlanb: dtype {dtype} is not supported on the xla device") from None
+        raise UnsupportedDtypeError(
+            f"xlanb: dtype {dtype} is not supported on the xla device") from None
 
 
 def to_torch_dtype(dtype) -> torch.dtype:

@@ -14,6 +14,7 @@ import torch
 
 from ..base import rng
 from ..base.config import config
+from ..base.dtypes import UnsupportedDtypeError
 from ..base.caches import cache
 from ..base.frames import user_frame, warn_at
 from ..base.scopes import scope_stack
@@ -262,6 +263,11 @@ def _info_for(plan: OpPlan, func, args, kwargs, tensors, scalars, device, outs, 
                     tuple((k, readable_sig(v, lift)) for k, v in kwargs.items()),
                     readable_sig(outs, lift))
         info = new_info(plan, func, readable, args, kwargs, tensors, scalars, device, out_args)
+    except UnsupportedDtypeError as e:
+        # a result the device cannot hold: no CPU fallback either (its result would have
+        # to come back), so the op raises here, at its own line, in every mode
+        _note_op(e, func._schema.name)
+        raise
     except NotImplementedError as e:
         if session.direct or plan.kind == "view":
             raise

@@ -140,6 +140,11 @@ def new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device, out_
             raise
         # No meta kernel (geqrf, histogram, some backwards): the lowering gives the shapes.
         out = _metas_from_lowering(plan, template, tensors, scalars)
+    # a result the device cannot hold (complex32) is refused at its op, in every mode:
+    # recorded, it failed at a later read, or at an unrelated one that ran the eager run
+    for m in ((out,) if isinstance(out, TensorMeta) else out if isinstance(out, tuple) else ()):
+        if isinstance(m, TensorMeta):
+            to_jax_dtype(m.dtype)
     if plan.lowering is not None:
         fn = _lowered_fn(plan, template, out)
         if plan.lowering.may_refuse:
