@@ -406,7 +406,7 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
                        f"synced at {format_loc(src) or '?'}; every tensor keeps its "
                        "pending work (xlanb.pending_ir() shows it)")
             raise
-        if quick and (eager_run or time.perf_counter() - t0 < QUICK_BIG_S):
+        if quick and (eager_run or not _big(time.perf_counter() - t0)):
             # stored, so that a new process runs it without lowering; but not a big lazy
             # graph's: its optimized compile starts after this run (run_plan_as_graph) and
             # is stored (at exit, xlanb waits for it), and pickling the quick one was
@@ -475,6 +475,12 @@ def _compile_graph(build: Build, keep: bool = True):
 
 
 QUICK_BIG_S = 0.5  # a quick compile this long: a big graph (see run_plan_as_graph)
+
+
+def _big(compile_s: float) -> bool:
+    """Whether a quick compile that took ``compile_s`` made a big graph (a training step):
+    its tier-up follows the lazy schedule, and a lazy one's starts after its first run."""
+    return compile_s >= QUICK_BIG_S
 
 
 def tier_up(rec: CompiledGraph, swap_when_done: bool = True) -> None:
@@ -569,7 +575,7 @@ def run_plan_as_graph(plan: GraphPlan, device: int, cause: str, src, placed=None
         metrics.counter("EagerRunCompile" if fresh else "EagerRunCacheHit")
         if not fresh:
             rec.hits += 1
-            if rec.quick and rec.compile_time >= QUICK_BIG_S:
+            if rec.quick and _big(rec.compile_time):
                 # A big graph (a training step), whose quick code runs 3-5x slower (the
                 # BERT step: 0.35-0.55 s against 0.10): as a lazy graph does, its
                 # optimized compile starts after its second run and its third waits for
@@ -588,7 +594,7 @@ def run_plan_as_graph(plan: GraphPlan, device: int, cause: str, src, placed=None
         rec, fresh, arrays = find_graph(plan, device, cause, src, placed)
         if fresh:
             _report_compile(rec, src)
-            if rec.quick and rec.compile_time >= QUICK_BIG_S:
+            if rec.quick and _big(rec.compile_time):
                 tier_up_after = False  # a training step: it will be back
         else:
             metrics.counter("CachedCompile")

@@ -37,6 +37,15 @@ def contiguous_strides(shape) -> tuple:
     return tuple(reversed(strides))
 
 
+def result_metas(out) -> list:
+    """The TensorMetas of an op's result(s): a TensorMeta, or tuples holding some."""
+    if isinstance(out, TensorMeta):
+        return [out]
+    if isinstance(out, tuple):
+        return [m for o in out for m in result_metas(o)]
+    return []
+
+
 def result_bytes(out) -> int:
     """The bytes of an op's result(s): a TensorMeta or a tuple holding some."""
     if isinstance(out, TensorMeta):
@@ -61,8 +70,8 @@ class OpSignature:
 
     __slots__ = ("uid", "name", "op", "sig", "fn", "out", "multi", "n_in", "scalar_specs",
                  "device", "plan", "in_metas", "template", "view",
-                 "exe", "call", "compiling", "tiering", "quick_uses", "aval_uid", "layout", "sharding", "sharded",
-                 "nbytes", "lines", "seen", "__weakref__")
+                 "exe", "call", "compiling", "tiering", "quick_uses", "aval_uid", "layout",
+                 "sharding", "sharded", "nbytes", "lines", "seen", "__weakref__")
 
     def __init__(self, name: str, sig, fn: Callable, out, *, op=None, n_in: int = 0,
                  scalar_specs: tuple = (), device: int = 0, plan=None, in_metas: tuple = (),

@@ -16,7 +16,7 @@ import torch
 
 from ..base.dtypes import to_jax_dtype, to_torch_dtype
 from ..base.caches import cache
-from ..ir.nodes import GETITEM, OpSignature, TensorMeta, contiguous_strides
+from ..ir.nodes import GETITEM, OpSignature, TensorMeta, contiguous_strides, result_metas
 from ..ir.templates import fill_call, template_of
 from .plan import OpPlan
 from .signature import meta_tensor, metas_of
@@ -142,9 +142,8 @@ def new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device, out_
         out = _metas_from_lowering(plan, template, tensors, scalars)
     # a result the device cannot hold (complex32) is refused at its op, in every mode:
     # recorded, it failed at a later read, or at an unrelated one that ran the eager run
-    for m in ((out,) if isinstance(out, TensorMeta) else out if isinstance(out, tuple) else ()):
-        if isinstance(m, TensorMeta):
-            to_jax_dtype(m.dtype)
+    for m in result_metas(out):
+        to_jax_dtype(m.dtype)
     if plan.lowering is not None:
         fn = _lowered_fn(plan, template, out)
         if plan.lowering.may_refuse:
