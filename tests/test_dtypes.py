@@ -250,6 +250,10 @@ def test_eager_ops_on_threads_leave_x64_off_on_each():
     assert str(jnp.arange(2).dtype) == "int32"
 
 
+def _big_ints(x):
+    return torch.arange(2**24, 2**24 + 64, device=x.device)
+
+
 # Issue 46 item 12: a Python number reaches the executable in the op's computation type:
 # float32 for float32/float16/bfloat16 ops (as CPU torch converts it), float64 where an
 # operand or the result is float64, and where no float is involved (an integer result).
@@ -264,6 +268,16 @@ SCALAR_OPS = [
     ("f64.full", lambda x: torch.full((2,), 0.1, dtype=torch.float64, device=x.device)),
     ("int64.full", lambda x: torch.full((2,), 16777217.0, dtype=torch.int64, device=x.device)),
     ("int*num", lambda x: torch.arange(5, device=x.device) * 0.1),
+    # an integer tensor meets a float in the float type (torch converts it first): above
+    # 2**24 float32(x) is not x, and JAX's own promotion computed in float64
+    ("bigint*num", lambda x: _big_ints(x) * 1.1),
+    ("num-bigint", lambda x: 0.7 - _big_ints(x)),
+    ("bigint+f32", lambda x: _big_ints(x) + torch.full((64,), 0.3, device=x.device)),
+    ("bigint%num", lambda x: _big_ints(x) % 2.5),
+    ("fmod(bigint,num)", lambda x: torch.fmod(_big_ints(x), 2.5)),
+    ("bigint/bigint", lambda x: _big_ints(x) / (_big_ints(x) + 1)),
+    ("max(bigint,f32)", lambda x: torch.maximum(_big_ints(x), torch.full((64,), 1.5, device=x.device))),
+    ("int**num", lambda x: (_big_ints(x) % 7) ** 1.5),
 ]
 
 

@@ -236,6 +236,10 @@ def test_dtypes_a_tpu_treats_differently_are_noted():
     i = torch.arange(8).to("xla")
     r = xlanb.compile_for("v5e:1x1", i * 3)
     assert any("int64" in n for n in r.notes) and not any("float64" in n for n in r.notes)
+    # ...an op on integers whose result is float32 computes, and takes its number, in
+    # float32 (the result's dtype was missed: a lone result's meta is a NamedTuple)
+    r = xlanb.compile_for("v5e:1x1", i * 0.5)
+    assert not any("float64" in n for n in r.notes), r.notes
     # a Python number read by an op on integers only stays float64 (issue 46 item 12)
     r = xlanb.compile_for("v5e:1x1", i * 3 + (i > 2.5))
     assert any("1 Python number(s) reach the TPU as float64" in n for n in r.notes), r.notes

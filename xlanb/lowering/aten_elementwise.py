@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from xlanb.lowering._util import aten, is_float, to_float
+from xlanb.lowering._util import aten, default_float, is_float, to_float
 from xlanb.lowering.registry import register
 
 
@@ -95,6 +95,43 @@ def nan_to_num(x, nan=None, posinf=None, neginf=None):
 
 # ---- arithmetic -----------------------------------------------------------
 
+def _is_inexact_array(v) -> bool:
+    return hasattr(v, "dtype") and jnp.issubdtype(v.dtype, jnp.inexact)
+
+
+def _torch_float_type(vals):
+    """The float (or complex) type torch computes a mixed integer/float operation in:
+    the strongly typed float operands' type, else a lifted number's (ops/infos.float_kind
+    gives it the op's own float type), else torch's default for a Python number."""
+    strong = [v for v in vals if _is_inexact_array(v) and not getattr(v, "weak_type", False)]
+    if strong:
+        return jnp.result_type(*strong)
+    weak = [v for v in vals if _is_inexact_array(v)]
+    if weak:
+        return jnp.result_type(*(v.dtype for v in weak))
+    if any(isinstance(v, complex) for v in vals):
+        return jnp.complex128 if default_float() == jnp.float64 else jnp.complex64
+    return default_float()
+
+
+def _in_torch_float(fn, always: bool = False):
+    """``fn`` with its integer and bool tensors first converted to the float type the
+    operation computes in, as torch's kernels do: ``int64 * 1.1`` is float32(x) *
+    float32(1.1) there, where JAX would compute int64 with a float in float64 and round
+    once (1 ulp from torch above 2**24). ``always``: the operation is float-valued even
+    without a float operand (true division of integers)."""
+    def converted(*args, **kwargs):
+        ints = [jnp.issubdtype(a.dtype, jnp.integer) or a.dtype == jnp.bool_
+                if hasattr(a, "dtype") else False for a in args]
+        mixed = any(ints) and (always or any(
+            _is_inexact_array(a) or isinstance(a, (float, complex)) for a in args))
+        if mixed:
+            dt = _torch_float_type(args)
+            args = [a.astype(dt) if i else a for a, i in zip(args, ints)]
+        return fn(*args, **kwargs)
+    return converted
+
+
 def _check_alpha(x, y, alpha):
     # torch's CPU kernels refuse a floating alpha for integral or bool results (its meta
     # kernels accept it): refusing sends the call to CPU torch, which raises its error
@@ -103,24 +140,26 @@ def _check_alpha(x, y, alpha):
         raise TypeError("a floating point alpha for integral tensors")
 
 
-@register(aten.add.Tensor, aten.add.Scalar, may_refuse=True)
 def add(x, y, alpha=1):
     _check_alpha(x, y, alpha)
     return x + _scaled(y, alpha)
 
 
-@register(aten.sub.Tensor, aten.sub.Scalar, may_refuse=True)
 def sub(x, y, alpha=1):
     _check_alpha(x, y, alpha)
     return x - _scaled(y, alpha)
 
 
-@register(aten.rsub.Tensor, aten.rsub.Scalar)
 def rsub(x, y, alpha=1):
     return y - _scaled(x, alpha)
 
 
-register(aten.mul.Tensor, aten.mul.Scalar)(jnp.multiply)
+register(aten.add.Tensor, aten.add.Scalar, may_refuse=True)(_in_torch_float(add))
+register(aten.sub.Tensor, aten.sub.Scalar, may_refuse=True)(_in_torch_float(sub))
+register(aten.rsub.Tensor, aten.rsub.Scalar)(_in_torch_float(rsub))
+
+
+register(aten.mul.Tensor, aten.mul.Scalar)(_in_torch_float(jnp.multiply))
 
 
 def _trunc_div(x, y):
@@ -132,11 +171,14 @@ def _trunc_div(x, y):
     return jnp.trunc(jnp.true_divide(x, y))
 
 
+_true_divide = _in_torch_float(jnp.true_divide, always=True)
+
+
 @register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode,
           aten.true_divide.Tensor, aten.true_divide.Scalar)
 def div(x, y, *, rounding_mode=None):
     if rounding_mode is None:
-        return jnp.true_divide(x, y)  # ints divide to float, like torch
+        return _true_divide(x, y)  # ints divide to float, like torch
     if rounding_mode == "trunc":
         return _trunc_div(x, y)
     return jnp.floor_divide(x, y)  # Python floor semantics, like torch
@@ -144,11 +186,10 @@ def div(x, y, *, rounding_mode=None):
 
 register(aten.floor_divide.default, aten.floor_divide.Scalar)(jnp.floor_divide)
 register(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)(
-    jnp.remainder)  # sign of the divisor, like Python and torch
-register(aten.fmod.Tensor, aten.fmod.Scalar)(jnp.fmod)
+    _in_torch_float(jnp.remainder))  # sign of the divisor, like Python and torch
+register(aten.fmod.Tensor, aten.fmod.Scalar)(_in_torch_float(jnp.fmod))
 
 
-@register(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 def pow_(x, y):
     # A Python int exponent stays exact (jnp uses integer_pow for it).
     x_arr, y_arr = jnp.asarray(x), jnp.asarray(y)
@@ -162,6 +203,7 @@ def pow_(x, y):
     return jnp.power(x, y)
 
 
+register(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)(_in_torch_float(pow_))
 register(aten.float_power.Tensor_Tensor, aten.float_power.Tensor_Scalar, aten.float_power.Scalar)(
     lambda x, y: jnp.power(jnp.asarray(x, jnp.float64), jnp.asarray(y, jnp.float64)))
 register(aten.atan2.default)(lambda x, y: jnp.arctan2(to_float(x), to_float(y)))
@@ -173,10 +215,10 @@ register(aten.logaddexp2.default)(jnp.logaddexp2)
 register(aten.xlogy.Tensor, aten.xlogy.Scalar_Self, aten.xlogy.Scalar_Other)(
     lambda x, y: jax.scipy.special.xlogy(to_float(jnp.asarray(x)), y))
 register(aten.heaviside.default)(jnp.heaviside)
-register(aten.maximum.default)(jnp.maximum)
-register(aten.minimum.default)(jnp.minimum)
-register(aten.fmax.default)(jnp.fmax)
-register(aten.fmin.default)(jnp.fmin)
+register(aten.maximum.default)(_in_torch_float(jnp.maximum))
+register(aten.minimum.default)(_in_torch_float(jnp.minimum))
+register(aten.fmax.default)(_in_torch_float(jnp.fmax))
+register(aten.fmin.default)(_in_torch_float(jnp.fmin))
 
 
 @register(aten.addcmul.default)

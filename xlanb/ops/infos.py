@@ -174,10 +174,8 @@ _WIDE = (torch.float64, torch.complex128)
 def float_kind(tensors, out) -> str:
     """``"f32"`` or ``"f"`` (float64): how the lifted floats of an op with these input
     tensors and result metas pass to its executable."""
-    dtypes = {t._meta.dtype for t in tensors}
-    for m in (out if isinstance(out, tuple) else (out,)):
-        if isinstance(m, TensorMeta):
-            dtypes.add(m.dtype)
+    # (a TensorMeta is a NamedTuple: result_metas tells one result from a tuple of them)
+    dtypes = {t._meta.dtype for t in tensors} | {m.dtype for m in result_metas(out)}
     if any(d in _WIDE for d in dtypes):
         return "f"
     return "f32" if any(d.is_floating_point or d.is_complex for d in dtypes) else "f"
