@@ -304,6 +304,23 @@ def test_an_optimizer_steps_numbers_pass_as_float32():
     xlanb.sync()
 
 
+def test_dropout_and_adamw_keep_their_numbers_in_float32():
+    """Dropout's scale 1 / (1 - p) and AdamW's lerp_ (|weight| < 0.5) combined their
+    lifted float32 numbers with Python numbers, both weakly typed, so JAX computed them
+    in float64 in every step (on a TPU, v5e's estimate of this step: 654 -> 566 ns)."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Dropout(0.1)).to("xla")
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    xlanb.sync()
+    m(torch.randn(8, 64).to("xla")).pow(2).mean().backward()
+    opt.step()
+    # (jax.random's uniform takes its bounds as float64 constants, converted at once)
+    f64_math = [ln for ln in xlanb.hlo(*m.parameters()).splitlines()
+                if "f64" in ln and ("divide" in ln or "compare" in ln)]
+    assert not f64_math, f64_math
+    xlanb.sync()
+
+
 def test_an_op_whose_result_the_device_cannot_hold_raises_at_its_line(mode):
     """complex32 has no JAX dtype: ``x.chalf()`` raises at its own line in every mode,
     and records nothing. Recorded, it failed at a later read, and in eager mode at a

@@ -235,7 +235,10 @@ def addcdiv(x, t1, t2, *, value=1):
 def lerp(x, end, weight):
     # torch's two-sided formula keeps lerp exact at both ends.
     diff = end - x
-    return jnp.where(jnp.abs(weight) < 0.5, x + weight * diff, end - diff * (1 - weight))
+    # 0.5 in the weight's own type: a lifted float32 weight compared with a Python 0.5
+    # was compared in float64 (both weakly typed), which a TPU emulates (AdamW's lerp_)
+    half = jnp.asarray(0.5, weight.dtype) if hasattr(weight, "dtype") else 0.5
+    return jnp.where(jnp.abs(weight) < half, x + weight * diff, end - diff * (1 - weight))
 
 
 # ---- clamps and selection -------------------------------------------------

@@ -154,8 +154,11 @@ def native_dropout(x, p, train, *, rng):
     keep = jax.random.bernoulli(rng, 1 - p, x.shape)
     if isinstance(p, (int, float)):
         scale = 0.0 if p == 1 else 1.0 / (1.0 - p)
-    else:  # p is a traced scalar: p == 1 zeroes everything, like torch
-        scale = jnp.where(p < 1, 1.0 / jnp.where(p < 1, 1 - p, 1), 0.0)
+    else:  # p is a traced scalar: p == 1 zeroes everything, like torch. In p's own
+        # type: with Python numbers (weakly typed, as the lifted p is) JAX computed the
+        # scale in float64, which a TPU emulates
+        one = jnp.ones((), p.dtype)
+        scale = jnp.where(p < one, one / jnp.where(p < one, one - p, one), 0)
     return jnp.where(keep, x * jnp.asarray(scale, x.dtype), jnp.zeros((), x.dtype)), keep
 
 
