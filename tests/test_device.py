@@ -273,6 +273,30 @@ def test_consecutive_random_calls_differ(mode):
     assert not torch.equal(c.cpu(), d.cpu())
 
 
+def test_a_look_and_a_compiled_function_draw_what_a_sync_draws():
+    """Every path that lowers a random op lowers it alike (on one device, threefry's
+    non-partitionable form: runtime/jit.py, jax_context): a look at a pending draw (its
+    prefix graph), a sync's graph and an xlanb.compile replay give a seed's values."""
+    xlanb.set_mode("lazy")
+
+    def draw():
+        return torch.rand(6, device="xla") * 2 + torch.randn(6, device="xla")
+
+    torch.manual_seed(7)
+    ref = draw().cpu()
+    torch.manual_seed(7)
+    looked = xlanb.peek(draw())
+    xlanb.sync()
+    compiled = xlanb.compile(draw)
+    got = []
+    for _ in range(3):  # two traced calls, then a replay
+        torch.manual_seed(7)
+        got.append(compiled().cpu())
+    assert torch.equal(torch.as_tensor(looked), ref)
+    assert compiled.replays >= 1
+    assert all(torch.equal(g, ref) for g in got), (got, ref)
+
+
 def test_same_seed_same_values_in_every_mode():
     draws = {}
     for m in xlanb.MODES:
@@ -281,5 +305,10 @@ def test_same_seed_same_values_in_every_mode():
         draws[m] = _draw()
         xlanb.sync()
     for m in xlanb.MODES[1:]:
-        for a, b in zip(draws["lazy"], draws[m]):
-            assert torch.equal(a, b), m
+        normal, uniform, integers = draws[m]
+        # the same bits in every mode; randn's erf_inv polynomial may round 1 ulp apart
+        # where an executable compiled at XLA's -O3 contracted its multiply-adds (op by
+        # op's single ops) and one at -O0 did not (a graph's first, quick executable):
+        # 2 of 20 seeds' randn(64) did, before and after threefry's form changed
+        assert torch.equal(uniform, draws["lazy"][1]) and torch.equal(integers, draws["lazy"][2]), m
+        torch.testing.assert_close(normal, draws["lazy"][0], rtol=2.4e-7, atol=0), m

@@ -136,6 +136,11 @@ def test_replica_mismatches_finds_the_shard_that_differs(results):
     assert "slice(4, 8" in index
 
 
+def test_a_sharded_random_op_makes_each_devices_bits_where_they_live(results):
+    r = _get(results, "sharded_random_bits")
+    assert r["largest_bits"] <= 32 * 8 and not r["all_gather"], r  # a (64, 32) on 2x4
+
+
 def test_xlanb_compile_replays_sharded_steps(results):
     r = _get(results, "compiled_function")
     assert r["losses"] == pytest.approx(r["ref"], rel=1e-5, abs=1e-6) and r["dw"] < 1e-5

@@ -336,5 +336,27 @@ def compiled_function():
             "status": str(step.status()), "w0": str(xs.get_sharding(m[0].weight))}
 
 
+@check
+def sharded_random_bits():
+    """A random op on the mesh keeps JAX's partitionable threefry (runtime/jit.py): each
+    device makes its own part's bits. One device's form made all 2,048 bits on every
+    device and gathered them."""
+    xlanb.reset()
+    xlanb.set_mode("lazy")
+    x = torch.ones(64, 32).to("xla")
+    xs.mark_sharding(x, mesh, ("data", "model"))
+    y = torch.nn.functional.dropout(x, 0.5)
+    xlanb.sync()
+    text = xlanb.graphs()[-1].hlo(optimized=True)
+    del y
+    sizes = [1]
+    for dims in re.findall(r"u32\[([0-9,]+)\]", text):
+        n = 1
+        for d in dims.split(","):
+            n *= int(d)
+        sizes.append(n)
+    return {"largest_bits": max(sizes), "all_gather": "all-gather" in text}
+
+
 print("SPMD-RESULTS " + json.dumps(RESULTS, default=str))
 sys.stdout.flush()

@@ -500,8 +500,9 @@ class GraphLowering:
         # (annotate_op_types printed them for 0.1 s of its step's critical path)
         with _one_frame():
             if lower_metric is None:
-                with jax_context():
-                    lowered = jax.jit(self.function()).lower(*self.specs())
+                specs = self.specs()
+                with jax_context(specs):
+                    lowered = jax.jit(self.function()).lower(*specs)
             else:
                 lowered = lower_jitted(self.function(), self.specs(), lower_metric=lower_metric)
         annotate_op_types(lowered, self.op_names)
@@ -519,7 +520,7 @@ class GraphLowering:
             # JAX places a graph by its arguments' devices; one with none (every value
             # made inside it) is placed by its outputs', or it would lower for the CPU
             out = None if specs[0] or specs[1] else SingleDeviceSharding(target.devices[0])
-            with jax_context():
+            with jax_context(specs):
                 lowered = jax.jit(self.function(self.repeats_for("tpu")),
                                   out_shardings=out).lower(*specs)
         annotate_op_types(lowered, self.op_names)
