@@ -278,6 +278,10 @@ SCALAR_OPS = [
     ("bigint/bigint", lambda x: _big_ints(x) / (_big_ints(x) + 1)),
     ("max(bigint,f32)", lambda x: torch.maximum(_big_ints(x), torch.full((64,), 1.5, device=x.device))),
     ("int**num", lambda x: (_big_ints(x) % 7) ** 1.5),
+    # ...and compares in it: float32(16777217) == 16777216 < 16777216.5 on the CPU
+    ("bigint>num", lambda x: _big_ints(x) > 16777216.5),
+    ("bigint==num", lambda x: _big_ints(x) == 16777217.0),
+    ("bool>num", lambda x: (_big_ints(x) % 2 == 0) > 0.5),
 ]
 
 

@@ -101,15 +101,14 @@ def _is_inexact_array(v) -> bool:
 
 def _torch_float_type(vals):
     """The float (or complex) type torch computes a mixed integer/float operation in:
-    the strongly typed float operands' type, else a lifted number's (ops/infos.float_kind
-    gives it the op's own float type), else torch's default for a Python number."""
+    the tensors' float type, else torch's default for a Python number (lifted, it is a
+    weakly typed array: ``int_tensor > 2.5`` compares in float32, though the integer-only
+    op takes its number as float64)."""
     strong = [v for v in vals if _is_inexact_array(v) and not getattr(v, "weak_type", False)]
     if strong:
         return jnp.result_type(*strong)
-    weak = [v for v in vals if _is_inexact_array(v)]
-    if weak:
-        return jnp.result_type(*(v.dtype for v in weak))
-    if any(isinstance(v, complex) for v in vals):
+    if any(isinstance(v, complex) or (_is_inexact_array(v) and jnp.iscomplexobj(v))
+           for v in vals):
         return jnp.complex128 if default_float() == jnp.float64 else jnp.complex64
     return default_float()
 
@@ -262,7 +261,7 @@ register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.wh
 
 for _name, _fn in [("eq", jnp.equal), ("ne", jnp.not_equal), ("lt", jnp.less),
                    ("le", jnp.less_equal), ("gt", jnp.greater), ("ge", jnp.greater_equal)]:
-    register(getattr(aten, _name).Tensor, getattr(aten, _name).Scalar)(_fn)
+    register(getattr(aten, _name).Tensor, getattr(aten, _name).Scalar)(_in_torch_float(_fn))
 
 register(aten.logical_and.default)(jnp.logical_and)
 register(aten.logical_or.default)(jnp.logical_or)
