@@ -326,16 +326,45 @@ def test_dropout_and_adamw_keep_their_numbers_in_float32():
 
 
 def test_an_op_whose_result_the_device_cannot_hold_raises_at_its_line(mode):
-    """complex32 has no JAX dtype: ``x.chalf()`` raises at its own line in every mode,
-    and records nothing. Recorded, it failed at a later read, and in eager mode at a
-    read of another value (the open run held it): PyTorch's isfinite test failed on
-    the chalf test's leftover."""
-    import warnings
+    """A dtype xlanb has no device type for (float8 here) raises at its own op in every
+    mode, and records nothing. Recorded, it failed at a later read, and in eager mode at
+    a read of another value (the open run held it): PyTorch's isfinite test failed on a
+    complex32 test's leftover, when complex32 was such a dtype."""
     x = torch.arange(12, dtype=torch.float32).reshape(3, 4).to("xla")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch: "ComplexHalf support is experimental"
-        with pytest.raises(TypeError, match="complex32 is not supported") as err:
-            x.chalf()
+    with pytest.raises(TypeError, match="float8_e4m3fn is not supported") as err:
+        x.to(torch.float8_e4m3fn)
     assert any("aten::_to_copy" in n for n in getattr(err.value, "__notes__", ())), err.value
     assert "_to_copy" not in xlanb.pending_ir()
     torch.testing.assert_close(torch.isfinite(x * 2).cpu(), torch.ones(3, 4, dtype=torch.bool))
+
+
+def _same(got, want):
+    # torch.equal has no complex32 kernel on the CPU
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    if want.dtype == torch.complex32:
+        got, want = got.to(torch.complex64), want.to(torch.complex64)
+    assert torch.equal(got, want), (got, want)
+
+
+def test_complex32_lives_as_complex64_with_float16_parts(mode):
+    """XLA has no complex32: the device holds torch.chalf as complex64 whose parts are
+    rounded to float16 after every op, and reads convert back. Values equal CPU
+    torch's, which computes complex32 in complex64 and rounds the same way."""
+    import warnings
+    x = torch.randn(5, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: "ComplexHalf support is experimental"
+        want = x.chalf()
+        c = x.to("xla").chalf()
+        _same(c.cpu(), want)
+        _same(xlanb.peek(c), want)
+        _same((c * 2).cpu(), want * 2)  # (a float like 3.3: CPU torch rounds it to half first)
+        _same((c + want.to("xla")).cpu(), want + want)
+        _same(torch.view_as_real(c).cpu(), torch.view_as_real(want))
+        # a cfloat scalar times a half tensor is complex32 (PyTorch's type promotion test)
+        s = torch.tensor(1 + 2j, device="xla") * torch.full((3,), 1.1, dtype=torch.half,
+                                                            device="xla")
+        _same(s.cpu(), torch.tensor(1 + 2j) * torch.full((3,), 1.1, dtype=torch.half))
+        assert "complex32" in repr(c)
+        with pytest.raises(TypeError, match="view as complex32"):
+            torch.zeros(4, dtype=torch.half, device="xla").view(torch.chalf).cpu()

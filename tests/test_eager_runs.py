@@ -393,8 +393,8 @@ def test_a_run_that_fails_to_compile_does_not_fail_the_reads_after_it(eager, sam
     records, and fails at its run's lowering) fails its run's read; its tensor stays
     pending and raises again when read, but later reads of other tensors do not sweep it
     into their runs (56 of PyTorch's unary float32 tests failed that way, after one
-    complex32 conversion test whose tensors pytest kept alive; complex32 now raises at
-    its op)."""
+    complex32 conversion test whose tensors pytest kept alive, when complex32 could
+    not lower)."""
     from xlanb.ops import infos
     real = infos._lowered_fn
 

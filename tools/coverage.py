@@ -211,7 +211,6 @@ _DATA_DEPENDENT_BACKWARD = ("the backward uses an op whose result shape depends 
 _LSTSQ = ("linalg_lstsq has no meta kernel, and its residuals' shape depends on the "
           "matrix rank (data)")
 _SPARSE = "sparse layouts are not supported on the xla device: a clear error, by design"
-_COMPLEX32 = "complex32 (chalf) has no XLA dtype"
 _STORAGE = ("as_strided reaches outside its input view, into the base's storage; the "
             "device copy of a view has no such storage")
 _LDL = "LDL with Bunch-Kaufman pivoting (LAPACK sytrf) has no XLA counterpart"
@@ -241,9 +240,6 @@ EXPECTED_FAILURES: dict[tuple, str] = {
     ('unique_consecutive', 'float32'): _DATA_DEPENDENT,
     ('unique_consecutive', 'int64'): _DATA_DEPENDENT,
     ('unique_consecutive', 'bool'): _DATA_DEPENDENT,
-    ('chalf', 'float32'): _COMPLEX32,
-    ('chalf', 'int64'): _COMPLEX32,
-    ('chalf', 'bool'): _COMPLEX32,
     ('bincount', 'int64'): _DATA_DEPENDENT,
     ('to_sparse', 'float32'): _SPARSE,
     ('to_sparse', 'int64'): _SPARSE,
@@ -270,7 +266,6 @@ EXPECTED_FAILURES: dict[tuple, str] = {
     ('as_strided.partial_views', 'grad'): _STORAGE,
     ('index_fill', 'grad'): _DATA_DEPENDENT_BACKWARD,
     ('index_put', 'grad'): _DATA_DEPENDENT_BACKWARD,
-    ('chalf', 'grad'): _COMPLEX32,
     ('to_sparse', 'grad'): _SPARSE,
     ('nn.functional.ctc_loss', 'grad'): _CTC_TENSOR,
     ('linalg.lstsq', 'grad'): _LSTSQ,

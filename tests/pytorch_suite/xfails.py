@@ -12,7 +12,6 @@ import fnmatch
 
 # Causes, each written once.
 SPARSE = "xla tensors are dense: XLA has no sparse layout (torch_xla has none either)"
-COMPLEX32 = "the result would be complex32 (torch.chalf), which XLA lacks"
 QUANTIZED = "quantized tensors on xla: XLA has no quantized types torch's kernels accept"
 CONJ_BITS = ("torch's lazy conj/neg bits: xla computes the conjugate, so .imag of it is not "
              "flagged is_neg()")
@@ -25,13 +24,6 @@ WAITS = "issue 23 (PyTorch suite) follow-up"
 XFAILS: dict[str, tuple[str, str, tuple | None]] = {
     # what XLA or xla tensors lack
     "TestTypePromotionXLA::test_sparse_*": (SPARSE, "none: by design", None),
-    "TestTypePromotionXLA::test_complex_half_xla": (COMPLEX32, "none: XLA has no complex32", None),
-    "TestTypePromotionXLA::test_complex_assertraises_xla": (COMPLEX32, "none: XLA has no complex32", None),
-    # a cfloat scalar times a half tensor: the complex32 product raises at its op in every
-    # mode (eager and opbyop used to record it unrun, and the test reads its dtype only)
-    "TestTypePromotionXLA::test_complex_promotion_xla": (COMPLEX32, "none: XLA has no complex32", None),
-    "TestTypePromotionXLA::test_result_type_xla_complex*_float16": (COMPLEX32, "none: XLA has no complex32", None),
-    "TestTypePromotionXLA::test_result_type_xla_float16_complex*": (COMPLEX32, "none: XLA has no complex32", None),
     "TestOldViewOpsXLA::test_flatten_xla": (QUANTIZED, "none: no quantized types", None),
     "TestOldViewOpsXLA::test_ravel_xla": (QUANTIZED, "none: no quantized types", None),
     "TestShapeOpsXLA::test_flip_xla_float32": (QUANTIZED, "none: no quantized types", None),

@@ -17,7 +17,8 @@ What this base changes, and why (nothing else: torch's default precision, every 
 - ``xla`` is a native device type. It is torch's PrivateUse1 backend, which torch counts
   as native (``NATIVE_DEVICES``), but the test file imports torch's test utilities
   before xlanb renames the backend, so their tuple holds the old name;
-- the dtypes XLA lacks (``UNSUPPORTED_DTYPES``) are not instantiated;
+- the dtypes xlanb cannot hold (``UNSUPPORTED_DTYPES``: none of torch's test dtypes today)
+  are not instantiated;
 - a test that fails on CPU torch 2.13 itself (``cpu-baseline-failures.txt`` beside the
   test files: API drift since the files' PyTorch 2.1) is skipped with that reason;
 - the xfail list (``xfails.py``) marks known failures, each with its cause;
@@ -46,10 +47,8 @@ xlanb.config.warn_fallbacks = False
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from xfails import xfail_cause  # noqa: E402
 
-# Dtypes XLA has no type for on any platform; the one place this base says so.
-UNSUPPORTED_DTYPES = {
-    torch.complex32: "XLA has no complex32 (torch.chalf): no complex type of 16-bit halves",
-}
+# Dtypes xlanb cannot hold on any platform; the one place this base says so.
+UNSUPPORTED_DTYPES: dict = {}  # (complex32 left it: xlanb holds it as complex64)
 
 # xla is the PrivateUse1 backend, native to torch (see the docstring).
 for _name in ("torch.testing._internal.common_utils", "torch.testing._internal.common_device_type"):

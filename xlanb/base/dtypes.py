@@ -23,10 +23,14 @@ TORCH_TO_NUMPY: dict[torch.dtype, np.dtype] = {
     torch.complex128: np.dtype(np.complex128),
 }
 NUMPY_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_NUMPY.items()}
+# complex32 (torch.chalf) has no XLA type: the device holds it as complex64 whose two
+# parts are float16 values (ops/infos.py rounds every complex32 result), and it crosses
+# to the host as complex64, converted there (reads convert to the tensor's dtype)
+HELD_AS: dict[torch.dtype, np.dtype] = {torch.complex32: np.dtype(np.complex64)}
 
 
 class UnsupportedDtypeError(TypeError):
-    """A torch dtype the xla device cannot hold (complex32)."""
+    """A torch dtype the xla device cannot hold (float8 types, for one)."""
 
 
 def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
@@ -34,6 +38,8 @@ def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
     try:
         return TORCH_TO_NUMPY[dtype]
     except KeyError:
+        if dtype in HELD_AS:
+            return HELD_AS[dtype]
         raise UnsupportedDtypeError(
             f"xlanb: dtype {dtype} is not supported on the xla device") from None
 
@@ -45,6 +51,8 @@ def to_torch_dtype(dtype) -> torch.dtype:
 def tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
     """A CPU tensor as a numpy array of the same dtype (bfloat16 via ml_dtypes)."""
     t = t.detach()
+    if t.dtype in HELD_AS:
+        t = t.to(to_torch_dtype(HELD_AS[t.dtype]))
     if t.dtype == torch.bfloat16:
         return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return t.contiguous().numpy()

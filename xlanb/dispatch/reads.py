@@ -30,7 +30,8 @@ def peek_host(t) -> torch.Tensor:
     with torch._C._DisableTorchDispatch():
         node = value_node(t)
     # the look may lower a decomposition, whose torch ops need __torch_dispatch__
-    return array_to_host(peek_node(node))
+    host = array_to_host(peek_node(node))
+    return host if host.dtype == t.dtype else host.to(t.dtype)  # complex32 crosses as complex64
 
 
 set_handler("to_host", to_host)

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from xlanb.base.dtypes import to_jax_dtype
+from xlanb.base.dtypes import UnsupportedDtypeError, to_jax_dtype
 from xlanb.lowering._util import aten, wrap
 from xlanb.lowering.registry import register
 
@@ -33,6 +33,9 @@ def view(x, size, *stride):
 
 @register(aten.view.dtype, aten.view_copy.dtype, may_refuse=True)
 def view_dtype(x, dtype):
+    if dtype == torch.complex32:  # the device holds it as complex64: no bits to view
+        raise UnsupportedDtypeError("xlanb: a view as complex32 reinterprets bits the "
+                                    "device does not hold (complex32 lives as complex64)")
     return _bitcast(x, to_jax_dtype(dtype))
 
 

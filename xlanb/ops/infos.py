@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 
@@ -34,7 +35,11 @@ def _conform(res, out, name):
             raise RuntimeError(f"xlanb: lowering of {name} gave shape {res.shape}, "
                                f"torch expects {out.shape}")
         want = to_jax_dtype(out.dtype)
-        return res if res.dtype == want else res.astype(want)
+        res = res if res.dtype == want else res.astype(want)
+        if out.dtype == torch.complex32:  # held as complex64: each part a float16 value
+            res = jax.lax.complex(res.real.astype(jnp.float16).astype(jnp.float32),
+                                  res.imag.astype(jnp.float16).astype(jnp.float32))
+        return res
     if isinstance(out, tuple):
         return tuple(_conform(r, o, name) if o is not None and r is not None else r
                      for r, o in zip(res, out))
@@ -140,7 +145,7 @@ def new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device, out_
             raise
         # No meta kernel (geqrf, histogram, some backwards): the lowering gives the shapes.
         out = _metas_from_lowering(plan, template, tensors, scalars)
-    # a result the device cannot hold (complex32) is refused at its op, in every mode:
+    # a result the device cannot hold (a float8 type) is refused at its op, in every mode:
     # recorded, it failed at a later read, or at an unrelated one that ran the eager run
     for m in result_metas(out):
         to_jax_dtype(m.dtype)
