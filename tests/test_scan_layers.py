@@ -114,7 +114,11 @@ def test_optimizer_updates_are_one_loop():
                                       intermediate_size=64, vocab_size=50,
                                       max_position_embeddings=16, attn_implementation="eager")
         model = transformers.BertForSequenceClassification(cfg).to("xla")
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        # eps 1e-6, not 1e-8: a weight whose first gradient is near zero (-3.26e-9 looped,
+        # -3.22e-9 unrolled: rounding; a dropout mask decides which weight) takes
+        # lr * g / (|g| + eps) as its first step, so at AdamW's default eps the two
+        # ended 2.7e-6 apart
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=1e-6)
         ids = torch.randint(0, 50, (2, 8)).to("xla")
         labels = torch.randint(0, 2, (2,)).to("xla")
         return model, opt, ids, labels
