@@ -358,7 +358,7 @@ def test_complex32_lives_as_complex64_with_float16_parts(mode):
         c = x.to("xla").chalf()
         _same(c.cpu(), want)
         _same(xlanb.peek(c), want)
-        _same((c * 2).cpu(), want * 2)  # (a float like 3.3: CPU torch rounds it to half first)
+        _same((c * 3.3).cpu(), want * 3.3)  # 3.3 rounded to half first, as CPU torch does
         _same((c + want.to("xla")).cpu(), want + want)
         _same(torch.view_as_real(c).cpu(), torch.view_as_real(want))
         # a cfloat scalar times a half tensor is complex32 (PyTorch's type promotion test)
