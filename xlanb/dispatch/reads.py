@@ -20,9 +20,13 @@ def to_host(t, *, cause: str) -> torch.Tensor:
         host = array_to_host(peek_node(node))  # looking from a breakpoint never cuts the graph
     else:
         host = array_to_host(node_array(node, cause=cause))
-    if host.dtype != t.dtype:  # e.g. 0-size or exotic arrays
-        host = host.to(t.dtype)
-    return host
+    return in_dtype_of(t, host)
+
+
+def in_dtype_of(t, host: torch.Tensor) -> torch.Tensor:
+    """A host copy of ``t``'s value in ``t``'s dtype: complex32 crosses as complex64, and
+    0-size or exotic arrays may come back in another dtype too."""
+    return host if host.dtype == t.dtype else host.to(t.dtype)
 
 
 def peek_host(t) -> torch.Tensor:
@@ -30,8 +34,7 @@ def peek_host(t) -> torch.Tensor:
     with torch._C._DisableTorchDispatch():
         node = value_node(t)
     # the look may lower a decomposition, whose torch ops need __torch_dispatch__
-    host = array_to_host(peek_node(node))
-    return host if host.dtype == t.dtype else host.to(t.dtype)  # complex32 crosses as complex64
+    return in_dtype_of(t, array_to_host(peek_node(node)))
 
 
 set_handler("to_host", to_host)

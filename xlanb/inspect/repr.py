@@ -5,7 +5,7 @@ import torch
 
 from ..base.config import config
 from ..ir.nodes import plan_graph
-from ..dispatch.reads import peek_host, to_host
+from ..dispatch.reads import in_dtype_of, peek_host, to_host
 from ..pending.realize import peek_node
 from ..modes.record import value_node
 from ..runtime.mesh import global_index
@@ -45,9 +45,7 @@ def tensor_repr(t) -> str:
         arr = peek_node(node)
         if not getattr(arr, "is_fully_addressable", True) and not arr.is_fully_replicated:
             return _local_repr(t, arr, suffix)
-        host = array_to_host(arr)
-        if host.dtype != t.dtype:
-            host = host.to(t.dtype)
+        host = in_dtype_of(t, array_to_host(arr))
     body = repr(host)
     return body[:-1] + ", " + ", ".join(suffix) + ")"
 

@@ -99,6 +99,10 @@ def _is_inexact_array(v) -> bool:
     return hasattr(v, "dtype") and jnp.issubdtype(v.dtype, jnp.inexact)
 
 
+def _is_integral_array(v) -> bool:  # bool included: torch converts it the same way
+    return hasattr(v, "dtype") and (jnp.issubdtype(v.dtype, jnp.integer) or v.dtype == jnp.bool_)
+
+
 def _torch_float_type(vals):
     """The float (or complex) type torch computes a mixed integer/float operation in:
     the tensors' float type, else torch's default for a Python number (lifted, it is a
@@ -120,8 +124,7 @@ def _in_torch_float(fn, always: bool = False):
     once (1 ulp from torch above 2**24). ``always``: the operation is float-valued even
     without a float operand (true division of integers)."""
     def converted(*args, **kwargs):
-        ints = [jnp.issubdtype(a.dtype, jnp.integer) or a.dtype == jnp.bool_
-                if hasattr(a, "dtype") else False for a in args]
+        ints = [_is_integral_array(a) for a in args]
         mixed = any(ints) and (always or any(
             _is_inexact_array(a) or isinstance(a, (float, complex)) for a in args))
         if mixed:

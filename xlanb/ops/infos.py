@@ -57,20 +57,14 @@ def _half_numbers(scs):
 def _lowered_fn(plan: OpPlan, template, out):
     low = plan.lowering.fn
     name = plan.name
-    if any(m.dtype == torch.complex32 for m in result_metas(out)) and not plan.random:
-        def fn(ins, scs):
-            args, kwargs = fill_call(template, ins, _half_numbers(scs))
-            return _conform(low(*args, **kwargs), out, name)
-        return fn
-    if plan.random:
-        def fn(ins, scs):
-            args, kwargs = fill_call(template, ins, scs)
+    random = plan.random
+    half = not random and any(m.dtype == torch.complex32 for m in result_metas(out))
+
+    def fn(ins, scs):  # runs when the op is traced, not per call
+        args, kwargs = fill_call(template, ins, _half_numbers(scs) if half else scs)
+        if random:
             kwargs["rng"] = jax.random.wrap_key_data(scs[-1])
-            return _conform(low(*args, **kwargs), out, name)
-    else:
-        def fn(ins, scs):
-            args, kwargs = fill_call(template, ins, scs)
-            return _conform(low(*args, **kwargs), out, name)
+        return _conform(low(*args, **kwargs), out, name)
     return fn
 
 
