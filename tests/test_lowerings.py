@@ -177,6 +177,17 @@ def test_digamma_at_its_poles():
     check(aten.polygamma.default, 0, x)
 
 
+def test_igamma_at_zero_and_infinity():
+    # torch's answers where an argument is 0 or infinite (JAX's gammainc gave NaN for
+    # igamma(0, x > 0) and for an infinite a, as PyTorch's test_igamma_edge_cases found),
+    # its NaNs (0 and 0, both infinite, a negative argument) and ordinary values between
+    vals = [0.0, 1e-3, 1.0, 2.5, 1e3, float("inf"), -1.0, float("nan")]
+    a = torch.tensor(vals, dtype=torch.float64).repeat_interleave(len(vals))
+    x = torch.tensor(vals, dtype=torch.float64).repeat(len(vals))
+    check(aten.igamma.default, a, x, rtol=1e-9, atol=1e-12)
+    check(aten.igammac.default, a, x, rtol=1e-9, atol=1e-12)
+
+
 def test_float64_and_int64_exact():
     x = r(5, dtype=torch.float64)
     check(aten.exp.default, x, rtol=1e-14, atol=0)

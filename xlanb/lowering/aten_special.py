@@ -132,16 +132,34 @@ def polygamma(n, x):
     return (1.0 if n % 2 else -1.0) * fact * _zeta(jnp.asarray(n + 1, x.dtype), x)
 
 
+def _igamma_edges(a, x, value, lower: bool):
+    """``value`` with torch's answers where an argument is 0 or infinite (JAX gives NaN
+    for igamma(0, x > 0) and igamma(inf, x)): for the lower function, a == 0 gives 1
+    (x > 0), x == 0 gives 0, an infinite a gives 0 (x finite), an infinite x gives 1; the
+    upper one gives 1 minus those; a == 0 with x == 0 and both infinite stay NaN, as
+    does a negative argument."""
+    one, zero = jnp.ones((), value.dtype), jnp.zeros((), value.dtype)
+    hi, lo = (one, zero) if lower else (zero, one)
+    nan = jnp.full((), jnp.nan, value.dtype)
+    a_inf, x_inf = jnp.isinf(a), jnp.isinf(x)
+    # torch's order of cases (calc_igamma / calc_igammac): the first that holds decides
+    return jnp.where((x < 0) | (a < 0), nan,
+           jnp.where(a == 0, jnp.where(x > 0, hi, nan),
+           jnp.where(x == 0, lo,
+           jnp.where(a_inf, jnp.where(x_inf, nan, lo),
+           jnp.where(x_inf, hi, value)))))
+
+
 @register(aten.igamma.default)
 def igamma(a, x):
     a, x = _pair(a, x)
-    return jss.gammainc(a, x)
+    return _igamma_edges(a, x, jss.gammainc(a, x), lower=True)
 
 
 @register(aten.igammac.default)
 def igammac(a, x):
     a, x = _pair(a, x)
-    return jss.gammaincc(a, x)
+    return _igamma_edges(a, x, jss.gammaincc(a, x), lower=False)
 
 
 @register(aten.mvlgamma.default)
