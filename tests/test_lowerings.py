@@ -188,6 +188,43 @@ def test_igamma_at_zero_and_infinity():
     check(aten.igammac.default, a, x, rtol=1e-9, atol=1e-12)
 
 
+def test_exponentials_as_cpu_torch_computes_them():
+    # XLA's exp2 is exp(x log 2) and its cosh and sinh are exp(|x| + log 1/2): both round
+    # |x|'s last bits into the exponent (2**55 and cosh(55) came out 1.5e-6 off, where CPU
+    # torch is within an ulp: PyTorch's int64 reference tests); half types compute in
+    # float32 and round once, as CPU torch's do
+    for op in (aten.exp2, aten.cosh, aten.sinh):
+        check(op.default, torch.arange(-100, 101))
+        check(op.default, r(1000, low=-88, high=88))
+        check(op.default, r(1000, low=-700, high=700, dtype=torch.float64))
+        check(op.default, r(1000, low=-11, high=11, dtype=torch.float16))
+        check(op.default, r(1000, low=-80, high=80, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_types_compute_in_float32_as_cpu_torch_does(dtype):
+    # CPU torch computes a half type's unary math in float32 and rounds once; computed in
+    # half, expm1, log2, acosh and sinc were 2 ulps off it (PyTorch's float16 reference
+    # tests), and bfloat16's round(x, 3) a third off
+    cases = [(aten.expm1, -2, 2), (aten.log2, 0.5, 8), (aten.log1p, -0.5, 8),
+             (aten.acosh, 1, 8), (aten.asinh, -8, 8), (aten.atanh, -0.9, 0.9),
+             (aten.sinc, -4, 4), (aten.special_i1, -4, 4)]
+    for op, low, high in cases:
+        check(op.default, r(4000, low=low, high=high, dtype=dtype))
+    check(aten.round.decimals, r(4000, low=-20, high=20, dtype=dtype), decimals=3)
+    check(aten.round.decimals, r(4000, low=-2000, high=2000, dtype=dtype), decimals=-2)
+
+
+def test_complex_exp_and_asinh_where_c99_says():
+    # cexp with an infinite real part and a non-finite imaginary one (XLA: NaN + NaN j);
+    # casinh's real part takes the sign of x's, -0 included (XLA: +1.32 for -0 + 2j)
+    inf, nan = math.inf, math.nan
+    check(aten.exp.default, torch.tensor([complex(inf, inf), complex(inf, nan), complex(-inf, inf),
+                                          complex(-inf, nan), complex(1, 2)], dtype=torch.complex64))
+    check(aten.asinh.default, torch.tensor([complex(-0.0, 2), complex(-0.0, -1.5), complex(0.0, 2),
+                                            complex(-1, 0.5)], dtype=torch.complex64))
+
+
 def test_float64_and_int64_exact():
     x = r(5, dtype=torch.float64)
     check(aten.exp.default, x, rtol=1e-14, atol=0)

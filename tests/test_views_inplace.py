@@ -187,7 +187,17 @@ def prims_broadcast_in_dim(dev):
     return [b * 2, torch._refs.nn.functional.prelu(_base(dev, (2, 4)), w)]
 
 
-SCENARIOS = [prims_broadcast_in_dim, inplace_view_ops, as_strided_of_a_view, index_add_one, view_flat_add_, transpose_copy_, slice_assign_zero,
+def prims_real_imag_conj(dev):
+    # prims torch's _refs call (_refs.real, _refs.conj: PyTorch's unary tests of them);
+    # they have no lowering or decomposition and run as the aten functions torch gives
+    # for them, so real and imag stay views that write through
+    z = torch.complex(_base(dev), _base(dev) * -0.25)
+    torch.ops.prims.real(z).mul_(2)
+    torch.ops.prims.imag(z).add_(1)
+    return [z, torch.ops.prims.conj(z).resolve_conj(), torch._refs.imag(z)]
+
+
+SCENARIOS = [prims_real_imag_conj, prims_broadcast_in_dim, inplace_view_ops, as_strided_of_a_view, index_add_one, view_flat_add_, transpose_copy_, slice_assign_zero,
              slice_assign_tensor, out_add, out_variants, out_into_view, chained_views_write,
              write_visible_via_base_and_other_views, base_write_visible_via_view,
              inplace_on_view_of_view_then_read_base, diagonal_zero_,

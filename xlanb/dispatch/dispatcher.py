@@ -57,6 +57,10 @@ def _plan(op) -> OpPlan:
             plan.special = _inplace_view  # squeeze_, unsqueeze_, transpose_, t_, ...
         elif plan.special is None and plan.kind == "functional" and not op._schema.returns:
             plan.special = _no_result
+        elif plan.special is None and plan.lowering is None and plan.decomp is None \
+                and getattr(op, "namespace", None) == "prims" \
+                and getattr(op, "impl_aten", None) is not None:
+            plan.special = _prim_as_aten  # prims.conj, prims.real, ... (torch._refs call them)
         if plan.special is None and plan.kind == "functional" \
                 and (plan.lowering is not None or plan.decomp is not None) \
                 and plan.name not in _HOST_INDICES_OK \
@@ -795,6 +799,20 @@ def _allclose(func, args, kwargs):
 
 def _is_nonzero(func, args, kwargs):
     return _device_bool(args[0], "value needed by bool()")
+
+
+def _prim_as_aten(func, args, kwargs):
+    # A prim with no lowering runs as the aten function torch gives for it (``impl_aten``:
+    # torch.conj for prims.conj, torch.real for prims.real), whose ops xlanb has: a view
+    # prim stays a view of its input, where a host fallback would copy it. Called from
+    # here, below autograd, aten::real would come back undecomposed (a view xlanb cannot
+    # write through into a complex base): its composite kernel (view_as_real, select) runs
+    # instead, as it does for torch.real outside.
+    op = getattr(getattr(aten, func._opname, None), "default", None)
+    if op is not None and torch._C._dispatch_has_kernel_for_dispatch_key(
+            op.name(), "CompositeImplicitAutograd"):
+        return op.decompose(*args, **kwargs)
+    return func.impl_aten(*args, **kwargs)
 
 
 def _is_same_size(func, args, kwargs):

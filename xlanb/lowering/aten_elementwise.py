@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from xlanb.lowering._util import aten, default_float, is_float, to_float
+from xlanb.lowering._util import aten, default_float, is_float, to_float, upcast
 from xlanb.lowering.registry import register
 
 
@@ -21,18 +21,78 @@ def _scaled(y, alpha):
 # ---- unary ----------------------------------------------------------------
 
 def _float_unary(op, fn):
-    # Integer and bool inputs produce torch's default float dtype.
-    register(op)(lambda x: fn(to_float(x)))
+    # Integer and bool inputs produce torch's default float dtype. Half types compute in
+    # float32 and round once, as CPU torch's kernels do (in half, expm1, log2, acosh and
+    # sinc were 2 ulps off CPU torch in PyTorch's float16 reference tests)
+    def unary(x):
+        x = to_float(x)
+        return fn(upcast(x)).astype(x.dtype)
+    register(op)(unary)
+
+
+def _exp(x):
+    if not jnp.iscomplexobj(x):
+        return jnp.exp(x)
+    # C99's cexp where the real part is infinite and the imaginary one is not finite (XLA
+    # gives NaN + NaN j): -inf gives 0, +inf gives inf + NaN j, as CPU torch and NumPy do
+    re, im = jnp.real(x), jnp.imag(x)
+    odd = jnp.isinf(re) & ~jnp.isfinite(im)
+    part = jnp.real(x).dtype
+    special = jnp.where(re > 0, lax.complex(jnp.asarray(jnp.inf, part), jnp.asarray(jnp.nan, part)),
+                        jnp.zeros((), x.dtype))
+    return jnp.where(odd, special, jnp.exp(x))
+
+
+def _exp2(x):
+    # 2**x as 2**n * 2**f (n = round(x), |f| <= 1/2), where 2**n is exact: XLA computes
+    # exp(x * log 2), whose product rounds x's ulp into the exponent (2**55 came out 1.5e-6
+    # off; CPU torch gives integer powers exactly)
+    if jnp.iscomplexobj(x):
+        return jnp.exp2(x)
+    y = upcast(x)  # half types in float32, rounded once, as CPU torch computes them
+    n = jnp.round(y)
+    scaled = jnp.ldexp(jnp.exp2(y - n), jnp.clip(n, -2200, 2200).astype(jnp.int32))
+    return jnp.where(jnp.isfinite(y), scaled, jnp.exp2(y)).astype(x.dtype)
+
+
+# XLA's cosh and sinh compute exp(|x| + log(1/2)): the sum rounds away |x|'s last bits,
+# 25 ulps off CPU torch at |x| = 55. Here they are 0.5 (e + 1/e) and 0.5 (e - 1/e) with
+# e = exp(|x|), which overflow where CPU torch's do (|x| > 88.72 in float32, where cosh
+# itself overflows only past 89.41); sinh keeps XLA's form below |x| = 1, which avoids
+# e - 1/e's cancellation there (through expm1).
+def _cosh(x):
+    if jnp.iscomplexobj(x):
+        return jnp.cosh(x)
+    e = jnp.exp(jnp.abs(upcast(x)))  # half types in float32, as CPU torch computes them
+    return (0.5 * (e + 1 / e)).astype(x.dtype)
+
+
+def _sinh(x):
+    if jnp.iscomplexobj(x):
+        return jnp.sinh(x)
+    y = upcast(x)
+    e = jnp.exp(jnp.abs(y))
+    big = jnp.copysign(0.5 * (e - 1 / e), y)
+    return jnp.where(jnp.abs(y) < 1, jnp.sinh(y), big).astype(x.dtype)
+
+
+def _asinh(x):
+    if not jnp.iscomplexobj(x):
+        return jnp.arcsinh(x)
+    # asinh is odd, so its real part has the sign of x's, signed zero included (C99's
+    # casinh; XLA gave +1.32 + 1.57j for -0 + 2j, where CPU torch gives -1.32 + 1.57j)
+    r = jnp.arcsinh(x)
+    return lax.complex(jnp.copysign(jnp.real(r), jnp.real(x)), jnp.imag(r))
 
 
 for _op, _fn in [
-    (aten.exp, jnp.exp), (aten.exp2, jnp.exp2), (aten.expm1, jnp.expm1),
+    (aten.exp, _exp), (aten.exp2, _exp2), (aten.expm1, jnp.expm1),
     (aten.log, jnp.log), (aten.log2, jnp.log2), (aten.log10, jnp.log10),
     (aten.log1p, jnp.log1p), (aten.sqrt, jnp.sqrt), (aten.rsqrt, lax.rsqrt),
     (aten.sin, jnp.sin), (aten.cos, jnp.cos), (aten.tan, jnp.tan),
     (aten.asin, jnp.arcsin), (aten.acos, jnp.arccos), (aten.atan, jnp.arctan),
-    (aten.sinh, jnp.sinh), (aten.cosh, jnp.cosh), (aten.tanh, jnp.tanh),
-    (aten.asinh, jnp.arcsinh), (aten.acosh, jnp.arccosh), (aten.atanh, jnp.arctanh),
+    (aten.sinh, _sinh), (aten.cosh, _cosh), (aten.tanh, jnp.tanh),
+    (aten.asinh, _asinh), (aten.acosh, jnp.arccosh), (aten.atanh, jnp.arctanh),
     (aten.sigmoid, jax.nn.sigmoid), (aten.erf, lax.erf), (aten.erfc, lax.erfc),
     (aten.erfinv, lax.erf_inv), (aten.lgamma, lax.lgamma),
     (aten.i0, jnp.i0), (aten.sinc, jnp.sinc), (aten.reciprocal, lambda x: 1 / x),
@@ -63,7 +123,20 @@ register(aten.ceil.default, may_refuse=True)(_int_identity(jnp.ceil))
 register(aten.floor.default, may_refuse=True)(_int_identity(jnp.floor))
 register(aten.trunc.default, aten.fix.default, may_refuse=True)(_int_identity(jnp.trunc))
 register(aten.round.default, may_refuse=True)(_int_identity(jnp.round))  # half to even
-register(aten.round.decimals)(lambda x, *, decimals=0: jnp.round(x, decimals))
+@register(aten.round.decimals)
+def round_decimals(x, *, decimals=0):
+    # as CPU torch: in float32 for half types, and dividing by 10**-decimals for negative
+    # decimals (jnp.round scaled bfloat16 in bfloat16: a third off at 3 decimals)
+    if not is_float(x):
+        return jnp.round(x, decimals)
+    y = upcast(x)
+    if decimals >= 0:
+        scale = 10.0 ** decimals
+        r = jnp.round(y * scale) / scale
+    else:
+        scale = 10.0 ** -decimals
+        r = jnp.round(y / scale) * scale
+    return r.astype(x.dtype)
 register(aten.frac.default)(lambda x: x - jnp.trunc(x))
 register(aten.abs.default)(jnp.abs)
 register(aten.neg.default)(jnp.negative)

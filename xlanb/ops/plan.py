@@ -26,7 +26,8 @@ class OpPlan:
         self.kind = kind          # functional | view | inplace | out | mutating
         self.fop = fop            # the functional op that nodes record
         self.mutated = mutated    # positions (int) or kwarg names (str) written to
-        self.name = f"aten::{op.__name__.split('.')[0]}" if hasattr(op, "__name__") else str(op)
+        self.name = (f"{getattr(op, 'namespace', 'aten')}::{op.__name__.split('.')[0]}"
+                     if hasattr(op, "__name__") else str(op))
         low = registry.lookup(fop) if fop is not None else None
         self.lowering = low
         self.decomp = None
