@@ -808,10 +808,15 @@ def _prim_as_aten(func, args, kwargs):
     # here, below autograd, aten::real would come back undecomposed (a view xlanb cannot
     # write through into a complex base): its composite kernel (view_as_real, select) runs
     # instead, as it does for torch.real outside.
-    op = getattr(getattr(aten, func._opname, None), "default", None)
-    if op is not None and torch._C._dispatch_has_kernel_for_dispatch_key(
-            op.name(), "CompositeImplicitAutograd"):
-        return op.decompose(*args, **kwargs)
+    packet = getattr(aten, func._opname, None)
+    if _plan(func).kind == "view" and packet is not None and "default" in packet.overloads():
+        try:  # (aten.ne.default is TorchScript's ne(Scalar, Scalar), no dispatcher op)
+            composite = torch._C._dispatch_has_kernel_for_dispatch_key(
+                packet.default.name(), "CompositeImplicitAutograd")
+        except RuntimeError:
+            composite = False
+        if composite:
+            return packet.default.decompose(*args, **kwargs)
     return func.impl_aten(*args, **kwargs)
 
 
