@@ -123,6 +123,8 @@ register(aten.ceil.default, may_refuse=True)(_int_identity(jnp.ceil))
 register(aten.floor.default, may_refuse=True)(_int_identity(jnp.floor))
 register(aten.trunc.default, aten.fix.default, may_refuse=True)(_int_identity(jnp.trunc))
 register(aten.round.default, may_refuse=True)(_int_identity(jnp.round))  # half to even
+
+
 @register(aten.round.decimals)
 def round_decimals(x, *, decimals=0):
     # as CPU torch: in float32 for half types, and dividing by 10**-decimals for negative
@@ -137,6 +139,8 @@ def round_decimals(x, *, decimals=0):
         scale = 10.0 ** -decimals
         r = jnp.round(y / scale) * scale
     return r.astype(x.dtype)
+
+
 register(aten.frac.default)(lambda x: x - jnp.trunc(x))
 register(aten.abs.default)(jnp.abs)
 register(aten.neg.default)(jnp.negative)
