@@ -192,9 +192,11 @@ def test_exponentials_as_cpu_torch_computes_them():
     # XLA's exp2 is exp(x log 2) and its cosh and sinh are exp(|x| + log 1/2): both round
     # |x|'s last bits into the exponent (2**55 and cosh(55) came out 1.5e-6 off, where CPU
     # torch is within an ulp: PyTorch's int64 reference tests); half types compute in
-    # float32 and round once, as CPU torch's do
+    # float32 and round once, as CPU torch's do. Not past |x| = 88.7, where float32's exp
+    # overflows and cosh does not: torch 2.13's vector kernel gives inf there, its scalar
+    # one and torch 2.14's the value
     for op in (aten.exp2, aten.cosh, aten.sinh):
-        check(op.default, torch.arange(-100, 101))
+        check(op.default, torch.arange(-88, 89))
         check(op.default, r(1000, low=-88, high=88))
         check(op.default, r(1000, low=-700, high=700, dtype=torch.float64))
         check(op.default, r(1000, low=-11, high=11, dtype=torch.float16))
