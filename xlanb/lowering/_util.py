@@ -30,6 +30,12 @@ def upcast(x):
     return x.astype(jnp.float32) if x.dtype in _LOW_FLOATS else x
 
 
+def in_opmath(fn, x):
+    """``fn(x)`` with half types computed in float32 and rounded once to ``x``'s dtype,
+    as CPU torch's elementwise kernels compute them."""
+    return fn(upcast(x)).astype(x.dtype)
+
+
 def to_float(x):
     """Integer/bool inputs of float-valued ops (mean, exp, ...) -> default float."""
     return x if jnp.issubdtype(x.dtype, jnp.inexact) else x.astype(default_float())

@@ -13,7 +13,7 @@ import jax.scipy.special as jss
 from jax import lax
 
 from xlanb.lowering import _cephes as C
-from xlanb.lowering._util import aten, default_float, to_float, upcast
+from xlanb.lowering._util import aten, default_float, in_opmath, to_float
 from xlanb.lowering.aten_elementwise import digamma
 from xlanb.lowering.registry import register
 
@@ -39,8 +39,7 @@ for _op, _fn in [
     (aten.special_erfcx, jss.erfcx), (aten.special_ndtr, jss.ndtr),
     (aten.special_entr, jss.entr),
 ]:
-    # half types in float32, rounded once, as CPU torch computes them
-    register(_op.default)(lambda x, _fn=_fn: _fn(upcast(_f(x))).astype(_f(x).dtype))
+    register(_op.default)(lambda x, _fn=_fn: in_opmath(_fn, _f(x)))
 
 
 _ZETA_A = (12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9,
