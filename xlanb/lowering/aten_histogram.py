@@ -1,6 +1,7 @@
 """Histograms: ``histc``, ``histogram`` by bin count or edges, ``histogramdd``."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -42,19 +43,37 @@ def _hist(idx, nbins, weight, dtype):
 
 @register(aten.histc.default)
 def histc(x, bins=100, min=0, max=0):  # noqa: A002  (torch's argument names)
+    # torch's histc (CPU and CUDA kernels alike) maps x to its bin by division alone,
+    # (x - min) * bins / (max - min) truncated, with no search against linspace edges
+    # (that is histogram's algorithm). Integer input (CUDA, and so every MoE's
+    # ``histc(expert_ids.int(), ...)`` off CPU) does that division in integers:
+    # edges truncated to the integer dtype would move values into the next bin.
+    # The range is the data's when min == max (not only when both are 0).
     xf = x.reshape(-1)
+    integer = jnp.issubdtype(xf.dtype, jnp.integer)
     lo = jnp.asarray(min, jnp.float64)
     hi = jnp.asarray(max, jnp.float64)
-    auto = (lo == 0) & (hi == 0)
+    if integer:  # CUDA takes the limits in the input's dtype first
+        lo, hi = jnp.trunc(lo), jnp.trunc(hi)
+    auto = lo == hi
     if xf.size:
         lo = jnp.where(auto, jnp.min(xf).astype(jnp.float64), lo)
         hi = jnp.where(auto, jnp.max(xf).astype(jnp.float64), hi)
     same = lo == hi
     lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
     lo_t, hi_t = lo.astype(x.dtype), hi.astype(x.dtype)
-    edges = _linspace_t(lo_t, hi_t, bins + 1).astype(x.dtype)
-    idx = _bin_index(xf, lo_t, hi_t, bins, edges)
-    return _hist(idx, bins, None, x.dtype)
+    if integer:
+        wide = xf.astype(jnp.int64)
+        pos = (wide - lo_t) * bins // (hi_t - lo_t).astype(jnp.int64)
+    else:
+        # The width goes in whole behind a barrier: divided by a broadcast scalar, XLA
+        # multiplies by its reciprocal (1 ulp off in a third of the elements, see
+        # docs/DESIGN.md), and an ulp at an edge moves a count to the next bin.
+        width = jax.lax.optimization_barrier(jnp.broadcast_to(hi_t - lo_t, xf.shape))
+        pos = jnp.trunc((xf - lo_t) * bins / width)
+    pos = jnp.minimum(pos.astype(jnp.int64), bins - 1)  # x == max: the last bin
+    inside = (xf >= lo_t) & (xf <= hi_t)
+    return _hist(jnp.where(inside, pos, -1), bins, None, x.dtype)
 
 
 def _density(hist, edges_list):
