@@ -15,6 +15,11 @@
 ``XLANB_EAGER_RUNS``  the most ops eager mode compiles as one run (default 2048); 0: each
                      new op compiles alone, as before (``execute/graphs.py``)
 ``XLANB_QUICK_COMPILES``  0: lazy graphs and eager runs compile with XLA's full optimizations at once
+``XLANB_SEGMENTS``   0: a graph whose shapes changed compiles whole again, instead of
+                     only its segments whose shapes changed (``graph/segments.py``)
+``XLANB_HOST_SEGMENT_BYTES``  a changed segment of at most these bytes (inputs and
+                     outputs) runs on CPU torch instead of compiling (default 64K; 0: never;
+                     ``execute/host.py``)
 ``XLANB_TIER_UP``    sightings of an op signature after which its own optimized
                      executable compiles in the background (default 3; 0: never)
 ``XLANB_DEBUG_NANS``  1: find the first op that makes a NaN or Inf (``xlanb.debug_nans``)
@@ -320,6 +325,8 @@ class Config:
     eager_runs = _Checked(check_count, 0, "0: off")
     tier_up = _Checked(check_count, 0, "0: never")
     quick_compiles = _Checked(check_flag)
+    segments = _Checked(check_flag)
+    host_segment_bytes = _Checked(check_size, 0)
     compile_profile = _Checked(check_flag)
 
     def __init__(self) -> None:
@@ -356,6 +363,14 @@ class Config:
         # fusion emitters off: execute/compile.quick_options); a graph that comes back
         # compiles fully in the background (execute/graphs.tier_up).
         self.quick_compiles = env_flag("XLANB_QUICK_COMPILES", True)
+        # A graph (lazy, or an eager run) with the ops of an earlier one at other shapes
+        # is cut where its shapes changed, and its segments compile and are cached apart
+        # (graph/segments.py): only the changed ones compile again.
+        self.segments = env_flag("XLANB_SEGMENTS", True)
+        # Such a changed segment, if its values are small (inputs and outputs together),
+        # runs on CPU torch instead of compiling at every new shape (execute/host.py):
+        # generate's input ids and attention mask, one longer per token.
+        self.host_segment_bytes = env_size("XLANB_HOST_SEGMENT_BYTES", 64 << 10, 0)
         # An op signature seen this many times in eager runs gets its own optimized
         # executable, compiled in the background, so that it then runs alone; 0: never.
         self.tier_up = env_count("XLANB_TIER_UP", 3, 0, "0: never")

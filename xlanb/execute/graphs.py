@@ -23,6 +23,7 @@ from ..graph import compile_time
 from ..graph.collectives import CollectiveList, parse_collectives
 from ..graph.explain import explain
 from ..graph.render import render_dot, render_text
+from ..graph.segments import cut, segment_plans, varying_steps
 from ..graph.summary import summarize
 from ..ir.nodes import GraphPlan
 from ..runtime.compile_profile import raw_profile
@@ -36,6 +37,7 @@ from ..values.memory import (GraphMemory, check_graph, device_oom, graph_buffers
 from ..executables.resident import admit_graph
 from ..executables.stages import GraphLowering, kept_shardings, mesh_leaves, sharding_of
 from ..executables.target import check_target_fit, start_target_compile
+from .host import fits_host, run_on_host
 
 @dataclass
 class CompiledGraph:
@@ -566,12 +568,50 @@ def run_plan_as_graph(plan: GraphPlan, device: int, cause: str, src, placed=None
     """Compile (or find) the graph of ``plan`` and run it; returns the roots' arrays.
     ``placed`` (SPMD): per root, the sharding of the value it replaces (see ``stages.kept_shardings``).
     ``run``: an eager run of ops (mode_policy.Eager), compiled quickly first and counted
-    as ``EagerRunCompile`` / ``EagerRunCacheHit`` rather than as lazy graphs."""
+    as ``EagerRunCompile`` / ``EagerRunCacheHit`` rather than as lazy graphs.
+    A graph whose shapes change (graph/segments.py) runs as segments cached apart."""
+    if not run:
+        _syncs_at[src] = _syncs_at.get(src, 0) + 1
+    if config.segments and not session.spmd and cached_graph(plan, device) is None:
+        varying = varying_steps(plan, device)
+        if varying:
+            pieces = cut(plan, varying)
+            if len(pieces) > 1:
+                return _run_segments(plan, segment_plans(plan, pieces, varying), device, cause,
+                                     src, run)
+    rec, fresh, arrays = find_graph(plan, device, cause, src, placed, quick=run)
+    return _run_found(rec, fresh, arrays, plan, cause, src, run)
+
+
+def _run_segments(plan: GraphPlan, segments: list, device: int, cause: str, src,
+                  run: bool) -> list:
+    """``plan`` run as its ``segments`` in order, each found or compiled as a graph of
+    its own (counted ``SegmentCompile`` / ``SegmentCacheHit``); the roots' arrays."""
+    vals = [n.data for n in plan.leaves] + [None] * len(plan.steps)
+    metrics.counter("SegmentedGraph")
+    for seg in segments:
+        if seg.changed and cached_graph(seg.plan, device) is None and fits_host(seg.plan):
+            outs = run_on_host(seg.plan, [vals[p] for p in seg.inputs], device)
+            if outs is not None:
+                for p, a in zip(seg.outputs, outs):
+                    vals[p] = a
+                continue
+        rec, fresh = compiled_graph(seg.plan, device, cause, src, quick=run)
+        metrics.counter("SegmentCompile" if fresh else "SegmentCacheHit")
+        outs = _run_found(rec, fresh, [vals[p] for p in seg.inputs], seg.plan, cause, src, run)
+        for p, a in zip(seg.outputs, outs):
+            vals[p] = a
+    return [vals[p] for p in plan.root_pos]
+
+
+def _run_found(rec: CompiledGraph, fresh: bool, arrays, plan: GraphPlan, cause: str, src,
+               run: bool) -> list:
+    """Run a graph ``find_graph`` (or a segment's ``compiled_graph``) gave, counted as a
+    lazy graph's or an eager run's, and start or finish its tier-up."""
     # A tier-up starts once this run is done (True: it swaps in when ready): on two
     # cores, compiling beside the run slowed a BERT step's quick run 1.5-2x.
     tier_up_after = None
     if run:
-        rec, fresh, arrays = find_graph(plan, device, cause, src, placed, quick=True)
         metrics.counter("EagerRunCompile" if fresh else "EagerRunCacheHit")
         if not fresh:
             rec.hits += 1
@@ -589,22 +629,19 @@ def run_plan_as_graph(plan: GraphPlan, device: int, cause: str, src, placed=None
                 # its quick compile took (one that runs in microseconds never tiers
                 # up); it takes the quick one's place when ready: nobody waits for it
                 tier_up_after = True
+    elif fresh:
+        _report_compile(rec, src)
+        if rec.quick and _big(rec.compile_time):
+            tier_up_after = False  # a training step: it will be back
     else:
-        _syncs_at[src] = _syncs_at.get(src, 0) + 1
-        rec, fresh, arrays = find_graph(plan, device, cause, src, placed)
-        if fresh:
-            _report_compile(rec, src)
-            if rec.quick and _big(rec.compile_time):
-                tier_up_after = False  # a training step: it will be back
-        else:
-            metrics.counter("CachedCompile")
-            rec.hits += 1
-            if rec.quick:
-                # Compiled quickly for its first run; its optimized compile starts at
-                # its second (a big graph's: at its first) and runs from its third. A
-                # graph that runs once (most of an interactive session's, a test's)
-                # never pays for it.
-                tier_up_after = _at_a_fixed_run(rec)
+        metrics.counter("CachedCompile")
+        rec.hits += 1
+        if rec.quick:
+            # Compiled quickly for its first run; its optimized compile starts at
+            # its second (a big graph's: at its first) and runs from its third. A
+            # graph that runs once (most of an interactive session's, a test's)
+            # never pays for it.
+            tier_up_after = _at_a_fixed_run(rec)
     outs = run_compiled(rec, arrays, plan.scalars, _SyncedGraph(len(plan.steps), cause, src),
                         src)
     if tier_up_after is not None:

@@ -217,6 +217,42 @@ def plan_graph(roots: list[Node], known: dict | None = None) -> GraphPlan:
     return GraphPlan(tuple(key_parts), leaves, scalars, steps, op_nodes, roots, root_pos)
 
 
+def reachable(roots: list[Node]) -> set[int]:
+    """The ids of the pending nodes ``roots`` depend on, themselves included."""
+    seen: set[int] = set()
+    stack = [r for r in roots if r.data is None]
+    while stack:
+        node = stack.pop()
+        nid = id(node)
+        if nid in seen:
+            continue
+        seen.add(nid)
+        for inp in node.inputs:
+            if inp.data is None and id(inp) not in seen:
+                stack.append(inp)
+    return seen
+
+
+def frontier(roots: list[Node], inside: set[int]) -> list[Node]:
+    """The nodes in ``inside`` (ids) that the pending work of ``roots`` (none of them
+    inside) reads directly: where that work would cut into a graph of ``inside``."""
+    seen: set[int] = set()
+    found: dict[int, Node] = {}
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        for inp in node.inputs:
+            iid = id(inp)
+            if inp.data is not None or iid in seen:
+                continue
+            seen.add(iid)
+            if iid in inside:
+                found[iid] = inp
+            else:
+                stack.append(inp)
+    return list(found.values())
+
+
 _digests = cache({}, "OpSignature uid -> its process-independent digest")
 
 

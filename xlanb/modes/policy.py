@@ -25,8 +25,8 @@ from ..values.memory import check_op
 from ..execute.opbyop import run_plan_op_by_op
 from ..executables.prefix import missing_ops
 from ..executables.single_op import direct_call, op_executable, run_op_on_arrays
-from ..ir.nodes import GraphPlan, Node, OpSignature
-from ..pending.live import end_waiting, set_aside, swept_roots
+from ..ir.nodes import GraphPlan, Node, OpSignature, frontier, reachable
+from ..pending.live import end_waiting, pending_roots, set_aside, swept_roots
 from ..pending.realize import node_array, sync
 from .record import _x64, run_op_executable
 
@@ -79,6 +79,25 @@ class Lazy(ModePolicy):
     def op(self, state, info, inputs, scalars, depth=3):
         return Node(info, inputs, scalars, None, user_frame(depth),
                     scope_stack[-1] if scope_stack else "")
+
+    def roots_to_run(self, state, roots):
+        # A read's graph also hands out what the pending work left after it would
+        # compute again: the live tensors it computes on the way (a KV cache updated in
+        # place, or grown by a cat, is an input of the logits that generate's stopping
+        # check reads), and the values inside it that other live tensors' pending work
+        # reads (the attention mask grown by a cat after each token's forward). Left
+        # pending, every token's graph recomputed each earlier token's (18 -> 283 ->
+        # 527 -> 730 ops: a new graph per token, and quadratic work); handed out, the
+        # pending work starts from device data, and each token's graph is the same.
+        live = without_failed(pending_roots())
+        if not live:
+            return roots
+        inside = reachable(roots)
+        extra = [n for n in live if id(n) in inside]
+        outside = [n for n in live if id(n) not in inside]
+        if outside:
+            extra += frontier(outside, inside)
+        return list(roots) + extra if extra else roots
 
     def run_sync_plan(self, plan, device, cause, src, placed):
         return run_plan_as_graph(plan, device, cause, src, placed)
