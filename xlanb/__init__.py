@@ -45,7 +45,7 @@ from .values.memory import (DeviceMemoryError, GraphBuffer, GraphMemory, MemoryB
                              memory_reserved, max_memory_reserved,
                              memory_summary, memory_timeline, reset_peak_memory_stats,
                              set_memory_line_bytes)
-from .execute.graphs import (Column, CompiledGraph, GraphList, RecompileWarning,
+from .execute.graphs import (Column, CompiledGraph, GraphList, RecompileError, RecompileWarning,
                              compile_summary, graph_columns, graphs)
 from .graph.compile_time import CompilePart, CompileProfile, CompileRow, CompileSummary
 from .executables.target import (PaddingList, PaddingRow, TargetCost, TargetReport, get_target,
@@ -82,7 +82,7 @@ __all__ = ["device", "device_count", "set_mode", "switch_mode", "get_mode", "mod
            "pending_summary", "render_svg", "render_text", "render_dot", "hlo", "graphs",
            "GraphList", "GraphSummary", "OpRecord", "SourceLoc", "explain", "diff_summaries",
            "SummaryDiff",
-           "RecompileWarning", "metrics", "config", "XlaTensor", "CompiledGraph",
+           "RecompileWarning", "RecompileError", "metrics", "config", "XlaTensor", "CompiledGraph",
            "manual_seed", "set_trace", "compile", "CompiledFunction", "debugger_active",
            "format_table", "format_table_html", "format_bytes", "format_duration", "format_cell_loc",
            "format_hash", "format_pct", "format_fits", "format_location",

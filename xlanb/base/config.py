@@ -17,6 +17,10 @@
 ``XLANB_QUICK_COMPILES``  0: lazy graphs and eager runs compile with XLA's full optimizations at once
 ``XLANB_SEGMENTS``   0: a graph whose shapes changed compiles whole again, instead of
                      only its segments whose shapes changed (``graph/segments.py``)
+``XLANB_STRICT_RECOMPILES``  1: a recompile after warm-up (the ops of a graph compiled
+                     before, at other shapes; or a line's third new graph) raises
+                     ``xlanb.RecompileError`` with its explanation instead of compiling
+                     (vLLM's ``VLLM_XLA_CHECK_RECOMPILATION``; default off)
 ``XLANB_HOST_SEGMENT_BYTES``  a changed segment of at most these bytes (inputs and
                      outputs) runs on CPU torch instead of compiling (default 64K; 0: never;
                      ``execute/host.py``)
@@ -326,6 +330,7 @@ class Config:
     tier_up = _Checked(check_count, 0, "0: never")
     quick_compiles = _Checked(check_flag)
     segments = _Checked(check_flag)
+    strict_recompiles = _Checked(check_flag)
     host_segment_bytes = _Checked(check_size, 0)
     compile_profile = _Checked(check_flag)
 
@@ -367,6 +372,9 @@ class Config:
         # is cut where its shapes changed, and its segments compile and are cached apart
         # (graph/segments.py): only the changed ones compile again.
         self.segments = env_flag("XLANB_SEGMENTS", True)
+        # A recompile after warm-up (a graph's ops again at other shapes, or a line's
+        # third new graph) is an error that explains it (execute/graphs.RecompileError).
+        self.strict_recompiles = env_flag("XLANB_STRICT_RECOMPILES", False)
         # Such a changed segment, if its values are small (inputs and outputs together),
         # runs on CPU torch instead of compiling at every new shape (execute/host.py):
         # generate's input ids and attention mask, one longer per token.

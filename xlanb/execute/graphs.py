@@ -23,7 +23,8 @@ from ..graph import compile_time
 from ..graph.collectives import CollectiveList, parse_collectives
 from ..graph.explain import explain
 from ..graph.render import render_dot, render_text
-from ..graph.segments import cut, segment_plans, varying_steps
+from ..graph.segments import (components, cut, growth_text, growths, segment_plans, sighting, skeleton,
+                              varying_steps)
 from ..graph.summary import summarize
 from ..ir.nodes import GraphPlan
 from ..runtime.compile_profile import raw_profile
@@ -63,6 +64,9 @@ class CompiledGraph:
     # eager PyTorch test spent most of its time diffing graphs nobody looked at)
     _explain_from: object = field(default=None, repr=False)
     _explanation: str | None = field(default=None, repr=False)
+    # a segment of a graph whose shapes change: what grows, by line, and its fix
+    # (graph/segments.growth_text), said after the explanation
+    growth: str = ""
     summary: object = field(default=None, repr=False)  # summary.GraphSummary
     lowered: object = field(default=None, repr=False)  # jax.stages.Lowered, once known
     # a graph on a mesh: its outputs' shardings (the partitioner's choice) and the
@@ -90,6 +94,8 @@ class CompiledGraph:
         if self._explanation is None:
             prev = self._explain_from
             self._explanation = explain(prev, self.summary) if prev is not None else ""
+            if self.growth:
+                self._explanation = "; ".join(t for t in (self._explanation, self.growth) if t)
             self._explain_from = None
         return self._explanation
 
@@ -372,7 +378,8 @@ def cached_graph(plan: GraphPlan, device: int) -> CompiledGraph | None:
 
 
 def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
-                   arrays=None, mesh=None, keep=None, quick: bool = False
+                   arrays=None, mesh=None, keep=None, quick: bool = False,
+                   prev=None, growth: str = "", reshaped: bool = False
                    ) -> tuple[CompiledGraph, bool]:
     """The cached executable of ``plan``'s structure: from memory, else from the
     executable store, else compiled now. Returns it and whether it is new to this process.
@@ -383,7 +390,11 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
     executable if there is one, in memory or in the store (``tier_up`` makes one), else
     the quick one: from the store, where it has a key of its own (its options), or
     compiled now and stored there (but for a big lazy graph's, whose optimized one is
-    stored soon), so that a new process runs the same program without lowering anything."""
+    stored soon), so that a new process runs the same program without lowering anything.
+    ``prev``: the graph its explanation compares it with (None: the last one compiled
+    from ``src``; False: none); ``growth``: what grows, said after it; ``reshaped``: the
+    same ops were compiled before at other shapes (what strict recompiles refuse, with
+    a line's ``frequent_compiles``-th new graph)."""
     shardings = tuple(sharding_of(a) for a in arrays) if mesh is not None else None
     key = (device, plan.key) if shardings is None else (device, plan.key, shardings, keep)
     tiered = shardings is None and config.quick_compiles
@@ -400,6 +411,15 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
             build = build.at("quick")
     eager_run, quick = quick, build.tier == "quick"
     exe = build.stored()
+    summary = summarize(plan)
+    from_line = None if prev else next(
+        (g for g in reversed(graph_log) if g.src == src and g.device == device), None)
+    if prev is None:
+        prev = from_line
+    if exe is None and config.strict_recompiles and (prev or from_line) and (
+            reshaped or _compiles_at.get(src, 0) >= config.frequent_compiles):
+        raise _recompile_error(prev or from_line, summary, growth, src, cause,
+                               len(plan.steps))
     if exe is None:
         try:
             exe = _compile_graph(build, keep=not quick)
@@ -420,12 +440,10 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
         metrics.counter("QuickCompile")
     if build.metric == "CompileTime":
         metrics.counter("UncachedCompile")
-    summary = summarize(plan)
-    prev = next((g for g in reversed(graph_log) if g.src == src and g.device == device), None)
     rec = CompiledGraph(format_hash(lowering.hash, HASH_ID), device, len(plan.steps), len(plan.leaves),
                         len(plan.roots), cause, src, time.perf_counter() - t0, exe,
                         lowering=lowering,
-                        _explain_from=prev.summary if prev else None,
+                        _explain_from=prev.summary if prev else None, growth=growth,
                         summary=summary, lowered=lowered, quick=quick,
                         _compile_raw=raw_profile(exe) if lowered is not None else None)
     admit_graph(rec)
@@ -526,6 +544,23 @@ class RecompileWarning(UserWarning):
     """Graphs from one source line keep compiling (the graph is dynamic)."""
 
 
+class RecompileError(RuntimeError):
+    """A recompile after warm-up, with ``XLANB_STRICT_RECOMPILES`` on
+    (``xlanb.config.strict_recompiles``): the ops of a graph compiled before, at other
+    shapes, or a line's ``frequent_compiles``-th new graph. Nothing was compiled or run;
+    every tensor keeps its pending work."""
+
+
+def _recompile_error(prev: CompiledGraph, summary, growth: str, src, cause: str,
+                     n: int) -> RecompileError:
+    why = "; ".join(t for t in (explain(prev.summary, summary), growth) if t)
+    return RecompileError(
+        f"xlanb: a recompile after warm-up at {format_loc(src) or '?'} ({cause}: a graph "
+        f"of {n} ops; strict recompiles are on): {why}. Nothing ran; every tensor keeps "
+        "its pending work. xlanb.config.strict_recompiles = False (XLANB_STRICT_RECOMPILES=0) "
+        "allows it")
+
+
 _syncs_at = cache({}, "source location -> lazy syncs from there", group="graphs")
 _compiles_at = cache({}, "source location -> new graphs from there", group="graphs")
 _warned_at = cache(set(), "source locations warned about recompiling (once each)", group="graphs")
@@ -554,54 +589,101 @@ def _report_compile(rec: CompiledGraph, src) -> None:
             warnings.warn(msg, RecompileWarning, stacklevel=3)
 
 
-def find_graph(plan: GraphPlan, device: int, cause: str, src, placed=None, quick=False):
+def find_graph(plan: GraphPlan, device: int, cause: str, src, placed=None, quick=False,
+               growth: str = "", reshaped: bool = False, prev=None):
     """``(CompiledGraph, fresh, leaf arrays)`` for ``plan``, as a sync would run it:
     on a mesh if it touches sharded tensors (``placed``: see ``stages.kept_shardings``)."""
     arrays, mesh = mesh_leaves(plan)
     rec, fresh = compiled_graph(plan, device, cause, src, arrays, mesh,
-                                kept_shardings(placed, mesh), quick)
+                                kept_shardings(placed, mesh), quick, growth=growth,
+                                reshaped=reshaped, prev=prev)
     return rec, fresh, arrays
 
 
 def run_plan_as_graph(plan: GraphPlan, device: int, cause: str, src, placed=None,
-              run: bool = False) -> list:
+              run: bool = False, compiling=None) -> list:
     """Compile (or find) the graph of ``plan`` and run it; returns the roots' arrays.
     ``placed`` (SPMD): per root, the sharding of the value it replaces (see ``stages.kept_shardings``).
     ``run``: an eager run of ops (mode_policy.Eager), compiled quickly first and counted
     as ``EagerRunCompile`` / ``EagerRunCacheHit`` rather than as lazy graphs.
-    A graph whose shapes change (graph/segments.py) runs as segments cached apart."""
+    A graph whose shapes change (graph/segments.py) runs as segments cached apart.
+    ``compiling``: called with each plan (the whole, or a segment) about to compile, before
+    it does (eager's count of the ops that came back in new company)."""
     if not run:
         _syncs_at[src] = _syncs_at.get(src, 0) + 1
-    if config.segments and not session.spmd and cached_graph(plan, device) is None:
+    growth, reshaped = "", False
+    if not session.spmd and cached_graph(plan, device) is None:
         varying = varying_steps(plan, device)
-        if varying:
+        if varying and config.segments:
             pieces = cut(plan, varying)
             if len(pieces) > 1:
                 return _run_segments(plan, segment_plans(plan, pieces, varying), device, cause,
-                                     src, run)
-    rec, fresh, arrays = find_graph(plan, device, cause, src, placed, quick=run)
+                                     src, run, compiling)
+        seen = sighting(plan, device)
+        if run and config.segments:
+            # an eager run of independent pieces that ran as runs of their own before
+            # runs as those pieces: the same ops at the same shapes compile nothing
+            # because they were read at other places
+            groups = components(plan)
+            if len(groups) > 1:
+                parts = segment_plans(plan, groups, frozenset())
+                if any(cached_graph(p.plan, device) is not None for p in parts):
+                    metrics.counter("EagerRunInPieces")
+                    return _run_segments(plan, parts, device, cause, src, run, compiling)
+        reshaped = seen is not None and len(seen.infos) > 1
+        if reshaped:  # its shapes changed: name what grows
+            growth = growth_text(growths(plan, seen))
+    if compiling is not None and cached_graph(plan, device) is None:
+        compiling(plan)
+    # a graph whose shapes changed is explained against its ops at their last shapes
+    prev = _skeleton_last.get((device, skeleton(plan))) if reshaped else None
+    rec, fresh, arrays = find_graph(plan, device, cause, src, placed, quick=run, growth=growth,
+                                    reshaped=reshaped, prev=prev)
+    if fresh and not session.spmd:
+        _skeleton_last[(device, skeleton(plan))] = rec
     return _run_found(rec, fresh, arrays, plan, cause, src, run)
 
 
 def _run_segments(plan: GraphPlan, segments: list, device: int, cause: str, src,
-                  run: bool) -> list:
+                  run: bool, compiling=None) -> list:
     """``plan`` run as its ``segments`` in order, each found or compiled as a graph of
     its own (counted ``SegmentCompile`` / ``SegmentCacheHit``); the roots' arrays."""
     vals = [n.data for n in plan.leaves] + [None] * len(plan.steps)
     metrics.counter("SegmentedGraph")
-    for seg in segments:
+    shape_key = (device, skeleton(plan))
+    growth = None
+    for i, seg in enumerate(segments):
         if seg.changed and cached_graph(seg.plan, device) is None and fits_host(seg.plan):
             outs = run_on_host(seg.plan, [vals[p] for p in seg.inputs], device)
             if outs is not None:
                 for p, a in zip(seg.outputs, outs):
                     vals[p] = a
                 continue
-        rec, fresh = compiled_graph(seg.plan, device, cause, src, quick=run)
+        prev = False  # (not the last graph from its line: another segment's)
+        if compiling is not None and cached_graph(seg.plan, device) is None:
+            compiling(seg.plan)
+        if seg.changed and cached_graph(seg.plan, device) is None:
+            # its explanation compares it with the same segment's last compile, and says
+            # what grows (computed once per graph, and only for a compile)
+            prev = _segment_prev.get((shape_key, i), False)
+            if growth is None:
+                growth = growth_text(growths(plan, sighting(plan, device)))
+        rec, fresh = compiled_graph(seg.plan, device, cause, src, quick=run, prev=prev,
+                                    growth=(growth or "") if seg.changed else "",
+                                    reshaped=seg.changed)
+        if fresh and seg.changed:
+            _segment_prev[(shape_key, i)] = rec
         metrics.counter("SegmentCompile" if fresh else "SegmentCacheHit")
         outs = _run_found(rec, fresh, [vals[p] for p in seg.inputs], seg.plan, cause, src, run)
         for p, a in zip(seg.outputs, outs):
             vals[p] = a
     return [vals[p] for p in plan.root_pos]
+
+
+_segment_prev = cache({}, "(device, skeleton, segment index) -> its last CompiledGraph",
+                      group="graphs")
+_skeleton_last = cache({}, "(device, skeleton) -> the last CompiledGraph of those ops",
+                       group="graphs")
 
 
 def _run_found(rec: CompiledGraph, fresh: bool, arrays, plan: GraphPlan, cause: str, src,

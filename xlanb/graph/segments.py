@@ -8,9 +8,10 @@ padded to its longest sequence, the last partial batch. Compiled whole, every st
 compiles everything again, though most of a decode step (projections, norms, MLP) never
 changes shape. So such a graph is cut where its steps' signatures have differed between
 sightings (``varying``, the union over every sighting since, so the cuts converge), into
-segments that each compile and are cached as graphs of their own: from the third
-sighting on, only the segments whose shapes changed compile, and a segment repeated
-inside one graph (each layer's attention at the same length) compiles once.
+segments that each compile and are cached as graphs of their own, from the skeleton's
+third shapes on (``CUT_AT``). From the fourth on, only the segments whose shapes
+changed compile, and a segment repeated inside one graph (each layer's attention at the
+same length) compiles once.
 
 A graph whose shapes never change never gets here (it hits the cache) and stays one
 graph, so a training step keeps its one fused executable. This module only plans; the
@@ -18,21 +19,36 @@ segments run in ``execute/graphs.py``.
 """
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 from ..base.caches import cache
-from ..ir.nodes import GETITEM, GraphPlan, _leaf_key
+from ..base.frames import format_loc
+from ..ir.nodes import GETITEM, GraphPlan, TensorMeta, _leaf_key
 
 # An unchanged stretch shorter than this joins the changed segments around it: a segment
 # costs a compile's fixed part and a run of its own, which a few ops do not repay.
 MIN_KEPT_OPS = 1
 
 
+# sightings of a skeleton kept to name what grows (its last values)
+HISTORY = 6
+# A graph is cut from its skeleton's third shapes on: shapes that changed once (another
+# model size, one last partial batch) compile whole, fused, as before; shapes that keep
+# changing (a token at a time) are cut. The second costs a whole compile more.
+CUT_AT = 3
+
+
 class Sighting(NamedTuple):
-    """What was seen of one skeleton: the latest sighting's signature per step, and the
-    steps whose signature has changed between any two sightings."""
-    uids: tuple
+    """What was seen of one skeleton: the latest sightings' signatures per step (oldest
+    first, at most ``HISTORY``), and the steps whose signature has changed between any
+    two sightings."""
+    infos: tuple  # per sighting, the OpSignature of each step
     varying: frozenset
+
+    @property
+    def uids(self) -> tuple:
+        return tuple(info.uid for info in self.infos[-1])
 
 
 _sightings: dict = cache({}, "(device, skeleton) -> Sighting of graphs whose shapes change",
@@ -50,14 +66,116 @@ def varying_steps(plan: GraphPlan, device: int) -> frozenset:
     """Note a sighting of ``plan`` (a graph that missed the cache); the steps whose
     signatures changed across its skeleton's sightings (empty: never changed)."""
     key = (device, skeleton(plan))
-    uids = tuple(info.uid for info, _ in plan.steps)
+    infos = tuple(info for info, _ in plan.steps)
     seen = _sightings.get(key)
     if seen is None:
-        _sightings[key] = Sighting(uids, frozenset())
+        _sightings[key] = Sighting((infos,), frozenset())
         return frozenset()
-    varying = seen.varying | {i for i, (a, b) in enumerate(zip(uids, seen.uids)) if a != b}
-    _sightings[key] = Sighting(uids, frozenset(varying))
-    return frozenset(varying)
+    last = seen.infos[-1]
+    if all(a is b for a, b in zip(infos, last)):  # the same graph again (it was cut)
+        return seen.varying if len(seen.infos) >= CUT_AT else frozenset()
+    varying = seen.varying | {i for i, (a, b) in enumerate(zip(infos, last)) if a is not b}
+    seen = _sightings[key] = Sighting((seen.infos + (infos,))[-HISTORY:], frozenset(varying))
+    return seen.varying if len(seen.infos) >= CUT_AT else frozenset()
+
+
+def sighting(plan: GraphPlan, device: int) -> Sighting | None:
+    return _sightings.get((device, skeleton(plan)))
+
+
+class Growth(NamedTuple):
+    """One dimension of one step's result that changed between sightings."""
+    step: int
+    op: str
+    src: object      # the SourceLoc of the op that made the tensor
+    dim: int
+    values: tuple    # its size in each sighting kept, oldest first
+
+    @property
+    def delta(self) -> int | None:
+        """The size it grows by at each sighting, if it grows steadily."""
+        steps = {b - a for a, b in zip(self.values, self.values[1:])}
+        return steps.pop() if len(steps) == 1 and len(self.values) >= 3 else None
+
+
+def growths(plan: GraphPlan, seen: Sighting, limit: int = 2) -> list[Growth]:
+    """The dimensions that changed across ``seen``'s sightings, at most one per source
+    line and ``limit`` in all, first made first: what to name in a recompile's
+    explanation. A dimension is named where it is made (its result's size changed),
+    not where it is only passed on."""
+    found: list[Growth] = []
+    lines = set()
+    for k in sorted(seen.varying):
+        metas = [infos[k].out for infos in seen.infos if k < len(infos)]
+        if not metas or not isinstance(metas[0], TensorMeta):
+            continue
+        node = plan.op_nodes[k]
+        src = node.src
+        if src in lines:
+            continue
+        ranks = {len(m.shape) for m in metas}
+        if len(ranks) != 1:
+            continue
+        for d in range(ranks.pop()):
+            # its sizes as they changed (a sighting that changed elsewhere repeats one)
+            values = tuple(v for j, v in enumerate(m.shape[d] for m in metas)
+                           if j == 0 or v != metas[j - 1].shape[d])
+            if len(values) > 1:
+                found.append(Growth(k, plan.steps[k][0].name, src, d, values))
+                lines.add(src)
+                break
+    # a cache that has a fix of its own first
+    found.sort(key=lambda g: g.src is None or os.path.basename(g.src.file) not in _HF_CACHE_FILES)
+    return found[:limit]
+
+
+def _sizes(values: tuple) -> str:
+    return ", ".join(str(v) for v in values) + ", …"
+
+
+def growth_text(found: list[Growth], label=format_loc) -> str:
+    """What grows, by line, and the fix that fits: "dim 2 of the tensor made at
+    cache_utils.py:120 update (aten::cat) grows by 1 each sync (9, 10, 11, …)"."""
+    if not found:
+        return ""
+    parts = []
+    for g in found:
+        where = label(g.src) if g.src is not None else "?"
+        how = (f"grows by {g.delta} each sync" if g.delta and g.delta > 0 else
+               f"shrinks by {-g.delta} each sync" if g.delta else "changes")
+        parts.append(f"dim {g.dim} of the tensor made at {where} ({g.op}) {how} "
+                     f"({_sizes(g.values)})")
+    return "; ".join(parts) + ". Fix: " + fix_for(found)
+
+
+def fix_for(found: list[Growth]) -> str:
+    """The fix that fits what grows: a Hugging Face cache's static implementation, or
+    padding to buckets chosen from the sizes seen."""
+    files = {os.path.basename(g.src.file) for g in found if g.src is not None}
+    if files & _HF_CACHE_FILES:
+        return ('the KV cache grows: generate(..., cache_implementation="static") keeps it '
+                "at its maximum length, so every decode step is the same graph")
+    g = found[0]
+    return "pad that dimension to buckets: " + bucket_choices(g.values)
+
+
+# transformers' cache classes (DynamicCache.update's torch.cat), and generate's loop
+_HF_CACHE_FILES = {"cache_utils.py"}
+
+
+def bucket_choices(sizes: tuple) -> str:
+    """Bucket sets for the sizes seen, each with the compiles it needs for them and the
+    padding it costs (padded elements over real ones, on average)."""
+    out = []
+    top = max(sizes)
+    for name, bucket in (("multiples of 8", lambda n: -(-n // 8) * 8),
+                         ("multiples of 64", lambda n: -(-n // 64) * 64),
+                         ("powers of 2", lambda n: 1 << max(n - 1, 0).bit_length())):
+        padded = [bucket(n) for n in sizes]
+        cost = sum(p - n for p, n in zip(padded, sizes)) / max(sum(sizes), 1)
+        out.append(f"{name} ({len(set(padded))} compile(s) for the {len(sizes)} sizes seen, "
+                   f"{cost:.0%} padding)")
+    return "; ".join(out) + f"; or one size, {top} or more (1 compile)"
 
 
 def cut(plan: GraphPlan, varying: frozenset) -> list[list[int]]:
@@ -86,6 +204,32 @@ def cut(plan: GraphPlan, varying: frozenset) -> list[list[int]]:
     for k, s in enumerate(seg_of):
         segments[s].append(k)
     return [s for s in segments if s]
+
+
+def components(plan: GraphPlan) -> list[list[int]]:
+    """The steps of ``plan`` in groups that share no value (a leaf shared is no link),
+    each in order, ordered by their first step: an eager run that swept up the work of
+    several reads, each of which ran alone before (issue 56: the same ops at the same
+    shapes, read at the end instead of one by one)."""
+    n_leaves = len(plan.leaves)
+    parent = list(range(len(plan.steps)))
+
+    def root(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    for k, (_, ins) in enumerate(plan.steps):
+        for p in ins:
+            if p >= n_leaves:
+                a, b = root(k), root(p - n_leaves)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    groups: dict[int, list[int]] = {}
+    for k in range(len(plan.steps)):
+        groups.setdefault(root(k), []).append(k)
+    return list(groups.values())
 
 
 class Segment(NamedTuple):

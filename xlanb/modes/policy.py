@@ -246,23 +246,27 @@ class Eager(ModePolicy):
         if few_signatures(plan, missing):
             metrics.counter("EagerRunOpByOp")
             return run_plan_op_by_op(plan, quick=True)
-        if config.tier_up:
-            # An op in its ``tier_up``-th (3rd) new run comes back in new company: it gets
-            # its own optimized executable, lowered while this run compiles (the main thread
-            # only waits there; ``lower_soon``) and compiled on the compile threads. Ops
-            # of a run that repeats never need one: the run's graph is cached. Not at the
-            # 2nd: a training loop's first two steps are different runs (step 1 creates
-            # the optimizer's state), and from step 3 on the second one's graph is
-            # cached; at 2, every op of the BERT step tiered up and step 3 waited for
-            # 168 single-op compiles (3 s).
-            again = []
-            for info in missing:
-                info.seen = max(info.seen, 0) + 1
-                if info.seen >= config.tier_up:
-                    again.append(info)
-            if again:
-                lower_soon(again)
-        return run_plan_as_graph(plan, device, cause, src, placed, run=True)
+        return run_plan_as_graph(plan, device, cause, src, placed, run=True,
+                                 compiling=_in_new_company if config.tier_up else None)
+
+
+def _in_new_company(plan: GraphPlan) -> None:
+    """An eager run (or a segment of one) about to compile: an op in its ``tier_up``-th
+    (3rd) new run comes back in new company, so it gets its own optimized executable,
+    lowered while this run compiles (the main thread only waits there; ``lower_soon``) and
+    compiled on the compile threads. Ops of a run that repeats never need one: the run's
+    graph is cached, and so are the segments and pieces a run reuses (they never get
+    here). Not at the 2nd: a training loop's first two steps are different runs (step 1
+    creates the optimizer's state), and from step 3 on the second one's graph is cached;
+    at 2, every op of the BERT step tiered up and step 3 waited for 168 single-op
+    compiles (3 s)."""
+    again = []
+    for info in missing_ops(plan):
+        info.seen = max(info.seen, 0) + 1
+        if info.seen >= config.tier_up:
+            again.append(info)
+    if again:
+        lower_soon(again)
 
 
 # A run's graph compiles at the quick tier in about 2 ms per op (the BERT step: 824 ops

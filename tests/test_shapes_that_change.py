@@ -1,0 +1,231 @@
+"""Shapes that change (issue 56): a graph whose shapes change compiles only its segments
+whose shapes changed; what grows is named by line, with its fix; strict recompiles
+refuse it; a read hands out the live values its graph computes; small changed segments
+run on CPU torch; an eager run of pieces read before runs from those pieces."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import xlanb
+from xlanb import config
+
+
+@pytest.fixture
+def no_host(monkeypatch):
+    """Changed segments compile (none runs on CPU torch), as a big model's would."""
+    monkeypatch.setattr(config, "host_segment_bytes", 0)
+
+
+def _layer(h, w, k_cache):
+    """A decode step's shape: projections of one row (shapes fixed), attention over a
+    cache one row longer at every step (shapes change), a projection again (fixed)."""
+    q = torch.tanh(h @ w) * 0.5 + 0.1
+    k = torch.sigmoid(q @ w.t())
+    k_cache = torch.cat([k_cache, k])                           # grows by one row
+    att = torch.softmax(q @ k_cache.t() * 0.3, dim=-1)          # (1, n): changes
+    out = att @ k_cache                                         # (1, 16): fixed again
+    return torch.relu(out @ w) + h, k_cache
+
+
+def _steps(dev, n_steps, counters=(), width=16):
+    """``n_steps`` decode-like steps on ``dev``; their outputs, the cache, and per step
+    the change of each metrics counter named in ``counters``."""
+    torch.manual_seed(0)
+    w = torch.randn(width, width).to(dev) * 0.3
+    h = torch.randn(1, width).to(dev)
+    cache = torch.randn(3, width).to(dev)
+    outs, per_step = [], []
+    for _ in range(n_steps):
+        before = {k: xlanb.metrics.counter_value(k) or 0 for k in counters}
+        h, cache = _layer(h, w, cache)
+        h = h / (h.abs().max() + 1)
+        outs.append(h)
+        if dev != "cpu":
+            float(h.sum())  # the loop's read (generate's stopping check)
+        per_step.append({k: (xlanb.metrics.counter_value(k) or 0) - before[k] for k in counters})
+    return outs, cache, per_step
+
+
+def test_a_growing_cache_compiles_only_the_segments_whose_shapes_changed(no_host, same):
+    want, want_cache, _ = _steps("cpu", 8)
+    names = ["SegmentCompile", "SegmentCacheHit", "SegmentedGraph"]
+    got, cache, counts = _steps("xla", 8, names)
+    for g, w in zip(got, want):
+        same(g, w)
+    same(cache, want_cache)
+    late = counts[4:]
+    # from the fourth shapes on, each step is cut: the unchanged segments come from the
+    # cache and only the segments whose shapes changed compile
+    assert all(c["SegmentedGraph"] >= 1 for c in late), counts
+    assert all(c["SegmentCacheHit"] >= 1 and c["SegmentCompile"] >= 1 for c in late), counts
+    sizes = [g.n_nodes for g in xlanb.graphs()]
+    # a segment is a small graph: the changed part, not the whole step
+    assert xlanb.graphs()[-1].n_nodes < max(sizes), sizes
+    # the same shapes again (a second call of the loop): every segment from the cache
+    xlanb.metrics.clear()
+    _steps("xla", 8)
+    assert (xlanb.metrics.counter_value("SegmentCompile") or 0) == 0
+    assert xlanb.metrics.counter_value("SegmentCacheHit")
+
+
+def test_an_eager_run_compiles_only_its_changed_ops(no_host, same):
+    """In eager mode the run begins at the first op with no executable, which moves as
+    ops get executables of their own; however it moves, a step soon compiles only the
+    ops whose shapes changed (cat, the attention over the cache), not the whole step."""
+    want, want_cache, _ = _steps("cpu", 10, width=12)  # (shapes no other test makes)
+    xlanb.set_mode("eager")
+    got, cache, _ = _steps("xla", 7, width=12)
+    n = len(xlanb.graphs())
+    got2, cache2, counts = _steps("xla", 10, ["EagerRunCompile", "SegmentCacheHit"], width=12)
+    for g, w in zip(got + got2, want[:7] + want):
+        same(g, w)
+    same(cache2, want_cache)
+    whole = max(g.n_nodes for g in xlanb.graphs()[:n])
+    late = [g.n_nodes for g in xlanb.graphs()[n:]]
+    # steps 8-10 of the second loop: lengths the first never reached
+    assert all(c["EagerRunCompile"] >= 1 for c in counts[7:]), counts
+    assert late and max(late) <= 8 < whole, (late, whole)
+
+
+def test_a_step_whose_shapes_never_change_stays_one_graph(count):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    model = model.to("xla")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(4, 8).to("xla"), torch.randn(4, 2).to("xla")
+    for _ in range(6):
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        xlanb.sync()
+    assert count("SegmentedGraph") == 0 and count("SegmentCompile") == 0
+    assert count("CachedCompile") >= 4
+
+
+def test_the_growth_is_named_by_line_with_its_fix(no_host):
+    _steps("xla", 6)
+    seg = [g for g in xlanb.graphs() if "grows by 1" in g.explanation]
+    assert seg, [g.explanation for g in xlanb.graphs()]
+    why = seg[-1].explanation
+    assert "dim 0 of the tensor made at test_shapes_that_change.py:" in why, why
+    assert "(aten::cat) grows by 1 each sync (" in why and "pad that dimension to buckets" in why
+    assert "compile(s) for the" in why and "padding" in why
+    # every front end shows the explanation: the graph table's text and HTML
+    assert "grows by 1 each sync" in str(xlanb.graphs())
+    assert "grows by 1 each sync" in xlanb.graphs()._repr_html_()
+
+
+def test_strict_recompiles_raise_with_the_growth_and_lose_nothing(no_host, monkeypatch, same):
+    monkeypatch.setattr(config, "strict_recompiles", True)
+    torch.manual_seed(0)
+    acc_cpu = torch.randn(2, 5)
+    acc = acc_cpu.to("xla")
+    row = torch.ones(1, 5, device="xla")
+    for i in range(2):
+        acc, acc_cpu = torch.cat([acc, row * i]), torch.cat([acc_cpu, torch.ones(1, 5) * i])
+        float((acc * 2).sum())  # warm-up: the first two shapes
+    acc, acc_cpu = torch.cat([acc, row * 7]), torch.cat([acc_cpu, torch.ones(1, 5) * 7])
+    with pytest.raises(xlanb.RecompileError) as e:
+        float((acc * 2).sum())
+    msg = str(e.value)
+    assert "recompile after warm-up at test_shapes_that_change.py:" in msg, msg
+    assert "dim 0 of the tensor made at test_shapes_that_change.py:" in msg, msg
+    assert "Nothing ran; every tensor keeps its pending work" in msg
+    assert xlanb.pending_count() >= 1
+    torch.testing.assert_close(xlanb.peek(acc), acc_cpu)  # a look compiles no graph
+    monkeypatch.setattr(config, "strict_recompiles", False)
+    same(acc, acc_cpu)
+
+
+def test_strict_recompiles_allow_what_repeats(monkeypatch, count):
+    monkeypatch.setattr(config, "strict_recompiles", True)
+    x = torch.randn(4, 4).to("xla")
+    for _ in range(5):
+        float((x @ x).relu().sum())
+    assert count("UncachedCompile") == 1 and count("CachedCompile") == 4
+
+
+def test_a_read_hands_out_the_live_values_its_graph_computes(count, same):
+    """A cache updated in place, read through the logits only: each step's graph starts
+    from device data, so it is the same graph (it used to recompute every earlier step)."""
+    torch.manual_seed(0)
+    cache_cpu = torch.zeros(2, 8)
+    w_cpu = torch.randn(8, 8)
+    cache, w = cache_cpu.to("xla"), w_cpu.to("xla")
+    mask, mask_cpu = torch.ones(1, 1, device="xla"), torch.ones(1, 1)
+    xlanb.sync()
+    n_ops = []
+    for t in range(5):
+        for c, ww in ((cache, w), (cache_cpu, w_cpu)):
+            c.index_copy_(1, torch.tensor([t], device=c.device), (c @ ww)[:, :1] + t)
+        logits = (cache @ w).sum()
+        # pending work after the read: an attention mask grown past the read
+        mask = torch.cat([mask, torch.ones(1, 1, device="xla")], dim=1)
+        mask_cpu = torch.cat([mask_cpu, torch.ones(1, 1)], dim=1)
+        assert bool(logits > -1e9)
+        n_ops.append(xlanb.graphs()[-1].n_nodes)
+    assert len(set(n_ops[2:])) == 1, n_ops  # no longer growing
+    assert count("CachedCompile") >= 2
+    same(cache, cache_cpu)
+    same(mask, mask_cpu)
+
+
+def test_a_small_changed_segment_runs_on_cpu_torch(count, same):
+    """Integer bookkeeping one longer per step (generate's input ids): no compile."""
+    ids_cpu = torch.tensor([[5, 3, 9]])
+    ids = ids_cpu.to("xla")
+    w = torch.randn(16, 4)
+    n = 0
+    for step in range(8):
+        if step == 4:
+            n = len(xlanb.graphs())
+        nxt_cpu = (ids_cpu[:, -1:] * 7 + step) % 16
+        nxt = (ids[:, -1:] * 7 + step) % 16
+        ids_cpu, ids = torch.cat([ids_cpu, nxt_cpu], 1), torch.cat([ids, nxt], 1)
+        emb = w.to("xla")[ids[:, -1]]  # a fixed-shape part that reads it
+        assert bool(emb.sum() > -1e9)
+    same(ids, ids_cpu, exact=True)
+    assert count("SegmentOnHost") >= 3
+    late = xlanb.graphs()[n:]  # once cut, only the fixed-shape part ever compiled
+    assert all("aten::cat" not in g.ops for g in late), [g.ops for g in late]
+
+
+def test_an_eager_run_of_pieces_read_before_compiles_nothing(count, same):
+    xlanb.set_mode("eager")
+
+    def seq(x):
+        c = x.exp() * 2.0 + x
+        return c.sum(dim=1), torch.softmax(c, dim=-1)[:, 1:]
+
+    cpus = [torch.randn(3 + i, 877 + i) for i in range(5)]
+    xs = [c.to("xla") for c in cpus]
+    xlanb.sync()
+    for x in xs:  # each shape read at once: a run each
+        s, q = seq(x)
+        s.cpu(), q.cpu()
+    before = count("EagerRunCompile")
+    outs = [seq(x) for x in xs]  # the same ops and shapes, read at the end
+    for (s, q), c in zip(outs, cpus):
+        ws, wq = seq(c)
+        same(s, ws)
+        same(q, wq)
+    assert count("EagerRunCompile") == before, "pieces seen before compiled again"
+    assert count("EagerRunInPieces") == 1 and count("EagerRunCacheHit") >= 5
+
+
+def test_debug_nans_names_the_op_inside_a_segment(no_host):
+    torch.manual_seed(0)
+    w = torch.randn(16, 16).to("xla") * 0.3
+    h = torch.randn(1, 16).to("xla")
+    cache = torch.randn(3, 16).to("xla")
+    for _ in range(5):
+        h, cache = _layer(h, w, cache)
+        float(h.sum())
+    assert xlanb.metrics.counter_value("SegmentedGraph")
+    with xlanb.debug_nans():
+        bad = torch.cat([cache, torch.full((1, 16), -1.0, device="xla")])
+        with pytest.raises(xlanb.NonFiniteError) as e:
+            float((bad.sqrt() @ w).sum())
+    assert "aten::sqrt" in str(e.value)
