@@ -1,14 +1,19 @@
-"""The ``xla`` torch device: names, transfers, factories, values, state_dicts, seeding."""
+"""The ``xla`` torch device: names, transfers, factories, values, state_dicts, seeding,
+autograd's engine."""
 from __future__ import annotations
 
 import copy
 import io
+import threading
 
 import pytest
 import torch
 from torch import nn
 
 import xlanb
+from xlanb.dispatch import backend
+
+from conftest import last_json_line
 
 XLA0 = torch.device("xla", 0)
 
@@ -312,3 +317,86 @@ def test_same_seed_same_values_in_every_mode():
         # 2 of 20 seeds' randn(64) did, before and after threefry's form changed
         assert torch.equal(uniform, draws["lazy"][1]) and torch.equal(integers, draws["lazy"][2]), m
         torch.testing.assert_close(normal, draws["lazy"][0], rtol=2.4e-7, atol=0), m
+
+
+# ---------------------------------------------------------------------------------------
+# Autograd's engine (issue 58): torch sizes its per-device ready queues once, at the
+# process's first backward, from the device guards registered then
+
+# A child's program: grads of a small graph on CPU, then on each xla device in every
+# mode, compared; whether the calling thread ran autograd's nodes (a hook's thread); the
+# lines of the backward ops. FIRST is "import xlanb" or nothing.
+_ENGINE_CHILD = """\
+import json, threading, torch
+FIRST
+torch.manual_seed(0)
+w0, x0 = torch.randn(4, 3), torch.randn(5, 4)
+def grads(device):
+    w = w0.detach().to(device).requires_grad_()
+    ran_on = set()
+    w.register_hook(lambda g: ran_on.add(threading.get_ident()) or g)
+    loss = ((x0.to(device) @ w).tanh() * 3).sum()  # the forward line
+    loss.backward()
+    return w.grad, ran_on
+ref, _ = grads("cpu")  # without FIRST: autograd's engine sizes its queues here
+import xlanb
+out = {}
+for device in DEVICES:
+    for mode in xlanb.MODES:
+        xlanb.set_mode(mode)
+        g, ran_on = grads(device)
+        ops = xlanb.pending_summary(g).ops if mode == "lazy" else ()
+        lines = sorted({op.src.line for op in ops if op.name == "aten::tanh_backward"})
+        out[device + " " + mode] = {
+            "close": torch.allclose(g.cpu(), ref, atol=1e-5), "device": str(g.device),
+            "calling_thread": ran_on == {threading.get_ident()}, "lines": lines}
+print(json.dumps(out))
+"""
+_FORWARD_LINE = next(i for i, line in enumerate(_ENGINE_CHILD.splitlines(), 1)
+                     if line.endswith("# the forward line"))
+
+
+def _engine_child(python_child, devices, first="", env=None):
+    code = _ENGINE_CHILD.replace("FIRST", first).replace("DEVICES", repr(devices))
+    return last_json_line(python_child(code, env=env))
+
+
+@pytest.mark.versions
+def test_xla_backward_after_a_cpu_backward_before_import(python_child):
+    """A notebook's CPU cell ran a backward, then ``%load_ext xlanb``: torch's engine has
+    no ready queue for xla, and the first xla backward was torch's ``device_ready_queues_
+    ... INTERNAL ASSERT FAILED``. It runs on the calling thread instead, with CPU's grads,
+    and its ops still carry the forward line."""
+    got = _engine_child(python_child, ["xla"])
+    for key, r in got.items():
+        assert r["close"] and r["device"] == "xla:0", (key, r)
+        assert r["calling_thread"], (key, r)
+    assert got["xla lazy"]["lines"] == [_FORWARD_LINE], got
+
+
+@pytest.mark.versions
+def test_xla_backward_on_every_device_index(python_child):
+    """The Python device guard counts one device: torch's engine has a queue for xla:0 only,
+    whatever the order, and a backward on xla:1 was torch's internal assert."""
+    got = _engine_child(python_child, ["xla:0", "xla:1"], first="import xlanb",
+                        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+    for key, r in got.items():
+        assert r["close"] and r["device"] == key.split()[0], (key, r)
+    assert got["xla:1 lazy"]["lines"] == [_FORWARD_LINE], got
+
+
+def test_xla_backward_after_import_keeps_autograds_device_thread():
+    """Where the engine has a queue for every xla index (xlanb imported before the first
+    backward, one device), its device thread runs xla's nodes as before, and torch's entry
+    into the engine is torch's own again."""
+    if xlanb.device_count() != 1:
+        pytest.skip("one xla device: the guard counts one")
+    w = torch.ones(3, device="xla", requires_grad=True)
+    ran_on = set()
+    w.register_hook(lambda g: ran_on.add(threading.get_ident()) or g)
+    (w * 2).sum().backward()
+    assert w.grad.cpu().tolist() == [2.0, 2.0, 2.0]
+    assert ran_on and threading.get_ident() not in ran_on
+    assert not backend._on_calling_thread
+    assert torch.autograd.graph._engine_run_backward is backend._engine_entry
+    assert torch.autograd._engine_run_backward is backend._engine_entry

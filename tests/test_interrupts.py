@@ -89,8 +89,24 @@ def test_ctrl_c_at_every_guard_call_of_a_training_step_is_a_keyboard_interrupt(m
     assert got["grads_ok"], got
 
 
-def _run_sweep(mode: str, handler: str):
-    proc = subprocess.run([sys.executable, "-c", SWEEP, mode, handler], env=_child_env(None),
+@pytest.mark.parametrize("mode", ["eager", "lazy"])
+def test_ctrl_c_in_a_backward_on_the_calling_thread_waits_for_it_to_end(mode):
+    """After a CPU backward before ``import xlanb`` autograd's nodes on xla run on the
+    thread that called backward (issue 58): a KeyboardInterrupt out of one aborted the
+    process (eager), where the engine's stream guard calls the device guard as it
+    unwinds. It waits for the backward to end, as it does when the engine's thread runs it."""
+    cpu_backward = "(torch.ones(1, requires_grad=True) * 2).sum().backward()"
+    rc, out, err = _run_sweep(mode, "ours", first=cpu_backward)
+    _assert_alive(rc, err)
+    got = last_json_line(out)
+    assert got["calls"] >= 20, got
+    assert got["outcomes"] == {"interrupted": got["calls"]}, got
+    assert got["grads_ok"], got
+
+
+def _run_sweep(mode: str, handler: str, first: str = ""):
+    code = f"import torch\n{first}\n{SWEEP}"
+    proc = subprocess.run([sys.executable, "-c", code, mode, handler], env=_child_env(None),
                           capture_output=True, text=True, timeout=240)
     return proc.returncode, proc.stdout, proc.stderr
 

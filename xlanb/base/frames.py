@@ -11,7 +11,6 @@ import bdb
 import contextlib
 import os
 import sys
-import threading
 import warnings
 from typing import NamedTuple
 
@@ -240,6 +239,10 @@ def user_frame(depth: int = 2) -> SourceLoc | None:
             if _next_seq() != _seen_seq:  # autograd made a node since the last op
                 _note_forward(loc)
             return loc
+        if code.co_name == "_engine_run_backward" and name.startswith(_autograd_dir):
+            # autograd's nodes run below here when backward runs on the thread that called
+            # it (dispatch/backend.py, issue 58): the line above only started the backward
+            break
         f = f.f_back
     node = _current_node()
     if node is None:
@@ -251,7 +254,8 @@ def user_frame(depth: int = 2) -> SourceLoc | None:
 
 
 # torch.autograd's Python entries into the engine: the thread that called .backward() (or
-# autograd.grad) waits in one of these while autograd's device thread runs the backward
+# autograd.grad) waits in one of these while autograd's device thread runs the backward,
+# or runs its nodes itself (dispatch/backend.py, issue 58)
 _ENGINE_ENTRIES = {("graph.py", "_engine_run_backward"), ("__init__.py", "backward"),
                    ("__init__.py", "grad")}
 _autograd_dir = os.path.join(_torch_dir, "autograd") + os.sep
@@ -267,11 +271,9 @@ def backward_caller() -> SourceLoc | None:
     """The user's line that started the backward running now (``loss.backward()``), for
     an op autograd runs with no forward op to credit it to; None when no thread waits in
     autograd's engine, or several threads at different lines do."""
-    me = threading.get_ident()
     found = None
-    for ident, f in sys._current_frames().items():
-        if ident == me:
-            continue
+    # this thread too: autograd's nodes may run on the thread that called backward
+    for f in sys._current_frames().values():
         depth = 0
         while f is not None and depth < 64 and not _engine_entry(f):
             f, depth = f.f_back, depth + 1

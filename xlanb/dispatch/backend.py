@@ -161,6 +161,20 @@ def _in_gc_callback(frame) -> bool:
     return False
 
 
+def _in_backward(frame) -> bool:
+    """Whether ``frame`` runs inside autograd's engine, on the thread that called backward
+    (where the engine lacks a queue for xla: ``_run_backward``). A KeyboardInterrupt out
+    of a node there aborts the process: unwinding, the engine's stream guard calls the
+    device guard with the Python error still set. Where the engine's own thread runs the
+    nodes, a Ctrl-C waits for the backward to end too (the caller waits in C++)."""
+    code = _run_backward.__code__
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _exiting_while_compiling(frame) -> bool:
     """Whether the program has ended (the interpreter joins its threads:
     ``threading._shutdown`` is on the stack) while xlanb compiles in the background. A
@@ -186,16 +200,20 @@ def _exit_now() -> None:
 def _on_sigint(signum, frame):
     """``signal.default_int_handler``, except where a KeyboardInterrupt would do harm:
     inside pybind11's override lookup (it would end the process) it waits 2 ms; inside a
-    garbage collector callback (it would be lost) likewise; inside an import (it would
-    leave a half-imported module behind) it waits for the import to end, at most
-    ``_IMPORT_GRACE_S``; after the program ended, while xlanb compiles in the background,
-    the process exits at once (exit status 130)."""
+    garbage collector callback (it would be lost) likewise; inside a backward that runs on
+    this thread (it would end the process) it waits for the backward to end; inside an
+    import (it would leave a half-imported module behind) it waits for the import to end,
+    at most ``_IMPORT_GRACE_S``; after the program ended, while xlanb compiles in the
+    background, the process exits at once (exit status 130)."""
     global _deferred_since
     __tracebackhide__ = True  # noqa: F841  (IPython and pytest hide this frame)
     __debuggerskip__ = True  # noqa: F841
     try:
         if _probe and _in_override_lookup() or _in_gc_callback(frame):
             _interrupt_later(0.002)
+            return
+        if _in_backward(frame):
+            _interrupt_later(0.01)
             return
         if _exiting_while_compiling(frame):
             _exit_now()
@@ -292,6 +310,85 @@ def _dispatch_kernel(op):
     return kernel
 
 
+# Autograd's engine and the xla device (issue 58). The engine gives each device index
+# other than CPU's a ready queue and a thread, and sizes that list once, at the process's
+# first backward (``Engine::start_device_threads``, a ``call_once``): one per index below
+# the largest ``deviceCount()`` of the device guards registered at that moment. A CPU
+# backward before ``import xlanb`` (a notebook's first cells, then ``%load_ext xlanb``)
+# sizes it with no xla device, torch never sizes it again, and the first node on xla
+# stops at torch's ``device_ready_queues_ ... INTERNAL ASSERT FAILED``. The Python guard's
+# ``deviceCount()`` is 1, so ``xla:1`` and above have no queue in any order either. The one
+# way torch runs a node that has no queue: autograd multithreading off (thread-local; AOT
+# and compiled autograd turn it off too) runs every node on the thread that called
+# backward. So while xlanb wraps torch.autograd's entry into the engine, the first
+# backward asks the engine whether it has a queue for the highest xla index, with a probe
+# on that index whose gradient the engine hands back untouched (no kernel runs, JAX is
+# not started). Where it has, torch's entry is put back and nothing changes; where it has
+# not, every backward runs with multithreading off, on the calling thread.
+class _QueueProbe(torch.Tensor):
+    """A tensor on one xla index with no data and no kernels: the engine picks a node's
+    queue by its gradient's device, and a root's gradient is only handed back."""
+
+    @staticmethod
+    def __new__(cls, device, requires_grad):
+        return torch.Tensor._make_wrapper_subclass(cls, (), device=device,
+                                                   requires_grad=requires_grad)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise NotImplementedError(f"xlanb's autograd engine probe runs no op ({func})")
+
+
+_engine_entry = None  # torch.autograd.graph._engine_run_backward, torch's own
+_engine_checked = -1  # the highest xla index the engine was seen to have a queue for
+_on_calling_thread = False  # it lacks one: every backward runs on the thread calling it
+
+
+def _engine_has_queue(index: int) -> bool:
+    root = _QueueProbe(f"xla:{index}", True)
+    try:  # as torch.autograd.grad(root, root, grad) calls it
+        _engine_entry((root,), (_QueueProbe(f"xla:{index}", False),), False, False,
+                      (root,), False, accumulate_grad=False)
+    except Exception:  # noqa: BLE001  (torch's internal assert; anything else: the safe way)
+        return False
+    return True
+
+
+def _check_engine() -> None:
+    global _engine_checked, _on_calling_thread
+    # before JAX has devices no tensor is on xla yet (each one names its JAX device)
+    known = devices.jax_devices.cache_info().currsize > 0
+    last = devices.device_count() - 1 if known else 0
+    if last > _engine_checked:
+        if not _engine_has_queue(last):
+            _on_calling_thread = True
+            return
+        _engine_checked = last
+    if known:  # every xla index has a queue, for good: torch's entry goes back
+        for module in (torch.autograd, torch.autograd.graph):
+            if getattr(module, "_engine_run_backward", None) is _run_backward:
+                module._engine_run_backward = _engine_entry
+
+
+def _run_backward(*args, **kwargs):
+    """torch.autograd's entry into the engine (``backward``, ``grad``), until xlanb knows
+    whether the engine has a ready queue for every xla device (see above)."""
+    if not _on_calling_thread:
+        _check_engine()
+    if _on_calling_thread:
+        with torch.autograd.set_multithreading_enabled(False):
+            return _engine_entry(*args, **kwargs)
+    return _engine_entry(*args, **kwargs)
+
+
+def _wrap_engine_entry() -> None:
+    global _engine_entry
+    import torch.autograd.graph
+    _engine_entry = torch.autograd.graph._engine_run_backward
+    torch.autograd.graph._engine_run_backward = _run_backward
+    torch.autograd._engine_run_backward = _run_backward
+
+
 def register() -> None:
     """Make ``torch.device("xla")`` real. Idempotent."""
     global _registered, _lib
@@ -300,6 +397,7 @@ def register() -> None:
     torch_compat.check()
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())
     torch._C._acc.register_python_privateuseone_hook(_Hooks())
+    _wrap_engine_entry()  # a backward before this sized autograd's queues without xla
     torch.utils.rename_privateuse1_backend("xla")
     torch._register_device_module("xla", _device_module())
     # autocast's policy needs the device module (torch asks it which dtypes autocast
