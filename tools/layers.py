@@ -38,10 +38,11 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
      "templates; XlaTensor, storages, signature keys",
      ("xlanb.ir.nodes", "xlanb.ir.templates", "xlanb.ir.tensor")),
     ("graph", "a graph as plain data, its differ and its one renderer (text, DOT, SVG); "
-     "its repeated layers and which parameter each optimizer op updates",
+     "its repeated layers and which parameter each optimizer op updates; where a graph "
+     "whose shapes change is cut, and what grows",
      ("xlanb.graph.summary", "xlanb.graph.explain", "xlanb.graph.render",
       "xlanb.graph.updates", "xlanb.graph.hlo_text", "xlanb.graph.layouts", "xlanb.graph.collectives",
-      "xlanb.graph.repeats", "xlanb.graph.compile_time")),
+      "xlanb.graph.repeats", "xlanb.graph.compile_time", "xlanb.graph.segments")),
     ("ops", "op plans, view records, leaves, signatures, op infos",
      ("xlanb.ops.plan", "xlanb.ops.views", "xlanb.ops.leaves", "xlanb.ops.signature",
       "xlanb.ops.infos")),
@@ -54,9 +55,10 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
      ("xlanb.executables.resident", "xlanb.executables.compile", "xlanb.executables.single_op",
       "xlanb.executables.background", "xlanb.executables.stages", "xlanb.executables.target",
       "xlanb.executables.prefix")),
-    ("execute", "running them: op-by-op, the first non-finite op, whole graphs (compiled once, "
-     "run by one step)",
-     ("xlanb.execute.opbyop", "xlanb.execute.nans", "xlanb.execute.graphs")),
+    ("execute", "running them: op-by-op, the first non-finite op, small changed segments on "
+     "CPU torch, whole graphs (compiled once, run by one step) and their segments",
+     ("xlanb.execute.opbyop", "xlanb.execute.nans", "xlanb.execute.host",
+      "xlanb.execute.graphs")),
     ("pending", "pending storages, waiting views, peek values; sync, materialize, peek, "
      "values an op needs",
      ("xlanb.pending.live", "xlanb.pending.realize")),

@@ -143,6 +143,16 @@ DESCRIPTIONS = {
     "EagerRunOpByOp": "eager runs of many ops and few new signatures (a Python loop over "
                       "one op) run op by op through quickly compiled single ops",
     "EagerRunCompileTime": "time compiling eager runs (lowering included)",
+    "EagerRunInPieces": "eager runs of independent pieces that each ran before, run as "
+                        "those pieces from the cache",
+    # graphs whose shapes change, cut where they changed (graph/segments.py)
+    "SegmentedGraph": "graphs (lazy or eager runs) whose shapes changed, run as segments",
+    "SegmentCompile": "segments compiled (their shapes were new)",
+    "SegmentCacheHit": "segments found in the compile cache",
+    "SegmentOnHost": "small changed segments computed by CPU torch instead of compiled",
+    "SegmentOnHostTime": "time computing them there, transfers included",
+    "SegmentHostRefused": "small changed segments CPU torch could not run as their "
+                          "signatures say (they compile instead)",
     "QuickCompile": "graphs (lazy graphs, eager runs) compiled with the quick tier "
                     "(XLA:CPU's LLVM at -O0) until they tier up",
     "GraphTierUp": "quick graphs replaced by their optimized compile (background): a lazy "

@@ -31,7 +31,8 @@ from ..runtime.compile_profile import raw_profile
 from ..runtime.devices import jax_device
 from ..runtime.jit import background, later_is_held
 from ..runtime.mesh import sharding_text
-from ..executables.background import drain_lowerings, lowerings_waiting
+from ..executables.background import drain_lowerings, lower_soon, lowerings_waiting
+from ..executables.prefix import missing_ops
 from ..executables.compile import Build
 from ..values.memory import (GraphMemory, check_graph, device_oom, graph_buffers, graph_memory,
                      is_device_oom)
@@ -601,14 +602,12 @@ def find_graph(plan: GraphPlan, device: int, cause: str, src, placed=None, quick
 
 
 def run_plan_as_graph(plan: GraphPlan, device: int, cause: str, src, placed=None,
-              run: bool = False, compiling=None) -> list:
+              run: bool = False) -> list:
     """Compile (or find) the graph of ``plan`` and run it; returns the roots' arrays.
     ``placed`` (SPMD): per root, the sharding of the value it replaces (see ``stages.kept_shardings``).
     ``run``: an eager run of ops (mode_policy.Eager), compiled quickly first and counted
     as ``EagerRunCompile`` / ``EagerRunCacheHit`` rather than as lazy graphs.
-    A graph whose shapes change (graph/segments.py) runs as segments cached apart.
-    ``compiling``: called with each plan (the whole, or a segment) about to compile, before
-    it does (eager's count of the ops that came back in new company)."""
+    A graph whose shapes change (graph/segments.py) runs as segments cached apart."""
     if not run:
         _syncs_at[src] = _syncs_at.get(src, 0) + 1
     growth, reshaped = "", False
@@ -618,7 +617,7 @@ def run_plan_as_graph(plan: GraphPlan, device: int, cause: str, src, placed=None
             pieces = cut(plan, varying)
             if len(pieces) > 1:
                 return _run_segments(plan, segment_plans(plan, pieces, varying), device, cause,
-                                     src, run, compiling)
+                                     src, run)
         seen = sighting(plan, device)
         if run and config.segments:
             # an eager run of independent pieces that ran as runs of their own before
@@ -629,12 +628,12 @@ def run_plan_as_graph(plan: GraphPlan, device: int, cause: str, src, placed=None
                 parts = segment_plans(plan, groups, frozenset())
                 if any(cached_graph(p.plan, device) is not None for p in parts):
                     metrics.counter("EagerRunInPieces")
-                    return _run_segments(plan, parts, device, cause, src, run, compiling)
+                    return _run_segments(plan, parts, device, cause, src, run)
         reshaped = seen is not None and len(seen.infos) > 1
         if reshaped:  # its shapes changed: name what grows
             growth = growth_text(growths(plan, seen))
-    if compiling is not None and cached_graph(plan, device) is None:
-        compiling(plan)
+    if run and config.tier_up and cached_graph(plan, device) is None:
+        _in_new_company(plan)
     # a graph whose shapes changed is explained against its ops at their last shapes
     prev = _skeleton_last.get((device, skeleton(plan))) if reshaped else None
     rec, fresh, arrays = find_graph(plan, device, cause, src, placed, quick=run, growth=growth,
@@ -645,7 +644,7 @@ def run_plan_as_graph(plan: GraphPlan, device: int, cause: str, src, placed=None
 
 
 def _run_segments(plan: GraphPlan, segments: list, device: int, cause: str, src,
-                  run: bool, compiling=None) -> list:
+                  run: bool) -> list:
     """``plan`` run as its ``segments`` in order, each found or compiled as a graph of
     its own (counted ``SegmentCompile`` / ``SegmentCacheHit``); the roots' arrays."""
     vals = [n.data for n in plan.leaves] + [None] * len(plan.steps)
@@ -660,8 +659,8 @@ def _run_segments(plan: GraphPlan, segments: list, device: int, cause: str, src,
                     vals[p] = a
                 continue
         prev = False  # (not the last graph from its line: another segment's)
-        if compiling is not None and cached_graph(seg.plan, device) is None:
-            compiling(seg.plan)
+        if run and config.tier_up and cached_graph(seg.plan, device) is None:
+            _in_new_company(seg.plan)
         if seg.changed and cached_graph(seg.plan, device) is None:
             # its explanation compares it with the same segment's last compile, and says
             # what grows (computed once per graph, and only for a compile)
@@ -678,6 +677,25 @@ def _run_segments(plan: GraphPlan, segments: list, device: int, cause: str, src,
         for p, a in zip(seg.outputs, outs):
             vals[p] = a
     return [vals[p] for p in plan.root_pos]
+
+
+def _in_new_company(plan: GraphPlan) -> None:
+    """An eager run (or a segment of one) about to compile (or to load from the store): an op in its ``tier_up``-th
+    (3rd) new run comes back in new company, so it gets its own optimized executable,
+    lowered while this run compiles (the main thread only waits there; ``lower_soon``) and
+    compiled on the compile threads. Ops of a run that repeats never need one: the run's
+    graph is cached, and so are the segments and pieces a run reuses (they never get
+    here). Not at the 2nd: a training loop's first two steps are different runs (step 1
+    creates the optimizer's state), and from step 3 on the second one's graph is cached;
+    at 2, every op of the BERT step tiered up and step 3 waited for 168 single-op
+    compiles (3 s)."""
+    again = []
+    for info in missing_ops(plan):
+        info.seen = max(info.seen, 0) + 1
+        if info.seen >= config.tier_up:
+            again.append(info)
+    if again:
+        lower_soon(again)
 
 
 _segment_prev = cache({}, "(device, skeleton, segment index) -> its last CompiledGraph",

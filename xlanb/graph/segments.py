@@ -7,7 +7,7 @@ whose shapes change: the KV cache of ``generate`` one longer at every token, a b
 padded to its longest sequence, the last partial batch. Compiled whole, every step
 compiles everything again, though most of a decode step (projections, norms, MLP) never
 changes shape. So such a graph is cut where its steps' signatures have differed between
-sightings (``varying``, the union over every sighting since, so the cuts converge), into
+sightings (``varying``: what changed at the last one, which a decode step repeats), into
 segments that each compile and are cached as graphs of their own, from the skeleton's
 third shapes on (``CUT_AT``). From the fourth on, only the segments whose shapes
 changed compile, and a segment repeated inside one graph (each layer's attention at the
@@ -41,8 +41,8 @@ CUT_AT = 3
 
 class Sighting(NamedTuple):
     """What was seen of one skeleton: the latest sightings' signatures per step (oldest
-    first, at most ``HISTORY``), and the steps whose signature has changed between any
-    two sightings."""
+    first, at most ``HISTORY``), and the steps whose signature changed at the last
+    sighting."""
     infos: tuple  # per sighting, the OpSignature of each step
     varying: frozenset
 
@@ -74,7 +74,10 @@ def varying_steps(plan: GraphPlan, device: int) -> frozenset:
     last = seen.infos[-1]
     if all(a is b for a, b in zip(infos, last)):  # the same graph again (it was cut)
         return seen.varying if len(seen.infos) >= CUT_AT else frozenset()
-    varying = seen.varying | {i for i, (a, b) in enumerate(zip(infos, last)) if a is not b}
+    # what changed since the last sighting, not since the first: shapes that changed once
+    # (the same loop over a wider model, earlier in the session) would otherwise mark
+    # every step changed for good, and nothing would be cut again
+    varying = {i for i, (a, b) in enumerate(zip(infos, last)) if a is not b}
     seen = _sightings[key] = Sighting((seen.infos + (infos,))[-HISTORY:], frozenset(varying))
     return seen.varying if len(seen.infos) >= CUT_AT else frozenset()
 

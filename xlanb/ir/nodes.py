@@ -235,7 +235,9 @@ def reachable(roots: list[Node]) -> set[int]:
 
 def frontier(roots: list[Node], inside: set[int]) -> list[Node]:
     """The nodes in ``inside`` (ids) that the pending work of ``roots`` (none of them
-    inside) reads directly: where that work would cut into a graph of ``inside``."""
+    inside) reads directly: where that work would cut into a graph of ``inside``. A
+    multi-output node is never one (its value is a tuple, not a tensor's): the getitem
+    outside that picks from it is, instead."""
     seen: set[int] = set()
     found: dict[int, Node] = {}
     stack = list(roots)
@@ -247,7 +249,10 @@ def frontier(roots: list[Node], inside: set[int]) -> list[Node]:
                 continue
             seen.add(iid)
             if iid in inside:
-                found[iid] = inp
+                if not inp.info.multi:
+                    found[iid] = inp
+                elif node.info.name == GETITEM:
+                    found[id(node)] = node
             else:
                 stack.append(inp)
     return list(found.values())

@@ -16,7 +16,7 @@ from ..base.config import config
 from ..base.frames import user_frame
 from ..base.scopes import current_scope, scope_stack
 from ..base.session import ModeState, session, set_policies
-from ..executables.background import compile_op_ahead, compiles_in_flight, lower_soon
+from ..executables.background import compile_op_ahead, compiles_in_flight
 from ..values.checks import checked, integer_division, without_failed
 from ..executables.compile import Build, add_op_note
 from ..values.fills import settled_if_empty
@@ -93,7 +93,7 @@ class Lazy(ModePolicy):
         if not live:
             return roots
         inside = reachable(roots)
-        extra = [n for n in live if id(n) in inside]
+        extra = [n for n in live if id(n) in inside and not n.info.multi]
         outside = [n for n in live if id(n) not in inside]
         if outside:
             extra += frontier(outside, inside)
@@ -246,27 +246,7 @@ class Eager(ModePolicy):
         if few_signatures(plan, missing):
             metrics.counter("EagerRunOpByOp")
             return run_plan_op_by_op(plan, quick=True)
-        return run_plan_as_graph(plan, device, cause, src, placed, run=True,
-                                 compiling=_in_new_company if config.tier_up else None)
-
-
-def _in_new_company(plan: GraphPlan) -> None:
-    """An eager run (or a segment of one) about to compile: an op in its ``tier_up``-th
-    (3rd) new run comes back in new company, so it gets its own optimized executable,
-    lowered while this run compiles (the main thread only waits there; ``lower_soon``) and
-    compiled on the compile threads. Ops of a run that repeats never need one: the run's
-    graph is cached, and so are the segments and pieces a run reuses (they never get
-    here). Not at the 2nd: a training loop's first two steps are different runs (step 1
-    creates the optimizer's state), and from step 3 on the second one's graph is cached;
-    at 2, every op of the BERT step tiered up and step 3 waited for 168 single-op
-    compiles (3 s)."""
-    again = []
-    for info in missing_ops(plan):
-        info.seen = max(info.seen, 0) + 1
-        if info.seen >= config.tier_up:
-            again.append(info)
-    if again:
-        lower_soon(again)
+        return run_plan_as_graph(plan, device, cause, src, placed, run=True)
 
 
 # A run's graph compiles at the quick tier in about 2 ms per op (the BERT step: 824 ops
