@@ -610,37 +610,46 @@ def run_plan_as_graph(plan: GraphPlan, device: int, cause: str, src, placed=None
     A graph whose shapes change (graph/segments.py) runs as segments cached apart."""
     if not run:
         _syncs_at[src] = _syncs_at.get(src, 0) + 1
-    growth, reshaped = "", False
+    growth, reshaped, prev = "", False, None
     if not session.spmd and cached_graph(plan, device) is None:
-        varying = varying_steps(plan, device)
-        if varying and config.segments:
-            pieces = cut(plan, varying)
-            if len(pieces) > 1:
-                return _run_segments(plan, segment_plans(plan, pieces, varying), device, cause,
-                                     src, run)
+        parts = _parts(plan, device, run)
+        if parts is not None:
+            return _run_segments(plan, parts, device, cause, src, run)
         seen = sighting(plan, device)
-        if run and config.segments:
-            # an eager run of independent pieces that ran as runs of their own before
-            # runs as those pieces: the same ops at the same shapes compile nothing
-            # because they were read at other places
-            groups = components(plan)
-            if len(groups) > 1:
-                parts = segment_plans(plan, groups, frozenset())
-                if any(cached_graph(p.plan, device) is not None for p in parts):
-                    metrics.counter("EagerRunInPieces")
-                    return _run_segments(plan, parts, device, cause, src, run)
         reshaped = seen is not None and len(seen.infos) > 1
-        if reshaped:  # its shapes changed: name what grows
+        if reshaped:  # its shapes changed: name what grows, against its last shapes
             growth = growth_text(growths(plan, seen))
-    if run and config.tier_up and cached_graph(plan, device) is None:
-        _in_new_company(plan)
-    # a graph whose shapes changed is explained against its ops at their last shapes
-    prev = _skeleton_last.get((device, skeleton(plan))) if reshaped else None
+            prev = _skeleton_last.get((device, skeleton(plan)))
+        if run and config.tier_up:
+            _in_new_company(plan)
     rec, fresh, arrays = find_graph(plan, device, cause, src, placed, quick=run, growth=growth,
                                     reshaped=reshaped, prev=prev)
     if fresh and not session.spmd:
         _skeleton_last[(device, skeleton(plan))] = rec
     return _run_found(rec, fresh, arrays, plan, cause, src, run)
+
+
+def _parts(plan: GraphPlan, device: int, run: bool) -> list | None:
+    """The segments to run ``plan`` (a graph that missed the cache) as, or None to run
+    it whole: where its shapes changed since its ops' last sighting (graph/segments.py),
+    or, for an eager run, the independent pieces it swept up when one of them ran as a
+    run of its own before (the same ops at the same shapes, read at other places, then
+    compile nothing)."""
+    varying = varying_steps(plan, device)  # (notes this sighting)
+    if not config.segments:
+        return None
+    if varying:
+        pieces = cut(plan, varying)
+        if len(pieces) > 1:
+            return segment_plans(plan, pieces, varying)
+    if run:
+        groups = components(plan)
+        if len(groups) > 1:
+            parts = segment_plans(plan, groups, frozenset())
+            if any(cached_graph(p.plan, device) is not None for p in parts):
+                metrics.counter("EagerRunInPieces")
+                return parts
+    return None
 
 
 def _run_segments(plan: GraphPlan, segments: list, device: int, cause: str, src,
@@ -680,8 +689,9 @@ def _run_segments(plan: GraphPlan, segments: list, device: int, cause: str, src,
 
 
 def _in_new_company(plan: GraphPlan) -> None:
-    """An eager run (or a segment of one) about to compile (or to load from the store): an op in its ``tier_up``-th
-    (3rd) new run comes back in new company, so it gets its own optimized executable,
+    """An eager run (or a segment of one) about to compile, or load from the store: an
+    op in its ``tier_up``-th (3rd) new run comes back in new company, so it gets its own
+    optimized executable,
     lowered while this run compiles (the main thread only waits there; ``lower_soon``) and
     compiled on the compile threads. Ops of a run that repeats never need one: the run's
     graph is cached, and so are the segments and pieces a run reuses (they never get
