@@ -23,7 +23,7 @@ from ..graph import compile_time
 from ..graph.collectives import CollectiveList, parse_collectives
 from ..graph.explain import explain
 from ..graph.render import render_dot, render_text
-from ..graph.segments import (components, cut, growth_text, growths, segment_plans, sighting, skeleton,
+from ..graph.segments import (CUT_AT, CUT_RUN_AT, components, cut, growth_text, growths, segment_plans, sighting, skeleton,
                               varying_steps)
 from ..graph.summary import summarize
 from ..ir.nodes import GraphPlan
@@ -635,7 +635,7 @@ def _parts(plan: GraphPlan, device: int, run: bool) -> list | None:
     or, for an eager run, the independent pieces it swept up when one of them ran as a
     run of its own before (the same ops at the same shapes, read at other places, then
     compile nothing)."""
-    varying = varying_steps(plan, device)  # (notes this sighting)
+    varying = varying_steps(plan, device, CUT_RUN_AT if run else CUT_AT)  # (notes it)
     if not config.segments:
         return None
     if varying:

@@ -33,10 +33,16 @@ MIN_KEPT_OPS = 1
 
 # sightings of a skeleton kept to name what grows (its last values)
 HISTORY = 6
-# A graph is cut from its skeleton's third shapes on: shapes that changed once (another
-# model size, one last partial batch) compile whole, fused, as before; shapes that keep
-# changing (a token at a time) are cut. The second costs a whole compile more.
+# A lazy graph is cut from its skeleton's third shapes on: shapes that changed once
+# (another model size, one last partial batch) compile whole, fused, as before; shapes
+# that keep changing (a token at a time) are cut. The second costs a whole compile more.
+# An eager run is cut from its second: its graph compiles at the quick tier, unfused
+# where it is small, so a cut costs it little, and the skeleton of a decode step's run
+# is new at each call (its run begins at the first op with no executable of its own,
+# which moves as ops get theirs): at 3, each generate call compiled two whole decode
+# steps (1.1 and 2.3 s on a loaded machine) before its steps were cut.
 CUT_AT = 3
+CUT_RUN_AT = 2
 
 
 class Sighting(NamedTuple):
@@ -62,9 +68,10 @@ def skeleton(plan: GraphPlan) -> tuple:
             plan.root_pos)
 
 
-def varying_steps(plan: GraphPlan, device: int) -> frozenset:
+def varying_steps(plan: GraphPlan, device: int, cut_at: int = CUT_AT) -> frozenset:
     """Note a sighting of ``plan`` (a graph that missed the cache); the steps whose
-    signatures changed across its skeleton's sightings (empty: never changed)."""
+    signatures changed since its skeleton's last sighting, once it has been seen at
+    ``cut_at`` sets of shapes (empty: nothing to cut)."""
     key = (device, skeleton(plan))
     infos = tuple(info for info, _ in plan.steps)
     seen = _sightings.get(key)
@@ -73,13 +80,13 @@ def varying_steps(plan: GraphPlan, device: int) -> frozenset:
         return frozenset()
     last = seen.infos[-1]
     if all(a is b for a, b in zip(infos, last)):  # the same graph again (it was cut)
-        return seen.varying if len(seen.infos) >= CUT_AT else frozenset()
+        return seen.varying if len(seen.infos) >= cut_at else frozenset()
     # what changed since the last sighting, not since the first: shapes that changed once
     # (the same loop over a wider model, earlier in the session) would otherwise mark
     # every step changed for good, and nothing would be cut again
     varying = {i for i, (a, b) in enumerate(zip(infos, last)) if a is not b}
     seen = _sightings[key] = Sighting((seen.infos + (infos,))[-HISTORY:], frozenset(varying))
-    return seen.varying if len(seen.infos) >= CUT_AT else frozenset()
+    return seen.varying if len(seen.infos) >= cut_at else frozenset()
 
 
 def sighting(plan: GraphPlan, device: int) -> Sighting | None:
