@@ -620,7 +620,7 @@ def run_plan_as_graph(plan: GraphPlan, device: int, cause: str, src, placed=None
         if reshaped:  # its shapes changed: name what grows, against its last shapes
             growth = growth_text(growths(plan, seen))
             prev = _skeleton_last.get((device, skeleton(plan)))
-        if run and config.tier_up:
+        if run and config.tier_up and not reshaped:
             _in_new_company(plan)
     rec, fresh, arrays = find_graph(plan, device, cause, src, placed, quick=run, growth=growth,
                                     reshaped=reshaped, prev=prev)
@@ -641,6 +641,8 @@ def _parts(plan: GraphPlan, device: int, run: bool) -> list | None:
     if varying:
         pieces = cut(plan, varying)
         if len(pieces) > 1:
+            return segment_plans(plan, pieces, varying)
+        if fits_host(plan):  # changed all over, and small: one segment, on CPU torch
             return segment_plans(plan, pieces, varying)
     if run:
         groups = components(plan)
@@ -668,8 +670,6 @@ def _run_segments(plan: GraphPlan, segments: list, device: int, cause: str, src,
                     vals[p] = a
                 continue
         prev = False  # (not the last graph from its line: another segment's)
-        if run and config.tier_up and cached_graph(seg.plan, device) is None:
-            _in_new_company(seg.plan)
         if seg.changed and cached_graph(seg.plan, device) is None:
             # its explanation compares it with the same segment's last compile, and says
             # what grows (computed once per graph, and only for a compile)
@@ -689,16 +689,18 @@ def _run_segments(plan: GraphPlan, segments: list, device: int, cause: str, src,
 
 
 def _in_new_company(plan: GraphPlan) -> None:
-    """An eager run (or a segment of one) about to compile, or load from the store: an
-    op in its ``tier_up``-th (3rd) new run comes back in new company, so it gets its own
-    optimized executable,
-    lowered while this run compiles (the main thread only waits there; ``lower_soon``) and
-    compiled on the compile threads. Ops of a run that repeats never need one: the run's
-    graph is cached, and so are the segments and pieces a run reuses (they never get
-    here). Not at the 2nd: a training loop's first two steps are different runs (step 1
-    creates the optimizer's state), and from step 3 on the second one's graph is cached;
-    at 2, every op of the BERT step tiered up and step 3 waited for 168 single-op
-    compiles (3 s)."""
+    """An eager run about to compile (or load from the store), with ops no run of the
+    same ops ever held: an op in its ``tier_up``-th (3rd) such run comes back in new
+    company, so it gets its own optimized executable, lowered while this run compiles
+    (the main thread only waits there; ``lower_soon``) and compiled on the compile
+    threads. Ops of a run that repeats never need one: the run's graph is cached. Nor do
+    the ops of a run whose shapes changed (its segments come from the cache): counted,
+    generate's stable ops tiered up after three tokens, and each op that then ran alone
+    moved the start of the next call's runs, whose skeletons were new again. Not at the
+    2nd: a training loop's first two steps are different runs (step 1 creates the
+    optimizer's state), and from step 3 on the second one's graph is cached; at 2,
+    every op of the BERT step tiered up and step 3 waited for 168 single-op compiles
+    (3 s)."""
     again = []
     for info in missing_ops(plan):
         info.seen = max(info.seen, 0) + 1

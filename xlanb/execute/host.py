@@ -29,20 +29,18 @@ from ..base.dtypes import HELD_AS
 from ..ir.nodes import GETITEM, GraphPlan, TensorMeta, leaf_meta, result_bytes
 from ..ir.templates import fill_call
 from ..runtime.transfer import array_to_host, host_to_device
+from ..values.fills import EMPTIES
 
 aten = torch.ops.aten
 # aten packets whose functional op CPU torch does not compute as xlanb does
 _NOT_ON_HOST = {aten.as_strided, aten.as_strided_scatter, aten.as_strided_copy}
-# torch's empties are uninitialized memory; xlanb's are zeros (lowering/aten_factory.py)
-_EMPTIES = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty,
-            aten.new_empty_strided}
 
 _refused: set = cache(set(), "segment keys CPU torch could not run as their signatures say",
                       group="graphs")
 
 
 def _op_on_host(info) -> bool:
-    if info.name == GETITEM:
+    if info.name == GETITEM or info.name in EMPTIES:
         return True
     op = info.op
     if op is None or info.template is None or info.plan is None or info.plan.random:
@@ -82,7 +80,8 @@ def run_on_host(plan: GraphPlan, arrays: list, device: int) -> list | None:
                 args = [vals[i] for i in ins]
                 if info.name == GETITEM:
                     out = info.fn(args, ())
-                elif info.op.overloadpacket in _EMPTIES:
+                elif info.name in EMPTIES:
+                    # torch's empties are uninitialized memory; xlanb's are zeros
                     out = torch.zeros(info.out.shape, dtype=info.out.dtype)
                 else:
                     # (a lifted float is a numpy float32 for an "f32" op: CPU torch

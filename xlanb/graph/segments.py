@@ -26,9 +26,15 @@ from ..base.caches import cache
 from ..base.frames import format_loc
 from ..ir.nodes import GETITEM, GraphPlan, TensorMeta, _leaf_key
 
-# An unchanged stretch shorter than this joins the changed segments around it: a segment
-# costs a compile's fixed part and a run of its own, which a few ops do not repay.
-MIN_KEPT_OPS = 1
+# An unchanged stretch shorter than this joins the changed segments around it: a
+# segment costs a compile's fixed part and a run of its own, which a weight's transpose
+# (a prefill's only unchanged ops, between changed ones) does not repay. Longer
+# stretches are kept (a decode step's projections between its cache's cats).
+MIN_KEPT_OPS = 3
+# A graph whose unchanged steps are fewer than this share of it is not cut: a prefill
+# at a new prompt length changes nearly every step, and its segments cost more compiles
+# than the one graph.
+MIN_KEPT_SHARE = 0.25
 
 
 # sightings of a skeleton kept to name what grows (its last values)
@@ -203,6 +209,8 @@ def cut(plan: GraphPlan, varying: frozenset) -> list[list[int]]:
         if not changed[i] and j - i < MIN_KEPT_OPS and (i > 0 or j < n):
             changed[i:j] = [True] * (j - i)
         i = j
+    if sum(1 for c in changed if not c) < MIN_KEPT_SHARE * n:
+        return [list(range(n))]
     seg_of = []
     for k in range(n):
         seg_of.append(0 if k == 0 else seg_of[-1] + (changed[k] != changed[k - 1]))

@@ -18,7 +18,7 @@ from .memory import device_oom, is_device_oom
 # (an empty is usually overwritten whole, and its node costs nothing in a graph).
 _FILL_VALUES = {"aten::zeros": 0, "aten::zeros_like": 0, "aten::new_zeros": 0, "aten::zero_": 0,
                 "aten::ones": 1, "aten::ones_like": 1, "aten::new_ones": 1}
-_EMPTIES = ("aten::empty", "aten::empty_like", "aten::new_empty", "aten::empty_strided",
+EMPTIES = ("aten::empty", "aten::empty_like", "aten::new_empty", "aten::empty_strided",
             "aten::new_empty_strided")
 
 
@@ -75,7 +75,7 @@ def settle_fill(node: Node, value=0) -> None:
 
 def settled_if_empty(node: Node) -> bool:
     """Settle ``node`` if it is a pending empty (nothing to compile); whether it was."""
-    if node.info.name in _EMPTIES and not node.info.multi:
+    if node.info.name in EMPTIES and not node.info.multi:
         settle_fill(node)
         return True
     return False
