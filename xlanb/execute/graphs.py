@@ -620,8 +620,8 @@ def run_plan_as_graph(plan: GraphPlan, device: int, cause: str, src, placed=None
         if reshaped:  # its shapes changed: name what grows, against its last shapes
             growth = growth_text(growths(plan, seen))
             prev = _skeleton_last.get((device, skeleton(plan)))
-        if run and config.tier_up and not reshaped:
-            _in_new_company(plan)
+        if run and config.tier_up:
+            _in_new_company(plan, seen.varying if reshaped else None)
     rec, fresh, arrays = find_graph(plan, device, cause, src, placed, quick=run, growth=growth,
                                     reshaped=reshaped, prev=prev)
     if fresh and not session.spmd:
@@ -641,8 +641,6 @@ def _parts(plan: GraphPlan, device: int, run: bool) -> list | None:
     if varying:
         pieces = cut(plan, varying)
         if len(pieces) > 1:
-            return segment_plans(plan, pieces, varying)
-        if fits_host(plan):  # changed all over, and small: one segment, on CPU torch
             return segment_plans(plan, pieces, varying)
     if run:
         groups = components(plan)
@@ -688,20 +686,23 @@ def _run_segments(plan: GraphPlan, segments: list, device: int, cause: str, src,
     return [vals[p] for p in plan.root_pos]
 
 
-def _in_new_company(plan: GraphPlan) -> None:
+def _in_new_company(plan: GraphPlan, changed=None) -> None:
     """An eager run about to compile (or load from the store), with ops no run of the
     same ops ever held: an op in its ``tier_up``-th (3rd) such run comes back in new
     company, so it gets its own optimized executable, lowered while this run compiles
     (the main thread only waits there; ``lower_soon``) and compiled on the compile
-    threads. Ops of a run that repeats never need one: the run's graph is cached. Nor do
-    the ops of a run whose shapes changed (its segments come from the cache): counted,
-    generate's stable ops tiered up after three tokens, and each op that then ran alone
-    moved the start of the next call's runs, whose skeletons were new again. Not at the
+    threads. Ops of a run that repeats never need one: the run's graph is cached. Of a
+    run whose shapes changed, only the ops at the ``changed`` steps count (the rest
+    come back in the same company, at the same shapes): counted, generate's stable ops
+    tiered up after three tokens, and each op that then ran alone moved the start of
+    the next call's runs, whose skeletons were new again. Not at the
     2nd: a training loop's first two steps are different runs (step 1 creates the
     optimizer's state), and from step 3 on the second one's graph is cached; at 2,
     every op of the BERT step tiered up and step 3 waited for 168 single-op compiles
     (3 s)."""
     again = []
+    if changed is not None:
+        plan = plan._replace(steps=[plan.steps[k] for k in sorted(changed)])
     for info in missing_ops(plan):
         info.seen = max(info.seen, 0) + 1
         if info.seen >= config.tier_up:

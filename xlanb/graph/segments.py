@@ -30,7 +30,7 @@ from ..ir.nodes import GETITEM, GraphPlan, TensorMeta, _leaf_key
 # segment costs a compile's fixed part and a run of its own, which a weight's transpose
 # (a prefill's only unchanged ops, between changed ones) does not repay. Longer
 # stretches are kept (a decode step's projections between its cache's cats).
-MIN_KEPT_OPS = 3
+MIN_KEPT_OPS = 2
 # A graph whose unchanged steps are fewer than this share of it is not cut: a prefill
 # at a new prompt length changes nearly every step, and its segments cost more compiles
 # than the one graph.
