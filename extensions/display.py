@@ -253,6 +253,8 @@ def previous_graph(g, gs: list | None = None):
     """The graph ``g``'s recompile explanation compares it with: the last one before it in
     ``gs`` (default ``xlanb.graphs()``) synced from the same place on the same device, as
     the core chooses it. None when there is none (or ``g`` is not in ``gs``)."""
+    if getattr(g, "previous", None) is not None:  # the core's own choice
+        return g.previous
     gs = list(xlanb.graphs()) if gs is None else gs
     i = next((k for k, x in enumerate(gs) if x is g), None)
     if i is None:
@@ -269,7 +271,9 @@ def recompile_reason(g, resolver: SourceResolver = DEFAULT_RESOLVER, gs: list | 
     prev = previous_graph(g, gs)
     if prev is None or prev.summary is None or g.summary is None:
         return expl  # the log was cleared since: the core's own wording
-    return xlanb.explain(prev.summary, g.summary, label=resolver.label)
+    growth = getattr(g, "growth", "")  # what grows, and its fix (a graph whose shapes change)
+    return "; ".join(t for t in (xlanb.explain(prev.summary, g.summary, label=resolver.label),
+                                 growth) if t)
 
 
 def graph_why(g, resolver: SourceResolver = DEFAULT_RESOLVER, gs: list | None = None) -> str:

@@ -229,3 +229,26 @@ def test_debug_nans_names_the_op_inside_a_segment(no_host):
         with pytest.raises(xlanb.NonFiniteError) as e:
             float((bad.sqrt() @ w).sum())
     assert "aten::sqrt" in str(e.value)
+
+
+def test_the_magic_and_the_widget_name_the_growth(no_host):
+    """%xla_graphs and the GraphView widget show the explanation, growth included."""
+    pytest.importorskip("ipywidgets")
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+    from support import loaded_shell
+    shell = InteractiveShell.instance()
+    fixture = loaded_shell(shell, "terminal")
+    next(fixture)
+    try:
+        _steps("xla", 6, width=10)
+        with capture_output() as c:
+            shell.run_line_magic("xla_graphs", "")
+        shown = c.stdout + "".join(o.data.get("text/plain", "") for o in c.outputs)
+        assert "grows by 1 each sync" in shown, shown
+        from xlanb.widgets import GraphView
+        g = next(g for g in reversed(xlanb.graphs()) if "grows by 1" in g.explanation)
+        view = GraphView(graph=g)
+        assert "grows by 1 each sync" in view.info.value, view.info.value
+    finally:
+        next(fixture, None)

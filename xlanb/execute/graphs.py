@@ -68,6 +68,10 @@ class CompiledGraph:
     # a segment of a graph whose shapes change: what grows, by line, and its fix
     # (graph/segments.growth_text), said after the explanation
     growth: str = ""
+    # the graph its explanation compares it with (None: the first of its line, or of its
+    # ops): the last one compiled from its line, or, for a graph whose shapes changed, its
+    # ops' last graph, and for a segment, the same segment's last compile
+    previous: object = field(default=None, repr=False)
     summary: object = field(default=None, repr=False)  # summary.GraphSummary
     lowered: object = field(default=None, repr=False)  # jax.stages.Lowered, once known
     # a graph on a mesh: its outputs' shardings (the partitioner's choice) and the
@@ -445,6 +449,7 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
                         len(plan.roots), cause, src, time.perf_counter() - t0, exe,
                         lowering=lowering,
                         _explain_from=prev.summary if prev else None, growth=growth,
+                        previous=prev or None,
                         summary=summary, lowered=lowered, quick=quick,
                         _compile_raw=raw_profile(exe) if lowered is not None else None)
     admit_graph(rec)
