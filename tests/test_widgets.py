@@ -281,9 +281,15 @@ def _two_graphs_from_one_line():
     acc = torch.zeros(2, 3).to("xla")
     xlanb.sync()
     start = len(xlanb.graphs())
-    for _ in range(2):
-        acc = torch.cat((acc, (torch.ones(2, n, device="xla") @ w).relu()))
-        xlanb.sync()
+    # whole graphs: every test makes these ops at other sizes, and from their third
+    # sizes on xlanb would cut them into segments (graph/segments.py)
+    segments, xlanb.config.segments = xlanb.config.segments, False
+    try:
+        for _ in range(2):
+            acc = torch.cat((acc, (torch.ones(2, n, device="xla") @ w).relu()))
+            xlanb.sync()
+    finally:
+        xlanb.config.segments = segments
     gs = xlanb.graphs()
     assert len(gs) == start + 2
     return gs[start], gs[start + 1]

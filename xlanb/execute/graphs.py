@@ -622,9 +622,11 @@ def run_plan_as_graph(plan: GraphPlan, device: int, cause: str, src, placed=None
             return _run_segments(plan, parts, device, cause, src, run)
         seen = sighting(plan, device)
         reshaped = seen is not None and len(seen.infos) > 1
-        if reshaped:  # its shapes changed: name what grows, against its last shapes
+        if reshaped:  # its shapes changed: name what grows
             growth = growth_text(growths(plan, seen))
-            prev = _skeleton_last.get((device, skeleton(plan)))
+            # explained against the last graph from its line, else its ops' last graph
+            prev = next((g for g in reversed(graph_log) if g.src == src and g.device == device),
+                        None) or _skeleton_last.get((device, skeleton(plan)))
         if run and config.tier_up:
             _in_new_company(plan, seen.varying if reshaped else None)
     rec, fresh, arrays = find_graph(plan, device, cause, src, placed, quick=run, growth=growth,
