@@ -624,9 +624,9 @@ def test_multiprocessing_runs_one_replica_here(tx):
     ("torch_xla.runtime", "get_master_ip", "XLANB_COORDINATOR_ADDRESS"),
     ("torch_xla._XLAC", "_clear_pending_irs", "del t"),
     ("torch_xla.experimental", "custom_kernel", "Pallas"),
-    ("torch_xla.distributed.parallel_loader", "Nope", "README"),
+    ("torch_xla.distributed.parallel_loader", "Nope", "docs/guides/torch-xla.md"),
     ("torch_xla._XLAC", "_xla_step_marker", "sync"),
-    ("torch_xla.core", "functions", "README"),
+    ("torch_xla.core", "functions", "docs/guides/torch-xla.md"),
 ])
 def test_outside_the_surface_is_not_implemented(tx, module, attr, hint):
     import importlib

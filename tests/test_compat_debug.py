@@ -384,7 +384,7 @@ def test_profiler_calls_outside_a_trace_and_a_foreign_server(tx):
 
 
 def test_debugging_names_from_the_search(tx):
-    """Names scripts and libraries use besides the issue's list (README's table)."""
+    """Names scripts and libraries use besides the issue's list (the torch_xla guide's table)."""
     import torch_xla.core.xla_model as xm
     import torch_xla.runtime as xr
     x = torch.randn(3, 3, device="xla")
@@ -418,10 +418,9 @@ def test_run_a_missing_script_is_one_line(run):
         f"xlanb.run: can't open file {str(folder / 'nosuch.py')!r}: no such file"]
 
 
-def test_readme_table_lists_each_debugging_name():
-    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                               "README.md")).read()
-    section = readme.split("## Coming from torch_xla")[1].split("\n## ")[0]
+def test_the_guide_table_lists_each_debugging_name():
+    section = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "docs", "guides", "torch-xla.md")).read()
     for name in ("start_trace", "stop_trace", "xp.Trace", "xp.StepTrace", "start_server",
                  "trace_detached", "trace_me", "PT_XLA_DEBUG_LEVEL", "PT_XLA_DEBUG=1",
                  "PT_XLA_DEBUG_FILE", "XLA_SAVE_TENSORS_FILE", "XLA_SAVE_TENSORS_FMT",

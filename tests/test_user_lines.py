@@ -175,12 +175,12 @@ def test_store_hits_read_as_part_of_the_compiles_not_against_them():
             metrics.counter(n, v)
 
 
-def test_readme_quick_start_prints_a_few_lines(capsys):
+def test_getting_started_script_prints_a_few_lines(capsys):
     import os
     import re
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
-    code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
-    exec(compile(code, "README.md", "exec"), {})
+    page = open(os.path.join(os.path.dirname(__file__), "..", "docs", "getting-started.md")).read()
+    code = re.search(r"```python\n(.*?)```", page, re.S).group(1)
+    exec(compile(code, "getting-started.md", "exec"), {})
     out = capsys.readouterr().out
     assert "UncachedCompile" in out and len(out.splitlines()) <= 10, out
 

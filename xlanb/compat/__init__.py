@@ -128,7 +128,8 @@ class TorchXlaFinder(importlib.abc.MetaPathFinder):
                                                    is_package=fullname in PACKAGES)
         known = ", ".join(sorted(MODULES))
         raise module_not_provided(fullname, f"it provides {known}; see the 'Coming from "
-                                            "torch_xla' table in xlanb's README")
+                                            "torch_xla' table in xlanb's documentation "
+                                            "(docs/guides/torch-xla.md)")
 
 
 _finder = TorchXlaFinder()

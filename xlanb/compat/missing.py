@@ -31,7 +31,8 @@ FSDP_V1 = ("FSDP v1 shards over per-replica processes with its own all-gathers a
            "FSDPv2(model)` (auto_wrap_policy and checkpoint_module work as in v1); "
            "`optimizer.step()` instead of `xm.optimizer_step`, in one process (no xmp.spawn)")
 ONE_PROCESS = COLLECTIVES  # the name other modules import
-SEE = "see the 'Coming from torch_xla' table in xlanb's README, or the xlanb API (import xlanb)"
+SEE = ("see the 'Coming from torch_xla' table in xlanb's documentation (docs/guides/torch-xla.md), "
+       "or the xlanb API (import xlanb)")
 
 
 class CompatNotImplementedError(NotImplementedError, AttributeError):
