@@ -43,7 +43,6 @@ release = version = "0.1.0"
 extensions = [
     "myst_nb",
     "sphinx.ext.autodoc",
-    "sphinx.ext.viewcode",
     "xlanb_ref",
 ]
 exclude_patterns = ["_build", "_ext", "Thumbs.db", ".DS_Store"]

@@ -83,10 +83,20 @@ def _kind(obj) -> str:
     return "data"
 
 
+def _module(name: str):
+    """``xlanb.spmd``, or ``xlanb.metrics``: an attribute of xlanb (its home is
+    ``xlanb.base.metrics``), which is how users reach it."""
+    import importlib
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        parent, _, attr = name.rpartition(".")
+        return getattr(_module(parent), attr)
+
+
 def api_lines(module: str, names: list[str]) -> list[str]:
     """autodoc directives for ``module.NAME``, each by what the object is."""
-    import importlib
-    mod = importlib.import_module(module)
+    mod = _module(module)
     out = []
     import xlanb
     for name in names:
@@ -105,11 +115,11 @@ def api_lines(module: str, names: list[str]) -> list[str]:
         elif kind == "function":
             out += [f".. autofunction:: {full}", ""]
         elif type(obj).__module__.startswith("xlanb"):  # an instance (xlanb.config)
-            out += [f".. py:data:: {full}", "",
+            out += [f".. py:data:: {name}", f"   :module: {module}", "",
                     f"   An instance of :class:`{type(obj).__module__}.{type(obj).__qualname__}`.",
                     ""]
         else:
-            out += _data_lines(full, obj, name)
+            out += _data_lines(module, obj, name)
     return out
 
 
@@ -132,15 +142,16 @@ def _defined_with(name: str) -> str:
     return ""
 
 
-def _data_lines(full: str, obj, name: str) -> list[str]:
+def _data_lines(module: str, obj, name: str) -> list[str]:
     """A constant: its value (a dict by its keys and the type of its values) and the
     comment above its definition. autodoc would show the docstring of its type."""
-    out = [f".. py:data:: {full}"]
+    out = [f".. py:data:: {name}", f"   :module: {module}"]
     if isinstance(obj, dict):
         kinds = {type(v) for v in obj.values()}
         of = f" of :class:`{kinds.pop().__name__}`" if len(kinds) == 1 else ""
-        out += ["   :type: dict", "", f"   A dict{of}, keyed by " +
-                ", ".join(f"``{k}``" for k in obj) + "."]
+        keys = (", ".join(f"``{k}``" for k in obj) if len(obj) <= 12
+                else f"{len(obj)} names (``{next(iter(obj))}``, ...)")
+        out += ["   :type: dict", "", f"   A dict{of}, keyed by {keys}."]
     else:
         out += [f"   :value: {obj!r}", ""]
     comment = _defined_with(name)
@@ -158,8 +169,7 @@ class ApiDirective(SphinxDirective):
         module = self.options.get("module", "xlanb")
         names = " ".join(self.content).split()
         if "all" in self.options:
-            import importlib
-            names = list(importlib.import_module(module).__all__)
+            names = list(_module(module).__all__)
         if module == "xlanb":
             taken = self.env.temp_data.setdefault("xlanb_api_taken", set())
             import xlanb
@@ -278,7 +288,8 @@ def _comments(source: str) -> dict[int, str]:
         if tok.type == tokenize.COMMENT:
             row = tok.start[0]
             alone = lines[row - 1].strip().startswith("#")
-            out[row] = ("\0" if alone else "") + tok.string.lstrip("#").strip()
+            # "#:" is Sphinx's mark for a comment that documents the name below it
+            out[row] = ("\0" if alone else "") + tok.string.lstrip("#").lstrip(":").strip()
     return out
 
 
