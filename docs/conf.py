@@ -85,3 +85,15 @@ def _copy_notebooks() -> None:
 
 
 _copy_notebooks()
+
+
+def _outputs_in_build(app) -> None:
+    """myst-nb writes the notebooks' images to the output folder's parent, which for
+    ``docs/_build`` is the source folder: here they go with the doctrees instead."""
+    import pathlib as _p
+    app.env.mystnb_config = app.env.mystnb_config.copy(
+        output_folder=str(_p.Path(app.doctreedir) / "jupyter_execute"))
+
+
+def setup(app):
+    app.connect("builder-inited", _outputs_in_build, priority=900)  # after myst-nb's

@@ -786,7 +786,7 @@ class ExplainReport(Rich):
                            "compiles the pending graph"]
         items = []
         for g, r in self.reports:
-            items.append(f"graph {xlanb.format_hash(g.hash)}: {r.summary_line().split(': ', 1)[-1]}")
+            items.append(f"graph {xlanb.format_hash(g.hash)}: {r.verdict()}")
             if r.error and r.memory is not None:
                 items.append(f"    compiler   {r.error}")
             if r.cost is not None:
@@ -985,60 +985,54 @@ class TargetStatus(Rich):
                 f"<div style='color:#666;font-size:85%'>{escape(src)}</div></div>")
 
 
-PADDING_HEADER = ("kind", "buffer", "type", "TPU layout", "logical", "padded", "+pad", "source")
+PADDING_HEADER = xlanb.PaddingList.HEADER
 
 
 def padding_rows(report, resolver: SourceResolver = DEFAULT_RESOLVER, n: int = 12) -> list[tuple]:
     """A ``TargetReport``'s padding rows (most padding first) as table cells, each
     source line named by ``resolver`` (``In[5] line 3`` for a cell)."""
-    return [(r.kind, r.name + (f" [{r.scope}]" if r.scope else ""), r.type, r.layout,
-             xlanb.format_bytes(r.logical_bytes), xlanb.format_bytes(r.padded_bytes),
-             xlanb.format_pct(r.padded_bytes - r.logical_bytes, r.logical_bytes),
-             resolver.label_text(r.source))
-            for r in list(report.padding)[:n]]
+    return report.padding.rows(resolver.label_text)[:n]
 
 
 class TargetView(Rich):
-    """A ``TargetReport`` under a line that says what was compiled: its text in a
-    terminal, its HTML (HBM bar, padding, collectives, roofline) in a notebook; the
-    padding rows name cells as ``In[5] line 3``."""
+    """A ``TargetReport`` under a line that says what was compiled: text in a terminal,
+    HTML (HBM bar, padding, collectives, roofline) in a notebook. Both are laid out from
+    the report's sections (``TargetReport.sections``), its lines named by the resolver
+    (``In[5] line 3``)."""
 
     def __init__(self, report, what: str, resolver: SourceResolver = DEFAULT_RESOLVER) -> None:
         self.report, self.what, self.resolver = report, what, resolver
-
-    def _body(self) -> str:
-        """The report's text, its padding table's sources named by the resolver."""
-        lines = str(self.report).split("\n")
-        try:
-            start = lines.index("  padding (most first):") + 1
-        except ValueError:
-            return "\n".join(lines)
-        end = start
-        while end < len(lines) and lines[end].startswith("    "):
-            end += 1
-        table = xlanb.format_table(PADDING_HEADER, padding_rows(self.report, self.resolver),
-                                   right=(4, 5, 6), indent="    ")
-        return "\n".join(lines[:start] + [table] + lines[end:])
-
-    def _html(self) -> str:
-        """The report's HTML, its padding sources named by the resolver."""
-        out = self.report._repr_html_()
-        for r in self.report.padding:
-            if not r.source:
-                continue
-            plain = escape(r.source.rsplit("/", 1)[-1])
-            out = out.replace(f"<td>{plain}</td>", f"<td>{escape(self.resolver.label_text(r.source))}</td>")
-        return out
+        self.sections = report.sections(source=resolver.label_text)
 
     def title(self) -> str:
         how = "refused by the TPU compiler" if self.report.error else "compiled"
         return f"{self.what}, {how} for {target_text(self.report.target)} (nothing ran)"
 
     def text(self) -> str:
-        return f"{self.title()}\n{self._body()}"
+        out = [self.title(), self.report.headline()]
+        for sec in self.sections:
+            out += [f"  {line}" for line in sec.lines]
+            if sec.title:
+                out.append(f"  {sec.title}:" + (f" {sec.summary}" if sec.summary else ""))
+            if sec.rows:
+                out.append(xlanb.format_table(sec.header, list(sec.rows), right=sec.right,
+                                              indent="    "))
+        return "\n".join(out)
 
     def html(self) -> str:
-        return f"<div><b>{escape(self.title())}</b></div>{self._html()}"
+        r = self.report
+        parts = [f"<div><b>{escape(self.title())}</b></div>",
+                 f"<div class='xlanb-target'>{escape(r.headline())}</div>"]
+        if r.memory is not None:
+            parts.append(_bar_html(r.memory, r.target, r.fits))
+        for sec in self.sections:
+            parts += [f"<div>{escape(line)}</div>" for line in sec.lines]
+            if sec.title:
+                parts.append(f"<div>{escape(sec.title)}"
+                             + (f": {escape(sec.summary)}" if sec.summary else "") + "</div>")
+            if sec.rows:
+                parts.append(_table_html(sec.header, sec.rows, set(sec.right), f"xlanb-{sec.kind}"))
+        return "".join(parts)
 
 
 def _bar_html(m, t, fits) -> str:
@@ -1061,7 +1055,7 @@ class TargetMemory(Rich):
     fits, arguments / outputs / temporaries, and what the TPU's tiled layouts pad."""
 
     HEADER = PADDING_HEADER
-    RIGHT = {4, 5, 6}
+    RIGHT = set(xlanb.PaddingList.RIGHT)
 
     def __init__(self, report, what: str, resolver: SourceResolver = DEFAULT_RESOLVER,
                  n: int = 12) -> None:
@@ -1078,19 +1072,12 @@ class TargetMemory(Rich):
         verdict = xlanb.format_fits(r.fits)
         out.append(f"  peak {xlanb.format_bytes(m.peak_bytes)} of {xlanb.format_bytes(t.hbm_bytes)} HBM: {verdict} "
                    f"({100 * m.peak_bytes / t.hbm_bytes:.3g}% of HBM)")
-        if r.error:
-            out.append(f"  compiler: {r.error}")
-        else:
+        if not r.error:
             out.append(f"  arguments {xlanb.format_bytes(m.argument_bytes)}, outputs {xlanb.format_bytes(m.output_bytes)}"
                        f", temporaries {xlanb.format_bytes(m.temp_bytes)}, aliased {xlanb.format_bytes(m.alias_bytes)}")
-        for kind in ("argument", "output"):
-            rows = [p for p in r.padding if p.kind == kind]
-            logical = sum(p.logical_bytes for p in rows)
-            padded = sum(p.padded_bytes for p in rows)
-            if padded:
-                out.append(f"  {kind}s: {xlanb.format_bytes(logical)} logical, {xlanb.format_bytes(padded)} in TPU "
-                           f"layouts ({xlanb.format_pct(padded - logical, logical)})")
-        out.extend(f"  note: {x}" for x in r.notes)
+        # the compiler's refusal, the TPU layouts' totals and the notes, in the report's words
+        out.extend(f"  {line}" for sec in r.sections(source=self.resolver.label_text)
+                   if sec.kind in ("compiler", "layouts", "notes") for line in sec.lines)
         return out
 
     def text(self) -> str:

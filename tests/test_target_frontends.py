@@ -88,6 +88,72 @@ def matmul(ip) -> None:
     run(ip, "x = (torch.ones(128, 128) / 128).to('xla')\ny = x @ x")
 
 
+# --------------------------------------------------------------------------- one text
+
+def _report():
+    """A TargetReport made by hand (no libtpu): one padded argument made in a cell, one
+    collective from another line of it, a note."""
+    from types import SimpleNamespace
+    from xlanb.graph.collectives import Collective, CollectiveList
+    t = SimpleNamespace(name=TARGET, chip="TPU v5 lite", num_devices=1, hbm_bytes=16 << 30,
+                        peak_flops=197e12, hbm_bytes_per_s=819e9)
+    padding = xlanb.PaddingList([xlanb.PaddingRow(
+        "argument", "input %0 (device_data)", "Net", "/tmp/ipykernel_1/cell.py:3",
+        "f32[1000,1000]", "{1,0:T(8,128)}", 4_000_000, 4_096_000)])
+    collectives = CollectiveList([Collective("all-reduce", "all-reduce.1", "f32[8]", 32,
+                                             "{{0}}", "aten::sum", "Net",
+                                             "/tmp/ipykernel_1/cell.py:5")], graph_hash="ab" * 6)
+    return xlanb.TargetReport(
+        t, "ab" * 6, memory=xlanb.GraphMemory(4_096_000, 2_000, 0, 1_000, 4_099_000, 0),
+        fits=True, cost=xlanb.TargetCost(2e9, 6e6, 1e-5, 1e-5, 7e-6), padding=padding,
+        collectives=collectives, compile_seconds=1.5, notes=("int64 is pairs of int32",),
+        executable=object())
+
+
+class _Cells(xd.SourceResolver):
+    """A front end's names for a cell's lines."""
+
+    def label_text(self, where: str) -> str:
+        return "In[7] line " + where.rsplit(":", 1)[1]
+
+
+def test_the_report_prints_its_sections():
+    r = _report()
+    text = str(r).splitlines()
+    assert text[0] == r.headline() and r.headline().startswith(f"graph {'ab' * 6} for {TARGET}")
+    assert r.summary_line() == f"{TARGET} (1 x TPU v5 lite): {r.verdict()}"
+    assert "  note: int64 is pairs of int32" in text and "  padding (most first):" in text
+    assert (f"  collectives: graph {'ab' * 6}: 1 collectives (1 all-reduce), 32 bytes per "
+            "device") in text, text
+    assert [s.kind for s in r.sections()] == ["memory", "cost", "layouts", "notes", "padding",
+                                              "collectives"]
+    assert r.sections()[4].rows[0][-1] == "cell.py:3"  # the core's own name for the line
+    assert "<table class='xlanb-padding'" in r._repr_html_() and "title='HBM'" in r._repr_html_()
+
+
+def test_the_views_lay_out_the_sections_and_read_none_of_the_reports_text(monkeypatch):
+    """extensions/display.py shows a TargetReport from ``sections()``, naming each line its
+    own way, and never reads the report's text or HTML back (issue 59)."""
+    r = _report()
+    words = [line for s in r.sections() for line in s.lines]
+
+    def unread(*_):
+        raise AssertionError("a view read the report's text")
+    for name in ("__str__", "__repr__", "_repr_html_"):
+        monkeypatch.setattr(xlanb.TargetReport, name, unread)
+    view = xd.TargetView(r, "The pending graph", _Cells())
+    text, page = view.text(), view.html()
+    for line in words:
+        assert line in text, line
+    assert "In[7] line 3" in text and "In[7] line 5" in text and "cell.py" not in text
+    assert "In[7] line 3" in page and "In[7] line 5" in page and "cell.py" not in page
+    assert "<table class='xlanb-padding'" in page and "<table class='xlanb-collectives'" in page
+    assert "xlanb-target" in page and "title='HBM'" in page
+    mem = xd.TargetMemory(r, "graph", _Cells()).text()
+    assert "note: int64 is pairs of int32" in mem and "in TPU layouts" in mem
+    assert "In[7] line 3" in mem
+
+
 # --------------------------------------------------------------------------- %xla_target
 
 def test_magics_are_listed_with_help(nb):

@@ -48,8 +48,8 @@ from .values.memory import (DeviceMemoryError, GraphBuffer, GraphMemory, MemoryB
 from .execute.graphs import (Column, CompiledGraph, GraphList, RecompileError, RecompileWarning,
                              compile_summary, graph_columns, graphs)
 from .graph.compile_time import CompilePart, CompileProfile, CompileRow, CompileSummary
-from .executables.target import (PaddingList, PaddingRow, TargetCost, TargetReport, get_target,
-                             set_target, target)
+from .executables.target import (PaddingList, PaddingRow, ReportSection, TargetCost, TargetReport,
+                                 get_target, set_target, target)
 from .graph.explain import SummaryDiff, diff_summaries, explain
 from .graph.render import render_dot, render_svg, render_text
 from .graph.summary import GraphSummary, OpRecord
@@ -98,7 +98,7 @@ __all__ = ["device", "device_count", "set_mode", "switch_mode", "get_mode", "mod
            "DeviceMemoryError", "GraphMemory", "GraphBuffer",
            "MemoryByLine", "MemoryRow", "MemoryLimit", "MemorySample", "MemoryTimeline",
            "compile_for", "target", "set_target", "get_target", "Target", "TargetError",
-           "TargetReport", "TargetCost", "PaddingList", "PaddingRow", "CHIPS",
+           "TargetReport", "TargetCost", "PaddingList", "PaddingRow", "ReportSection", "CHIPS",
            "graph_columns", "Column", "compile_summary", "CompileProfile", "CompilePart",
            "CompileRow", "CompileSummary",
            "load_ipython_extension", "unload_ipython_extension"]

@@ -95,15 +95,19 @@ class PaddingList(list):
     """``TargetReport.padding``: arguments, outputs and the largest temporaries with
     their logical and padded bytes, most padding first."""
 
-    _COLUMNS = ("kind", "buffer", "type", "TPU layout", "logical", "padded", "+pad", "source")
+    HEADER = ("kind", "buffer", "type", "TPU layout", "logical", "padded", "+pad", "source")
+    RIGHT = (4, 5, 6)  # the byte columns, aligned right
+    _COLUMNS = HEADER
 
-    def rows(self) -> list[tuple]:
+    def rows(self, source=source_text) -> list[tuple]:
+        """Table cells, a row per buffer; ``source`` names its ``file:line`` (a front end
+        names a notebook cell its own way)."""
         # no layout: a buffer of a graph the compiler refused (its padding is unknown)
         return [(r.kind, r.name + (f" [{r.scope}]" if r.scope else ""), r.type, r.layout or "-",
                  format_bytes(r.logical_bytes),
                  format_bytes(r.padded_bytes) if r.layout else "-",
                  format_pct(r.padding_bytes, r.logical_bytes) if r.layout else "-",
-                 source_text(r.source))
+                 source(r.source))
                 for r in self]
 
     def total(self, kind: str) -> tuple[int, int]:
@@ -113,9 +117,38 @@ class PaddingList(list):
     def __str__(self) -> str:
         if not self:
             return "no buffers"
-        return format_table(self._COLUMNS, self.rows(), right=(4, 5, 6))
+        return format_table(self.HEADER, self.rows(), right=self.RIGHT)
 
     __repr__ = __str__
+
+
+class ReportSection(NamedTuple):
+    """One part of a ``TargetReport`` (``TargetReport.sections()``), in words, for any
+    front end to lay out: its ``lines``, or a table (``header``, ``rows``; ``right``: the
+    columns aligned right) under a ``title`` and its ``summary``. The report's own text
+    and HTML are made from these, and so is every front end's view of it: no one reads
+    another's text back."""
+    kind: str            # compiler, memory, sharding, cost, layouts, notes, padding, collectives
+    lines: tuple = ()
+    title: str = ""
+    summary: str = ""
+    header: tuple = ()
+    rows: tuple = ()
+    right: tuple = ()
+
+
+def sections_text(sections, indent: str = "  ") -> list[str]:
+    """``sections`` as the report prints them: lines under ``indent``, each table under
+    its title, one level deeper."""
+    out = []
+    for sec in sections:
+        out += [indent + line for line in sec.lines]
+        if sec.title:
+            out.append(f"{indent}{sec.title}:" + (f" {sec.summary}" if sec.summary else ""))
+        if sec.rows:
+            out.append(format_table(sec.header, list(sec.rows), right=sec.right,
+                                    indent=indent * 2))
+    return out
 
 
 class TargetReport:
@@ -197,91 +230,103 @@ class TargetReport:
     def roofline(self) -> str:
         return self.cost.roofline(self.target) if self.cost else ""
 
-    def summary_line(self) -> str:
-        """One line: peak per chip against HBM, fits, estimated time, compile time."""
-        head = f"{self.target.name} ({self.target.num_devices} x {self.target.chip})"
+    def verdict(self) -> str:
+        """Peak per chip against HBM, fits, estimated time, compile time: the summary line
+        without the target ("not compiled: ..." when the compiler gave no memory)."""
         if self.memory is None:
-            return f"{head}: not compiled: {self.error}"
+            return f"not compiled: {self.error}"
         verdict = format_fits(self.fits)
         est = ""
         if self.cost and self.cost.seconds:
             est = f", est. {format_duration(self.cost.seconds)}/step"
         elif self.cost:  # XLA gave no estimate (custom calls): the roofline's bound
             est = f", at least {format_duration(self.cost.roofline_seconds)}/step (roofline)"
-        return (f"{head}: peak {format_bytes(self.memory.peak_bytes)} of "
+        return (f"peak {format_bytes(self.memory.peak_bytes)} of "
                 f"{format_bytes(self.target.hbm_bytes)} HBM per chip, {verdict}{est}, "
                 f"TPU compile {format_duration(self.compile_seconds)}")
 
-    def __str__(self) -> str:
-        lines = [f"graph {format_hash(self.graph_hash)} for {self.summary_line()}"]
+    def summary_line(self) -> str:
+        """One line: the target, then the ``verdict``."""
+        return f"{self.target.name} ({self.target.num_devices} x {self.target.chip}): {self.verdict()}"
+
+    def headline(self) -> str:
+        """The report's first line: the graph, the target and the verdict."""
+        return f"graph {format_hash(self.graph_hash)} for {self.summary_line()}"
+
+    def sections(self, source=source_text, max_rows: int = 12) -> list[ReportSection]:
+        """The report after its headline, part by part (``ReportSection``): the compiler's
+        refusal, memory per chip, sharding, cost, the TPU layouts' totals, notes, the
+        padding table (``max_rows`` buffers, most padding first; ``source`` names each
+        one's line) and the collectives."""
+        out = []
         if self.error:
-            lines.append(f"  compiler: {self.error}")
+            out.append(ReportSection("compiler", (f"compiler: {self.error}",)))
         if self.memory is not None:
-            lines.append(f"  memory per chip: {self.memory}")
+            out.append(ReportSection("memory", (f"memory per chip: {self.memory}",)))
             if self.sharding_line():
-                lines.append(f"  {self.sharding_line()}")
+                out.append(ReportSection("sharding", (self.sharding_line(),)))
         if self.cost is not None:
-            lines.append(f"  cost: {self.roofline}")
+            out.append(ReportSection("cost", (f"cost: {self.roofline}",)))
         laid_out = self._exe is not None  # a refused graph's buffers have no TPU layout
+        layouts = []
         for kind in ("argument", "output"):
             logical, padded = self.padding.total(kind)
             if padded and laid_out:
-                lines.append(f"  {kind}s: {format_bytes(logical)} logical, {format_bytes(padded)} "
-                             f"in TPU layouts ({format_pct(padded - logical, logical)})")
-        for note in self.notes:
-            lines.append(f"  note: {note}")
+                layouts.append(f"{kind}s: {format_bytes(logical)} logical, {format_bytes(padded)} "
+                               f"in TPU layouts ({format_pct(padded - logical, logical)})")
+        if layouts:
+            out.append(ReportSection("layouts", tuple(layouts)))
+        if self.notes:
+            out.append(ReportSection("notes", tuple(f"note: {note}" for note in self.notes)))
         if self.padding:
-            lines.append("  padding (most first):" if laid_out else
-                         "  buffers (from the lowering; largest first):")
-            lines.append(format_table(PaddingList._COLUMNS, self.padding.rows()[:12],
-                                      right=(4, 5, 6), indent="    "))
+            out.append(ReportSection(
+                "padding", title="padding (most first)" if laid_out
+                else "buffers (from the lowering; largest first)",
+                header=PaddingList.HEADER, rows=tuple(self.padding.rows(source)[:max_rows]),
+                right=PaddingList.RIGHT))
         if self.collectives:
-            lines.append(f"  collectives: {str(self.collectives).split(chr(10), 1)[0]}")
-            lines.append("\n".join("    " + line for line in
-                                   str(self.collectives).split("\n")[1:]))
-        return "\n".join(lines)
+            c = self.collectives
+            out.append(ReportSection("collectives", title="collectives", summary=c.headline(),
+                                     header=c.HEADER, rows=tuple(c.rows(source)),
+                                     right=c.RIGHT))
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join([self.headline()] + sections_text(self.sections()))
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        t = self.target
         e = html.escape
-        parts = [f"<div class='xlanb-target'><b>{e(t.name)}</b>: {t.num_devices} x {e(t.chip)}, "
-                 f"{e(format_bytes(t.hbm_bytes))} HBM per chip; graph {e(format_hash(self.graph_hash))}, "
-                 f"TPU compile {format_duration(self.compile_seconds)}</div>"]
-        if self.error:
-            parts.append(f"<div style='color:#b00'>compiler: {e(self.error)}</div>")
-        m = self.memory
-        if m is not None:
-            scale = max(m.peak_bytes, t.hbm_bytes)
-            colour = "#c33" if self.fits is False else "#3a7"
-            seg = [("arguments", m.argument_bytes, "#69c"), ("outputs", m.output_bytes - m.alias_bytes, "#9c6"),
-                   ("temporaries", m.temp_bytes, "#e94")]
-            bars = "".join(f"<div title='{e(n)} {e(format_bytes(b))}' style='display:inline-block;"
-                           f"height:14px;width:{100 * max(b, 0) / scale:.2f}%;background:{c}'></div>"
-                           for n, b, c in seg)
-            hbm = 100 * t.hbm_bytes / scale
-            parts.append(
-                f"<div style='position:relative;width:480px;border:1px solid #888'>{bars}"
-                f"<div style='position:absolute;top:0;left:{hbm:.2f}%;height:14px;"
-                f"border-left:2px solid #000' title='HBM'></div></div>"
-                f"<div style='color:{colour}'>peak {e(format_bytes(m.peak_bytes))} of "
-                f"{e(format_bytes(t.hbm_bytes))} HBM per chip: "
-                f"{'fits' if self.fits else 'does not fit' if self.fits is False else '?'} "
-                f"(arguments {e(format_bytes(m.argument_bytes))}, outputs "
-                f"{e(format_bytes(m.output_bytes))}, temporaries {e(format_bytes(m.temp_bytes))})</div>")
-            if self.sharding_line():
-                parts.append(f"<div>{e(self.sharding_line())}</div>")
-        if self.cost is not None:
-            parts.append(f"<div>{e(self.roofline)}; XLA estimates {e(format_duration(self.cost.seconds))} a step</div>")
-        for note in self.notes:
-            parts.append(f"<div><i>note: {e(note)}</i></div>")
-        if self.padding:
-            parts.append(format_table_html(PaddingList._COLUMNS, self.padding.rows(),
-                                           cls="xlanb-padding"))
-        if self.collectives:
-            parts.append(self.collectives._repr_html_())
+        parts = [f"<div class='xlanb-target'><b>{e(self.headline())}</b></div>"]
+        if self.memory is not None:
+            parts.append(_hbm_bar_html(self.memory, self.target, self.fits))
+        for sec in self.sections(max_rows=len(self.padding)):
+            parts += [f"<div>{e(line)}</div>" for line in sec.lines]
+            if sec.title:
+                parts.append(f"<div>{e(sec.title)}" + (f": {e(sec.summary)}" if sec.summary else "")
+                             + "</div>")
+            if sec.rows:
+                parts.append(format_table_html(sec.header, list(sec.rows), right=sec.right,
+                                               cls=f"xlanb-{sec.kind}"))
         return "\n".join(parts)
+
+
+def _hbm_bar_html(memory, target: Target, fits) -> str:
+    """Memory per chip against the chip's HBM, as one bar: arguments, outputs and
+    temporaries, and a line where HBM ends (red when the graph does not fit)."""
+    e = html.escape
+    scale = max(memory.peak_bytes, target.hbm_bytes, 1)
+    seg = [("arguments", memory.argument_bytes, "#69c"),
+           ("outputs", memory.output_bytes - memory.alias_bytes, "#9c6"),
+           ("temporaries", memory.temp_bytes, "#e94")]
+    bars = "".join(f"<div title='{e(n)} {e(format_bytes(b))}' style='display:inline-block;"
+                   f"height:14px;width:{100 * max(b, 0) / scale:.2f}%;background:{c}'></div>"
+                   for n, b, c in seg)
+    colour = "#c33" if fits is False else "#3a7"
+    return (f"<div style='position:relative;width:480px;border:1px solid #888;background:#fff'>"
+            f"{bars}<div style='position:absolute;top:0;left:{100 * target.hbm_bytes / scale:.2f}%;"
+            f"height:14px;border-left:2px solid {colour}' title='HBM'></div></div>")
 
 
 # ---------------------------------------------------------------------------------------

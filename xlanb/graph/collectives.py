@@ -98,7 +98,9 @@ def parse_collectives(text: str, axes: dict | None = None) -> list[Collective]:
 class CollectiveList(list):
     """``xlanb.collectives()``: a list of ``Collective``, printable as a table."""
 
-    _COLUMNS = ("kind", "shape", "bytes", "groups", "aten op", "scope", "source")
+    HEADER = ("kind", "shape", "bytes", "groups", "aten op", "scope", "source")
+    RIGHT = ()
+    _COLUMNS = HEADER
 
     def __init__(self, items=(), graph_hash: str = ""):
         super().__init__(items)
@@ -118,21 +120,25 @@ class CollectiveList(list):
         return [(c.kind, c.shape, str(c.bytes), c.groups, c.op, c.scope, short(c.source))
                 for c in self]
 
-    def __str__(self) -> str:
+    def headline(self) -> str:
+        """The line above the table: how many of each kind, and the bytes per device."""
         head = f"graph {format_hash(self.graph_hash)}: " if self.graph_hash else ""
         if not self:
             return head + "no collectives"
         counts = ", ".join(f"{n} {k}" for k, n in self.counts().items())
-        return (f"{head}{len(self)} collectives ({counts}), {self.total_bytes} bytes per device\n"
-                + format_table(self._COLUMNS, self.rows(_short)))
+        return f"{head}{len(self)} collectives ({counts}), {self.total_bytes} bytes per device"
+
+    def __str__(self) -> str:
+        if not self:
+            return self.headline()
+        return self.headline() + "\n" + format_table(self.HEADER, self.rows(_short))
 
     __repr__ = __str__  # a table in a terminal and as a notebook's text
 
     def _repr_html_(self) -> str:
         import html
-        title = html.escape(str(self).split("\n")[0])
-        return f"<div>{title}</div>" + format_table_html(self._COLUMNS, self.rows(_short),
-                                                         cls="xlanb-collectives")
+        return f"<div>{html.escape(self.headline())}</div>" + format_table_html(
+            self.HEADER, self.rows(_short), cls="xlanb-collectives")
 
 
 def _short(source: str) -> str:
