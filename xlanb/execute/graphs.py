@@ -72,6 +72,7 @@ class CompiledGraph:
     # ops): the last one compiled from its line, or, for a graph whose shapes changed, its
     # ops' last graph, and for a segment, the same segment's last compile
     previous: object = field(default=None, repr=False)
+    segment: bool = False  # a segment of a graph whose shapes change (graph/segments.py)
     summary: object = field(default=None, repr=False)  # summary.GraphSummary
     lowered: object = field(default=None, repr=False)  # jax.stages.Lowered, once known
     # a graph on a mesh: its outputs' shardings (the partitioner's choice) and the
@@ -99,7 +100,9 @@ class CompiledGraph:
         if self._explanation is None:
             prev = self._explain_from
             self._explanation = explain(prev, self.summary) if prev is not None else ""
-            if self.growth:
+            # (a first graph from its line says none; a segment, compared with its own
+            # last compile or with nothing, always does)
+            if self.growth and (prev is not None or self.segment):
                 self._explanation = "; ".join(t for t in (self._explanation, self.growth) if t)
             self._explain_from = None
         return self._explanation
@@ -384,8 +387,8 @@ def cached_graph(plan: GraphPlan, device: int) -> CompiledGraph | None:
 
 def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
                    arrays=None, mesh=None, keep=None, quick: bool = False,
-                   prev=None, growth: str = "", reshaped: bool = False
-                   ) -> tuple[CompiledGraph, bool]:
+                   prev=None, growth: str = "", reshaped: bool = False,
+                   shaped_prev=None) -> tuple[CompiledGraph, bool]:
     """The cached executable of ``plan``'s structure: from memory, else from the
     executable store, else compiled now. Returns it and whether it is new to this process.
     On a mesh (``mesh``, with the leaves' ``arrays``), the key holds the leaves'
@@ -399,7 +402,8 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
     ``prev``: the graph its explanation compares it with (None: the last one compiled
     from ``src``; False: none); ``growth``: what grows, said after it; ``reshaped``: the
     same ops were compiled before at other shapes (what strict recompiles refuse, with
-    a line's ``frequent_compiles``-th new graph)."""
+    a line's ``frequent_compiles``-th new graph); ``shaped_prev``: those ops' last graph,
+    which strict recompiles explain it against when its line compiled nothing before."""
     shardings = tuple(sharding_of(a) for a in arrays) if mesh is not None else None
     key = (device, plan.key) if shardings is None else (device, plan.key, shardings, keep)
     tiered = shardings is None and config.quick_compiles
@@ -421,10 +425,10 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
         (g for g in reversed(graph_log) if g.src == src and g.device == device), None)
     if prev is None:
         prev = from_line
-    if exe is None and config.strict_recompiles and (prev or from_line) and (
+    ref = prev or from_line or shaped_prev
+    if exe is None and config.strict_recompiles and ref and (
             reshaped or _compiles_at.get(src, 0) >= config.frequent_compiles):
-        raise _recompile_error(prev or from_line, summary, growth, src, cause,
-                               len(plan.steps))
+        raise _recompile_error(ref, summary, growth, src, cause, len(plan.steps))
     if exe is None:
         try:
             exe = _compile_graph(build, keep=not quick)
@@ -449,7 +453,7 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
                         len(plan.roots), cause, src, time.perf_counter() - t0, exe,
                         lowering=lowering,
                         _explain_from=prev.summary if prev else None, growth=growth,
-                        previous=prev or None,
+                        previous=prev or None, segment=prev is False,
                         summary=summary, lowered=lowered, quick=quick,
                         _compile_raw=raw_profile(exe) if lowered is not None else None)
     admit_graph(rec)
@@ -596,13 +600,13 @@ def _report_compile(rec: CompiledGraph, src) -> None:
 
 
 def find_graph(plan: GraphPlan, device: int, cause: str, src, placed=None, quick=False,
-               growth: str = "", reshaped: bool = False, prev=None):
+               growth: str = "", reshaped: bool = False, shaped_prev=None):
     """``(CompiledGraph, fresh, leaf arrays)`` for ``plan``, as a sync would run it:
     on a mesh if it touches sharded tensors (``placed``: see ``stages.kept_shardings``)."""
     arrays, mesh = mesh_leaves(plan)
     rec, fresh = compiled_graph(plan, device, cause, src, arrays, mesh,
                                 kept_shardings(placed, mesh), quick, growth=growth,
-                                reshaped=reshaped, prev=prev)
+                                reshaped=reshaped, shaped_prev=shaped_prev)
     return rec, fresh, arrays
 
 
@@ -624,13 +628,13 @@ def run_plan_as_graph(plan: GraphPlan, device: int, cause: str, src, placed=None
         reshaped = seen is not None and len(seen.infos) > 1
         if reshaped:  # its shapes changed: name what grows
             growth = growth_text(growths(plan, seen))
-            # explained against the last graph from its line, else its ops' last graph
-            prev = next((g for g in reversed(graph_log) if g.src == src and g.device == device),
-                        None) or _skeleton_last.get((device, skeleton(plan)))
+            # (explained against the last graph from its line, as any graph is; strict
+            # recompiles, from another line, against its ops' last graph)
+            prev = _skeleton_last.get((device, skeleton(plan)))
         if run and config.tier_up:
             _in_new_company(plan, seen.varying if reshaped else None)
     rec, fresh, arrays = find_graph(plan, device, cause, src, placed, quick=run, growth=growth,
-                                    reshaped=reshaped, prev=prev)
+                                    reshaped=reshaped, shaped_prev=prev)
     if fresh and not session.spmd:
         _skeleton_last[(device, skeleton(plan))] = rec
     return _run_found(rec, fresh, arrays, plan, cause, src, run)
