@@ -1024,7 +1024,7 @@ class TargetView(Rich):
         parts = [f"<div><b>{escape(self.title())}</b></div>",
                  f"<div class='xlanb-target'>{escape(r.headline())}</div>"]
         if r.memory is not None:
-            parts.append(_bar_html(r.memory, r.target, r.fits))
+            parts.append(r.memory_bar_html())
         for sec in self.sections:
             parts += [f"<div>{escape(line)}</div>" for line in sec.lines]
             if sec.title:
@@ -1033,21 +1033,6 @@ class TargetView(Rich):
             if sec.rows:
                 parts.append(_table_html(sec.header, sec.rows, set(sec.right), f"xlanb-{sec.kind}"))
         return "".join(parts)
-
-
-def _bar_html(m, t, fits) -> str:
-    """Memory per chip against the chip's HBM, as one bar."""
-    scale = max(m.peak_bytes, t.hbm_bytes, 1)
-    seg = [("arguments", m.argument_bytes, "#69c"),
-           ("outputs", m.output_bytes - m.alias_bytes, "#9c6"),
-           ("temporaries", m.temp_bytes, "#e94")]
-    bars = "".join(f"<div title='{escape(n)} {escape(xlanb.format_bytes(b))}' style='display:inline-block;"
-                   f"height:14px;width:{100 * max(b, 0) / scale:.2f}%;background:{c}'></div>"
-                   for n, b, c in seg)
-    colour = "#c33" if fits is False else "#3a7"
-    return (f"<div style='position:relative;width:480px;border:1px solid #888;background:#fff'>"
-            f"{bars}<div style='position:absolute;top:0;left:{100 * t.hbm_bytes / scale:.2f}%;"
-            f"height:14px;border-left:2px solid {colour}' title='HBM'></div></div>")
 
 
 class TargetMemory(Rich):
@@ -1090,7 +1075,7 @@ class TargetMemory(Rich):
     def html(self) -> str:
         ls = self.lines()
         r = self.report
-        bar = _bar_html(r.memory, r.target, r.fits) if r.memory is not None else ""
+        bar = r.memory_bar_html()
         body = "".join(f"<div>{escape(x.strip())}</div>" for x in ls[1:])
         table = _table_html(self.HEADER, self.rows, self.RIGHT, "xlanb-padding") if self.rows else ""
         return (f"<div class='xlanb-target-memory'><b>{escape(ls[0])}</b>{bar}{body}"

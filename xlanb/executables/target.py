@@ -296,11 +296,18 @@ class TargetReport:
 
     __repr__ = __str__
 
+    def memory_bar_html(self) -> str:
+        """Memory per chip against the chip's HBM, as one HTML bar ("" with no memory
+        figures): what the report's HTML and the notebook views show."""
+        if self.memory is None:
+            return ""
+        return _hbm_bar_html(self.memory, self.target, self.fits)
+
     def _repr_html_(self) -> str:
         e = html.escape
         parts = [f"<div class='xlanb-target'><b>{e(self.headline())}</b></div>"]
         if self.memory is not None:
-            parts.append(_hbm_bar_html(self.memory, self.target, self.fits))
+            parts.append(self.memory_bar_html())
         for sec in self.sections(max_rows=len(self.padding)):
             parts += [f"<div>{e(line)}</div>" for line in sec.lines]
             if sec.title:
