@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from ..base.caches import cache
 from ..base.frames import format_loc
-from ..ir.nodes import GETITEM, GraphPlan, TensorMeta, _leaf_key
+from ..ir.nodes import GETITEM, GraphPlan, TensorMeta, leaf_key
 
 # An unchanged stretch shorter than this joins the changed segments around it: a
 # segment costs a compile's fixed part and a run of its own, which a weight's transpose
@@ -299,7 +299,7 @@ def segment_plans(plan: GraphPlan, segments: list[list[int]], varying: frozenset
         leaves = [plan.leaves[p] if p < n_leaves else plan.op_nodes[p - n_leaves]
                   for p in inputs]
         root_pos = tuple(local[p] for p in outputs)
-        key = (tuple(_leaf_key(n) for n in leaves),
+        key = (tuple(leaf_key(n) for n in leaves),
                *((info.uid, ins) for info, ins in steps), root_pos)
         out.append(Segment(GraphPlan(key, leaves, scalars, steps, op_nodes,
                                      [plan.op_nodes[p - n_leaves] for p in outputs], root_pos),

@@ -203,7 +203,7 @@ def plan_graph(roots: list[Node], known: dict | None = None) -> GraphPlan:
     for nid, p in op_pos.items():
         pos[nid] = p + n_leaves
     pos.update(leaf_pos)
-    key_parts: list = [tuple(_leaf_key(n) for n in leaves)]
+    key_parts: list = [tuple(leaf_key(n) for n in leaves)]
     steps = []
     scalars: list = []
     for node in op_nodes:
@@ -290,7 +290,8 @@ def leaf_meta(node: Node) -> TensorMeta:
     return info.out if not info.multi else info.out[0]
 
 
-def _leaf_key(node: Node) -> int:
+def leaf_key(node: Node) -> int:
+    """A leaf's part of a graph's structural key: its interned (shape, dtype)."""
     info = node.info
     u = info.aval_uid
     if u is None:
