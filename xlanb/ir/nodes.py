@@ -236,8 +236,8 @@ def reachable(roots: list[Node]) -> set[int]:
 def frontier(roots: list[Node], inside: set[int]) -> list[Node]:
     """The nodes in ``inside`` (ids) that the pending work of ``roots`` (none of them
     inside) reads directly: where that work would cut into a graph of ``inside``. A
-    multi-output node is never one (its value is a tuple, not a tensor's): the getitem
-    outside that picks from it is, instead."""
+    multi-output node is never one (its value is a tuple, not a tensor's): the getitems
+    outside that pick from it are, instead, every one of them."""
     seen: set[int] = set()
     found: dict[int, Node] = {}
     stack = list(roots)
@@ -245,14 +245,19 @@ def frontier(roots: list[Node], inside: set[int]) -> list[Node]:
         node = stack.pop()
         for inp in node.inputs:
             iid = id(inp)
-            if inp.data is not None or iid in seen:
+            if inp.data is not None:
+                continue
+            if inp.info.multi and iid in inside:
+                # not only the first getitem the walk meets: work left reading the
+                # pending node (LayerNorm's bias gradient) would compute it again
+                if node.info.name == GETITEM:
+                    found[id(node)] = node
+                continue
+            if iid in seen:
                 continue
             seen.add(iid)
             if iid in inside:
-                if not inp.info.multi:
-                    found[iid] = inp
-                elif node.info.name == GETITEM:
-                    found[id(node)] = node
+                found[iid] = inp
             else:
                 stack.append(inp)
     return list(found.values())
