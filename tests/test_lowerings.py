@@ -121,6 +121,7 @@ def test_model_ops_covered():
         aten._foreach_norm.Scalar, aten._foreach_mul.Tensor, aten.bernoulli.p,
         aten.uniform.default, aten.normal_functional.default, aten.select_backward.default,
         aten.copy.default, aten._to_copy.default, aten.index_put.default, aten.index.Tensor,
+        aten._grouped_mm.default, aten._weight_norm_interface_backward.default,
     ]
     assert [op for op in needed if lookup(op) is None] == []
 
@@ -519,6 +520,17 @@ def test_group_norm_and_backward():
     g = r(2, 6, 4, 3, seed=3)
     check(aten.native_group_norm_backward.default, g, x, mean, rstd, w, 2, 6, 12, 3,
           [True, True, True], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dim", [0, 2])
+def test_weight_norm_backward(dim):
+    # wav2vec2's and HuBERT's positional convolution (weight_norm over dim 2) ran its
+    # backward on CPU torch
+    v = r(6, 4, 3)
+    g = r(*[n if i == dim else 1 for i, n in enumerate(v.shape)], seed=1, low=0.5)
+    _, norms = aten._weight_norm_interface.default(v, g, dim)
+    check(aten._weight_norm_interface_backward.default, r(6, 4, 3, seed=2), v, g, norms, dim,
+          rtol=1e-5, atol=1e-6)
 
 
 def test_batch_norm():

@@ -4,7 +4,9 @@ transformers' MoE layers (Mixtral, Qwen*-MoE, OLMoE, GPT-OSS, DeepSeek-V3, ...) 
 tokens per expert with ``torch.histc`` on integer expert ids off CPU (CPU torch has no
 integer histc, so they pass floats there) and run ``grouped_mm`` on the offsets. xlanb's
 histc put integers in the wrong bins (it searched edges truncated to the integer dtype),
-so every MoE's logits were off CPU torch by up to 0.08 (issue 58). Also here: histc's
+so every MoE's logits were off CPU torch by up to 0.08 (issue 58). ``_grouped_mm`` itself
+ran on CPU torch in float32 (torch's meta kernel is CUDA's, bfloat16 alone), its offsets
+read on the host in every MoE layer; it is lowered now (JAX's ragged dot). Also here: histc's
 float bins at the edges, its range when min == max, and the other routing patterns
 (loops over data-dependent index sets accumulating into one tensor, in-place writes
 through advanced indices, nonzero/where results reused as indices).
@@ -16,7 +18,7 @@ import copy
 import pytest
 import torch
 
-import xlanb  # noqa: F401  (registers the device)
+import xlanb
 
 
 def _histc_cpu(x, **kw):
@@ -158,7 +160,45 @@ def test_mixtral_logits_match_cpu(mode, experts):
     cfg._experts_implementation = experts  # grouped_mm is transformers' default
     model = transformers.MixtralForCausalLM(cfg).eval()
     ids = torch.randint(0, 128, (2, 16))
-    with torch.no_grad():  # (grouped_mm has no lowering: it runs on CPU torch, and says so)
+    with torch.no_grad():
         want = model(ids).logits
         got = copy.deepcopy(model).to("xla")(ids.to("xla")).logits
     torch.testing.assert_close(got.cpu(), want, atol=1e-5, rtol=1e-5)
+    if experts == "grouped_mm":  # lowered: the offsets are never read on the host
+        assert "aten::_grouped_mm" not in xlanb.metrics.counter_names()
+
+
+_GROUPED_SHAPES = {"2d_3d": ((8, 4), (4, 4, 8)),   # tokens sorted by expert x experts' weights
+                   "3d_2d": ((4, 8, 4), (4, 8)),
+                   "2d_2d": ((8, 8), (8, 4)),      # the weights' gradient: k in groups
+                   "3d_3d": ((4, 8, 4), (4, 4, 8))}
+
+
+@pytest.mark.parametrize("layout", list(_GROUPED_SHAPES))
+def test_grouped_mm_and_its_gradients_match_cpu(mode, layout):
+    # torch's meta kernel for _grouped_mm is CUDA's (bfloat16 alone), so float32 (every
+    # transformers MoE on CPU torch) ran on CPU torch, its offsets read on the host: a
+    # sync in every MoE layer, forward and backward. Lowered (JAX's ragged dot), with an
+    # expert that got no tokens (offsets 2, 2); the backward is _grouped_mm again.
+    offs = torch.tensor([2, 2, 6, 8], dtype=torch.int32) if layout != "3d_3d" else None
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(*shape, generator=g) for shape in _GROUPED_SHAPES[layout])
+    ac, bc = a.clone().requires_grad_(), b.clone().requires_grad_()
+    want = torch._grouped_mm(ac, bc, offs=offs)
+    want.sin().sum().backward()
+    ax, bx = a.to("xla").requires_grad_(), b.to("xla").requires_grad_()
+    got = torch._grouped_mm(ax, bx, offs=None if offs is None else offs.to("xla"))
+    got.sin().sum().backward()
+    for name, x, c in (("out", got, want), ("grad a", ax.grad, ac.grad),
+                       ("grad b", bx.grad, bc.grad)):
+        torch.testing.assert_close(x.cpu(), c, atol=1e-5, rtol=1e-5, msg=name)
+    assert not [n for n in xlanb.metrics.counter_names() if n.startswith("aten::")]
+
+
+def test_grouped_mm_refuses_what_cpu_torch_refuses(mode):
+    a, b = torch.randn(8, 4, device="xla"), torch.randn(4, 4, 8, device="xla")
+    with pytest.raises(RuntimeError, match="int32"):
+        torch._grouped_mm(a, b, offs=torch.tensor([2, 4, 6, 8], device="xla"))  # int64
+    with pytest.raises(RuntimeError, match="same dtype"):
+        torch._grouped_mm(a, b.bfloat16(), offs=torch.tensor([2, 4, 6, 8], dtype=torch.int32,
+                                                             device="xla"))

@@ -129,3 +129,21 @@ def test_unflatten_outside_a_fake_mode_is_a_clear_error():
     inner, ctx = t.__tensor_flatten__()
     with pytest.raises(NotImplementedError, match="fake"):
         XlaTensor.__tensor_unflatten__({}, ctx, (2,), (1,))
+
+
+def test_tensors_made_from_data_inside_the_graph():
+    # torch.tensor(data, device=xla) in traced code: dynamo makes the tensor for real
+    # while it traces, and FakeTensorMode refuses xla tensors, so it came back real and
+    # met fake tensors in the next op ("cannot use a tensor on xla:0", "two devices, xla:0
+    # and xla:0"): transformers' KV cache, torch.tensor([]) then cat, in every decoder LM
+    from torch._dynamo.utils import counters
+
+    def f(k):
+        empty = torch.tensor([], dtype=k.dtype, device=k.device)
+        return torch.cat([empty, k], dim=-2) * torch.tensor([2.0, 3.0, 4.0, 5.0], device=k.device)
+    counters.clear()
+    cf = torch.compile(f, backend="xlanb")
+    k = torch.randn(2, 3, 4)
+    for _ in range(2):
+        torch.testing.assert_close(cf(k.to("xla")).cpu(), f(k))
+    assert not counters["graph_break"], dict(counters["graph_break"])

@@ -771,7 +771,13 @@ def _to_copy(func, args, kwargs):
 
 def _lift_fresh(func, args, kwargs):
     # torch.tensor(data, device="xla") marks its fresh result: the tensor itself (torch's
-    # kernel returns self), not a copy, which would lose the host values from_host kept
+    # kernel returns self), not a copy, which would lose the host values from_host kept.
+    # Inside torch.compile's trace the data is made for real and FakeTensorMode refuses
+    # the xla tensor: its fake stands in, as a CPU tensor's does. Handed back real, it
+    # met fake tensors in the next op (transformers' KV cache: torch.tensor([]) then cat)
+    fake_mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    if fake_mode is not None:
+        return fake_mode.from_tensor(args[0])
     return args[0]
 
 

@@ -83,6 +83,50 @@ def addr(x, a, b, *, beta=1, alpha=1):
     return out if x is None else out + x
 
 
+# ---- grouped products (mixtures of experts) --------------------------------
+
+def _group_sizes(offs, n):
+    """torch's offsets (each group's end, cumulative) as JAX's group sizes; the rows
+    after the last end belong to no group."""
+    ends = jnp.minimum(offs.astype(jnp.int32), n)
+    return jnp.diff(ends, prepend=jnp.zeros((1,), jnp.int32))
+
+
+def _ragged(lhs, rhs, sizes, dims, lhs_ragged, rhs_group, out_type):
+    nums = lax.RaggedDotDimensionNumbers(dims, lhs_ragged, rhs_group)
+    return lax.ragged_dot_general(lhs, rhs, sizes, nums, precision=_precision(),
+                                  preferred_element_type=out_type)
+
+
+@register(aten._grouped_mm.default, may_refuse=True)
+def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
+    """torch._grouped_mm: the groups of one matrix, split at ``offs``, each times its
+    own matrix of the other (transformers' ``grouped_mm`` experts: tokens sorted by
+    expert). One product of static shape (JAX's ragged dot): the offsets stay on the
+    device, where CPU torch's kernel reads them on the host. Rows (or columns) after
+    the last offset are zeros (torch leaves them unwritten)."""
+    if bias is not None:
+        raise NotImplementedError("_grouped_mm with a bias")  # CPU torch has none either
+    low = a.dtype in (jnp.bfloat16, jnp.float16)
+    acc = jnp.float32 if low else None
+    ab = ((a.ndim - 1,), (b.ndim - 2,))
+    if offs is None:  # 3-d x 3-d: one product per group
+        out = lax.dot_general(a, b, (ab, ((0,), (0,))), precision=_precision(),
+                              preferred_element_type=acc)
+    elif a.ndim == 2 and b.ndim == 3:  # rows of a in groups: (m, k) x (g, k, n) -> (m, n)
+        out = _ragged(a, b, _group_sizes(offs, a.shape[0]), (((1,), (1,)), ((), ())),
+                      [0], [0], acc)
+    elif a.ndim == 2 and b.ndim == 2:  # k in groups: (m, k) x (k, n) -> (g, m, n)
+        out = _ragged(a, b, _group_sizes(offs, a.shape[1]), (((1,), (0,)), ((), ())),
+                      [1], [], acc)
+    elif a.ndim == 3 and b.ndim == 2:  # columns of b in groups: (g, m, k) x (k, n) -> (m, n)
+        out = _ragged(b.T, jnp.swapaxes(a, 1, 2), _group_sizes(offs, b.shape[1]),
+                      (((1,), (1,)), ((), ())), [0], [0], acc).T
+    else:
+        raise NotImplementedError(f"_grouped_mm of {a.ndim}-d and {b.ndim}-d matrices")
+    return out
+
+
 # ---- convolution ----------------------------------------------------------
 
 def _conv(x, w, stride, padding, dilation, groups):

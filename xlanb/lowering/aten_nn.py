@@ -241,6 +241,18 @@ def batch_norm_backward(g, x, weight, running_mean, running_var, save_mean, save
                                       save_var, update, eps, output_mask)
 
 
+@register(aten._weight_norm_interface_backward.default)
+def _weight_norm_interface_backward(grad_w, v, g, norms, dim):
+    """w = g * v / |v| (the norm over every dim but ``dim``), as CPU torch's kernel
+    differentiates it: grad_g = <grad_w, v> / |v|, grad_v = g / |v| * (grad_w - v *
+    <grad_w, v> / |v|^2) (wav2vec2's and HuBERT's positional convolution)."""
+    axes = tuple(i for i in range(v.ndim) if i != wrap(dim, v.ndim))
+    gw, v32, g32, n = (upcast(t) for t in (grad_w, v, g, norms))
+    dot = jnp.sum(gw * v32, axis=axes, keepdims=True).reshape(n.shape)
+    grad_v = (g32 / n) * gw - (g32 * dot / (n * n * n)) * v32
+    return grad_v, dot / n
+
+
 # ---- losses -------------------------------------------------------------------
 
 def _nll_parts(x, target, weight, ignore_index):

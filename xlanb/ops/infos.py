@@ -121,6 +121,29 @@ def check_traceable(fn, tensors, scalars, random) -> None:
         raise NotImplementedError(f"torch's decomposition does not lower: {e}") from e
 
 
+def _grouped_mm_meta(a, b, offs=None, bias=None, out_dtype=None):
+    """torch's meta kernel for _grouped_mm is CUDA's, which takes bfloat16 alone; CPU
+    torch's kernel takes float32 and float16 too (transformers' MoE experts in float32).
+    Those are checked as CPU torch checks them, the rest by torch's meta kernel on
+    bfloat16 stand-ins whose strides (but unit ones) are doubled: the same 16-byte
+    alignment rule at half the element size."""
+    if a.dtype != b.dtype or a.dtype not in (torch.float32, torch.float16):
+        return torch.ops.aten._grouped_mm.default(a, b, offs, bias, out_dtype)
+    torch._check(out_dtype in (None, a.dtype),
+                 lambda: "Grouped gemm output dtype must match `mat_a` dtype")
+    scale = a.element_size() // 2
+
+    def stand_in(t):
+        stride = [s if s == 1 else s * scale for s in t.stride()]
+        return torch.empty_strided(t.shape, stride, dtype=torch.bfloat16, device="meta")
+    res = torch.ops.aten._grouped_mm.default(stand_in(a), stand_in(b), offs, bias)
+    return torch.empty(res.shape, dtype=a.dtype, device="meta")
+
+
+#: Meta kernels standing in for torch's where torch's refuse what CPU torch runs.
+_META_STAND_INS = {torch.ops.aten._grouped_mm.default: _grouped_mm_meta}
+
+
 def new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device, out_args=None) -> OpSignature:
     """Build the OpSignature of one signature. For out= ops, ``kwargs`` and ``tensors`` exclude
     the out arguments, which are passed as ``out_args`` (name -> tensor or list of them)."""
@@ -141,11 +164,11 @@ def new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device, out_
             # an out= resized is the dispatcher's to warn about, on every call, not only
             # on the first call of a signature
             warnings.filterwarnings("ignore", message="An output with one or more elements")
-            meta_res = op(*margs, **mkwargs)
+            meta_res = _META_STAND_INS.get(op, op)(*margs, **mkwargs)
             # ...and the functional op that nodes record gives the result shapes and dtypes.
             if plan.fop is not op:
                 fargs, fkwargs = fill_call(template, [meta_tensor(t) for t in tensors], scalars)
-                meta_res = plan.fop(*fargs, **fkwargs)
+                meta_res = _META_STAND_INS.get(plan.fop, plan.fop)(*fargs, **fkwargs)
         out = metas_of(meta_res)
     except NotImplementedError:
         if plan.lowering is None or plan.kind in ("view", "out"):
