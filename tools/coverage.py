@@ -894,6 +894,22 @@ def render(results: dict, *, seconds: float | None = None, max_samples=MAX_SAMPL
     return "\n".join(lines) + "\n"
 
 
+def _kept_sections(text: str, path: str) -> str:
+    """``text`` with the section another tool writes into the same file kept: the model
+    zoo's (``python -m tools.model_zoo``), before "## Every op"."""
+    from tools.model_zoo import BEGIN, END
+    try:
+        with open(path) as f:
+            old = f.read()
+    except OSError:
+        return text
+    if BEGIN not in old or END not in old:
+        return text
+    section = BEGIN + old.split(BEGIN, 1)[1].split(END, 1)[0] + END
+    head, sep, tail = text.partition("## Every op")
+    return head + section + "\n\n" + sep + tail
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.coverage",
                                 description="Op coverage against torch's OpInfo database.")
@@ -941,8 +957,9 @@ def main(argv=None) -> int:
             json.dump([[k, d, m, dataclasses.asdict(r)] for (k, d, m), r in results.items()], f)
     if a.out:
         os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+        text = _kept_sections(render(results, seconds=seconds, max_samples=a.max_samples), a.out)
         with open(a.out, "w") as f:
-            f.write(render(results, seconds=seconds, max_samples=a.max_samples))
+            f.write(text)
         print(f"wrote {a.out}")
     return 0
 
