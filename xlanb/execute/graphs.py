@@ -672,14 +672,15 @@ def _run_segments(plan: GraphPlan, segments: list, device: int, cause: str, src,
     shape_key = (device, skeleton(plan))
     growth = None
     for i, seg in enumerate(segments):
-        if seg.changed and cached_graph(seg.plan, device) is None and fits_host(seg.plan):
+        new_change = seg.changed and cached_graph(seg.plan, device) is None
+        if new_change and fits_host(seg.plan):
             outs = run_on_host(seg.plan, [vals[p] for p in seg.inputs], device)
             if outs is not None:
                 for p, a in zip(seg.outputs, outs):
                     vals[p] = a
                 continue
         prev = False  # (not the last graph from its line: another segment's)
-        if seg.changed and cached_graph(seg.plan, device) is None:
+        if new_change:
             # its explanation compares it with the same segment's last compile, and says
             # what grows (computed once per graph, and only for a compile)
             prev = _segment_prev.get((shape_key, i), False)
