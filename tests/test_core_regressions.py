@@ -172,10 +172,15 @@ def test_sum_of_a_repeat_is_the_same_every_run(mode):
     torch.manual_seed(0)
     a = torch.randn(256, 256, device="xla")
     xlanb.sync()
-    got = {(a * 2).repeat(16, 16).sum().item() for _ in range(8)}
     want = (a.cpu().double() * 2).sum().item() * 256
-    assert len(got) == 1, got
-    assert abs(got.pop() - want) < 1e-3 * abs(want)  # a float32 sum of 16M values
+    # The first runs' executable is the quick one; the optimized one takes over at the
+    # third run and may sum in another order (a different float32 total, as right). The
+    # same executable must give the same total every run.
+    warm = [(a * 2).repeat(16, 16).sum().item() for _ in range(3)]
+    got = {(a * 2).repeat(16, 16).sum().item() for _ in range(8)}
+    assert len(got) == 1, (warm, got)
+    for total in warm + list(got):
+        assert abs(total - want) < 1e-3 * abs(want)  # a float32 sum of 16M values
 
 
 def test_only_modules_whose_reduce_can_fuse_a_broadcast_keep_ynnpack_to_dots():

@@ -44,8 +44,10 @@ def _both(make, step):
             out[scan] = _run_once(make, step, scan)
     finally:
         xlanb.config.quick_compiles = quick
+    # (float32 rounding of a loop against its unrolled twin depends on the CPU: on an AMD
+    # EPYC the optimized tiers differed by 1.5e-6 on 2 of 576 gradient elements)
     for a, b in zip(out[True][0], out[False][0]):
-        torch.testing.assert_close(a, b, **TOL)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert out[False][1] == []
     return out[True][1], out[True][2]
 
