@@ -9,8 +9,8 @@ again compiles nothing. Also: ``generate`` gives CPU torch's tokens, and
 
 Quick tier: ``QUICK`` in lazy and eager mode, one LM's ``generate`` (lazy), one compiled
 model.
-``slow``: the rest (21 architectures in every mode, ``LAZY_ONLY``'s ten in lazy mode). ``python -m tools.model_zoo``
-measures the same models' compiles and syncs per step (docs/op-coverage.md).
+``slow``: the rest (21 architectures in every mode, ``LAZY_ONLY``'s ten in lazy mode).
+``python -m tools.model_zoo`` measures the same models' compiles and syncs per step (docs/op-coverage.md).
 """
 from __future__ import annotations
 
