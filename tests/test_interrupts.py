@@ -64,7 +64,9 @@ for k in range(n):
     try:
         try:
             step()
-            time.sleep(0.02)
+            # A Ctrl-C held back (during a backward on this thread) comes 10 ms after
+            # it ends, by a helper thread that a loaded machine may schedule late.
+            time.sleep(2)
             r = "lost"
         except KeyboardInterrupt:
             r = "interrupted"
