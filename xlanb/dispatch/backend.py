@@ -179,9 +179,9 @@ def _exiting_while_compiling(frame) -> bool:
     ``threading._shutdown`` is on the stack) while xlanb compiles in the background. A
     KeyboardInterrupt would end that join, and the interpreter would finalize under the
     compile, which crashes the process when it ends (runtime/shutdown.py)."""
-    shutdown = getattr(getattr(threading, "_shutdown", None), "__code__", None)
+    code = getattr(getattr(threading, "_shutdown", None), "__code__", None)
     while frame is not None:
-        if frame.f_code is shutdown:
+        if frame.f_code is code:
             return shutdown.pending()
         frame = frame.f_back
     return False

@@ -192,7 +192,7 @@ _wake = threading.Semaphore(0)  # one release per task queued (or turn given bac
 # task is most urgent when it frees up.
 _tasks: list = []
 _order = itertools.count()
-_tasks_lock = threading.Lock()
+_tasks_lock = threading.RLock()  # (re-entered by the SIGINT handler at exit: compiles_pending)
 
 
 def background(fn, *args, later: bool = False, **kwargs) -> concurrent.futures.Future:
@@ -294,17 +294,15 @@ def _run_most_urgent() -> None:
     finally:
         with _tasks_lock:
             _running[0] -= 1
-            _idle.notify_all()
 
 
 def compiles_pending() -> bool:
     """Whether a compile runs on xlanb's compile threads or waits for one."""
-    return bool(_running[0] or _tasks)
+    with _tasks_lock:  # (a task leaves _tasks and enters _running under it)
+        return bool(_running[0] or _tasks)
 
 
-# Compiles running now, and their end (waited for in tests and at exit: shutdown.py)
-_running = [0]
-_idle = threading.Condition(_tasks_lock)
+_running = [0]  # compiles running now (waited for at exit: shutdown.py)
 
 
 def _drop_queued() -> None:

@@ -27,12 +27,15 @@ threads) with a compile in flight, this module:
 
 That status comes from the exception that ended the program: the one ``sys.exit`` raised
 (``sys.exit`` is wrapped to keep it) or ``sys.last_value`` (an uncaught exception), checked
-to have ended the main module's frame, and from the C stack (``Py_Exit`` under
-``Py_RunMain``: a SystemExit ended a script). Where that is not known for certain (a
-``raise SystemExit(n)`` of the program's own; a ``python -m`` program that ends without
-``sys.exit``, whose SystemExit would leave no trace; an interpreter embedded in another
-program; no glibc to read the C stack) the compiles are waited for, as before, at most
-``EXIT_WAIT_S``, with a message; Ctrl-C then exits at once, status 130.
+to have ended the main module's frame, and from the C function that called
+``Py_FinalizeEx`` (glibc's ``backtrace``): ``Py_Exit`` (a SystemExit ended a script) or
+``Py_RunMain`` (the program returned or raised). Where that is not known for certain (a
+``raise SystemExit(n)`` or ``exit(n)`` of the program's own; a ``python -m`` program that
+ends without ``sys.exit``, whose SystemExit would leave no trace; ``python -i``; an
+interpreter embedded in another program; a ``threading._shutdown`` called by Python code,
+as a multiprocessing child's; no glibc) the compiles are waited for, as before, at most
+``EXIT_WAIT_S``, with a message; Ctrl-C then exits at once, status 130. A forked child
+minds nothing: the compile threads stayed in the parent.
 """
 from __future__ import annotations
 
@@ -57,6 +60,7 @@ EXIT_WAIT_S = 600.0  # the longest wait, where the exit status is not known for 
 _work: list[tuple[str, Callable[[], bool], Callable[[], None]]] = []
 _before_exit: list[Callable[[], None]] = []
 _closing = [False]
+_pid = os.getpid()  # a forked child has none of this process's compile threads
 
 
 def add_work(what: str, pending: Callable[[], bool], stop: Callable[[], None]) -> None:
@@ -77,8 +81,8 @@ def closing() -> bool:
 
 
 def pending() -> bool:
-    """Whether any background work is queued or running."""
-    return any(p() for _, p, _ in _work)
+    """Whether any background work is queued or running (in this process)."""
+    return os.getpid() == _pid and any(p() for _, p, _ in _work)
 
 
 # ---------------------------------------------------------------------------------------
@@ -115,24 +119,28 @@ def _ended_the_program(exc) -> bool:
     return bottom and f.f_back is None and f.f_lineno == tb.tb_lineno
 
 
-_MAINS = frozenset(("Py_RunMain", "Py_BytesMain", "Py_Main"))
 _SIGINT = object()  # the status of an uncaught KeyboardInterrupt: death by SIGINT
 
 
 def exit_status():
     """The status the interpreter is about to exit with (an int, a ``SystemExit`` code,
-    ``_SIGINT``), or None where that is not known for certain. Call at exit only."""
-    names = _c_stack()
-    if names is None or not names & _MAINS:
-        return None  # no glibc, or an interpreter embedded in another program
+    ``_SIGINT``), or None where that is not known for certain. Call at exit only, from
+    the interpreter's ``threading._shutdown``."""
+    if sys.flags.inspect or os.environ.get("PYTHONINSPECT"):
+        return None  # python -i: a prompt comes next
+    stack = _c_stack() or []
+    i = stack.index("Py_FinalizeEx") if "Py_FinalizeEx" in stack else -1
+    caller = stack[i + 1] if 0 <= i < len(stack) - 1 else None
+    if caller not in ("Py_Exit", "Py_RunMain"):
+        return None  # no glibc, an embedded interpreter, or a stack not understood
     e = _exits[0]
-    # Python sets an exception's __traceback__ where a handler catches it: a SystemExit
-    # from sys.exit that was never caught has none, and ended the program. One caught
-    # (and dealt with, or raised again from a ``with`` or ``finally``) ended it only if
-    # its traceback shows it left the main module.
+    # Python 3.11 sets an exception's __traceback__ where a handler catches it: a
+    # SystemExit from sys.exit that was never caught has none. One caught (and dealt
+    # with, or raised again from a ``with`` or ``finally``), or any on 3.12, ended the
+    # program only if its traceback shows it left the main module.
     if e is not None and (e.__traceback__ is None or _ended_the_program(e)):
-        return e.code
-    if "Py_Exit" in names:
+        return 0 if e.code is None else e.code
+    if caller == "Py_Exit":
         return None  # a SystemExit sys.exit did not raise: its code is out of reach
     v = getattr(sys, "last_value", None)  # an uncaught exception, printed
     if v is not None and _ended_the_program(v):
@@ -143,8 +151,9 @@ def exit_status():
     return 0
 
 
-def _c_stack() -> frozenset | None:
-    """The exported C functions on this thread's stack (glibc's ``backtrace``), or None."""
+def _c_stack() -> list | None:
+    """The names of the C functions on this thread's stack, innermost first (glibc's
+    ``backtrace``; None for a function that is not exported), or None without glibc."""
     try:
         libc = ctypes.CDLL(None)
         backtrace, dladdr = libc.backtrace, libc.dladdr
@@ -160,12 +169,12 @@ def _c_stack() -> frozenset | None:
     dladdr.argtypes = (ctypes.c_void_p, ctypes.POINTER(DlInfo))
     dladdr.restype = ctypes.c_int
     frames = (ctypes.c_void_p * 256)()
-    names = set()
+    names = []
     for i in range(backtrace(frames, 256)):
         info = DlInfo()
-        if dladdr(frames[i], ctypes.byref(info)) and info.sname:
-            names.add(info.sname.decode(errors="replace"))
-    return frozenset(names)
+        ok = dladdr(frames[i], ctypes.byref(info)) and info.sname
+        names.append(info.sname.decode(errors="replace") if ok else None)
+    return names
 
 
 # ---------------------------------------------------------------------------------------
@@ -182,7 +191,9 @@ def _at_exit() -> None:
             stop()
         if _wait(GRACE_S):
             return  # finished (and stored): a normal end
-        status = exit_status()
+        # (a _shutdown that Python code called, as multiprocessing's children do, is not
+        # the end: the child returns its own status later)
+        status = exit_status() if _by_the_interpreter(sys._getframe(1)) else None
         if status is None:
             _wait_long()
         else:
@@ -190,6 +201,12 @@ def _at_exit() -> None:
     except KeyboardInterrupt:  # Ctrl-C while exiting: at once
         _exit_now(130, "xlanb: Ctrl-C while exiting, during a compile that cannot be "
                        "stopped: exiting now")
+
+
+def _by_the_interpreter(frame) -> bool:
+    """Whether ``frame`` is ``threading._shutdown`` called by the interpreter's end."""
+    shutdown = getattr(threading, "_shutdown", None)
+    return frame.f_code is getattr(shutdown, "__code__", None) and frame.f_back is None
 
 
 def _end_the_program() -> None:
@@ -234,32 +251,26 @@ def _wait_long() -> None:
 
 def _end(status) -> None:
     """The fast end: the program's atexit handlers, its files, the store, then
-    ``os._exit`` with ``status``."""
+    ``os._exit`` with ``status`` (a message of ``sys.exit``'s was printed already)."""
     for fn in exit_handlers_to_skip():  # JAX's clean_up frees the client XLA compiles with
         atexit.unregister(fn)
     shutdown_distributed()  # (what JAX's clean_up would do beside that)
     run = getattr(atexit, "_run_exitfuncs", None)
     if run is not None:
         run()
-    code = status
-    if status is _SIGINT:
-        code = 130
-    elif status is None:
-        code = 0
-    elif not isinstance(status, int):  # sys.exit("message"): said on stderr, status 1
-        with contextlib.suppress(Exception):
-            print(status, file=sys.stderr)
-        code = 1
     _close_files()
     for fn in _before_exit:
         with contextlib.suppress(Exception):
             fn()
+    with contextlib.suppress(Exception):  # C's stdio buffers, as exit() would
+        ctypes.CDLL(None).fflush(None)
     if status is _SIGINT:  # as the interpreter does: killed by SIGINT
         with contextlib.suppress(Exception):
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(1.0)
-    os._exit(int(code) & 0xFF)
+        os._exit(130)
+    os._exit((status if isinstance(status, int) else 1) & 0xFF)
 
 
 def _close_files() -> None:
@@ -274,7 +285,11 @@ def _close_files() -> None:
             wrapped = getattr(f, attr, None)
             if wrapped is not None:
                 inner.add(id(wrapped))
-    std = {id(s) for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)}
+    std = set()  # flushed, never closed: a message may still come
+    for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        while s is not None and id(s) not in std:
+            std.add(id(s))
+            s = getattr(s, "buffer", None) or getattr(s, "raw", None)
     def order(f) -> tuple:  # outermost first; a buffer before the raw file under it
         return (id(f) in inner, 0 if isinstance(f, _io._TextIOBase) else
                 1 if isinstance(f, _io._BufferedIOBase) else 2)
@@ -309,6 +324,7 @@ def _install() -> None:
     import concurrent.futures.thread  # noqa: F401  (its hook first, so that ours runs first)
     register = getattr(threading, "_register_atexit", None)
     if register is not None:
-        register(_at_exit)
+        with contextlib.suppress(RuntimeError):  # imported while the interpreter exits
+            register(_at_exit)
     if sys.exit is _real_exit:
         sys.exit = _exit
