@@ -69,6 +69,12 @@ def measure(python: str, backend: str, steps: int, modes: list[str], groups: lis
             r = run_backend(python, backend, steps, mode, "bert")
             res["bert"].update(r["bert"])
             res.setdefault("torch", r["torch"])
+        if "compile" in modes:
+            # the same xlanb.compile step with graphs compiled optimized at once: what its
+            # steady step must come back to once it tiered up (issue 57)
+            r = run_backend(python, backend, steps, "compile", "bert",
+                            env_extra={"XLANB_QUICK_COMPILES": "0"})
+            res["bert"]["compile_quick_off"] = r["bert"]["compile"]
     if "inspect" in groups:
         # a user's first debugging session: nothing compiled yet, in memory or on disk
         res.update(run_backend(python, backend, steps, "lazy", "inspect"))
@@ -217,7 +223,7 @@ def table(results: dict) -> tuple[str, list[str]]:
                        ("jax_call_us", "floor: calling a cached JAX executable, add 16x16 (µs)")):
         if key in (x.get("per_op_floors") or {}):
             row(label, fmt(x["per_op_floors"][key], digits=1), "–")
-    for mode in ("lazy", "eager", "opbyop", "compile"):
+    for mode in ("lazy", "eager", "opbyop", "compile", "compile_quick_off"):
         xb = x.get("bert", {}).get(mode)
         tb = t.get("bert", {}).get(mode)
         if xb is None:
@@ -236,6 +242,16 @@ def table(results: dict) -> tuple[str, list[str]]:
         row("BERT step, xlanb.compile ÷ torch_xla lazy (steady)",
             fmt(xc["steady_step_s"] / tl["steady_step_s"]) + "×" if tl else "–", "–",
             f"xlanb.compile = {xc['steady_step_s'] / cb:.2f}× CPU torch" if cb else "–")
+        xo = x.get("bert", {}).get("compile_quick_off")
+        if xo and xo.get("steady_step_s"):
+            row("BERT step, xlanb.compile steady ÷ the same with XLANB_QUICK_COMPILES=0",
+                fmt(xc["steady_step_s"] / xo["steady_step_s"]) + "×", "–", "–")
+            notes.append("BERT step, compile_quick_off: the same `xlanb.compile` step in a "
+                         "process with XLANB_QUICK_COMPILES=0 (its graph compiled optimized "
+                         "at once). With quick compiles, the replays tier up: "
+                         f"{xc.get('quick_compiles', '?')} quick compile(s), "
+                         f"{xc.get('tier_ups', '?')} GraphTierUp; steps "
+                         + ", ".join(f"{t:.2f}" for t in xc.get("step_s", [])) + " s")
         notes.append("BERT step, compile: `xlanb.compile` over the same step with "
                      "AdamW(capturable=True), so that no Python number changes between steps; "
                      "steady = median from step 4 on (calls 1 and 2 are traced and agree, later calls "

@@ -304,6 +304,10 @@ def bert_step(b: Backend, mode: str, steps: int, layers: int = 2) -> dict:
            "steady_execute_s": later_exec[len(later_exec) // 2] if b.name == "xlanb" and later_exec else None}
     if mode == "compile":
         res["status"] = step.status()
+        # issue 57: its replays tier up (a quick executable, then the optimized one)
+        res["quick_compiles"] = b.counter("QuickCompile")
+        res["tier_ups"] = b.counter("GraphTierUp")
+        res["step_s"] = times
     return res
 
 

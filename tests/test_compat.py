@@ -606,6 +606,30 @@ def test_torch_compile_openxla_backends_run_on_xlanb(tx):
     assert lookup_backend("openxla") is not xlanb_backend
 
 
+def test_the_openxla_backend_tiers_up_its_replays(tx):
+    """Issue 57: torch.compile(backend="openxla") replays through xlanb.compile; its
+    graph runs optimized from its third run (graphs.run_cached), not quick forever."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(4, 27), torch.nn.ReLU(), torch.nn.Linear(27, 1))
+    dev = copy.deepcopy(cpu).to("xla")
+    x = torch.randn(5, 4)
+    up0 = xlanb.metrics.counter_value("GraphTierUp") or 0
+    quick = []
+    try:
+        model = torch.compile(dev, backend="openxla")
+        with torch.no_grad():
+            for _ in range(4):
+                torch.testing.assert_close(model(x.to("xla")).cpu(), cpu(x), rtol=1e-5, atol=1e-5)
+                quick.append([g for g in xlanb.graphs()
+                              if g.cause.startswith("xlanb.compile(torch.compile graph")][-1].quick)
+    finally:
+        torch._dynamo.reset()
+    assert quick == [True, True, False, False]
+    assert (xlanb.metrics.counter_value("GraphTierUp") or 0) == up0 + 1
+
+
 def test_multiprocessing_runs_one_replica_here(tx):
     import torch_xla.distributed.xla_multiprocessing as xmp
     assert xmp.spawn(lambda i, a: (i, a), args=(5,)) == (0, 5)

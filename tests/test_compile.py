@@ -187,3 +187,41 @@ def test_a_replay_runs_through_the_run_step_memory_limit_and_time():
     assert f.replays == 1 and w.cpu()[0, 0].item() == 4.0  # nothing ran, nothing written
     assert f(x).item() == 256 * 256 * 5.0 and f.replays == 2
     assert metrics.metric_data("ExecuteTime")[0] == runs + 1 and rec.run_time > ran
+
+
+@pytest.mark.parametrize("big", [False, True], ids=["small", "big"])
+def test_a_replay_reaches_the_optimized_executable_at_its_third_run(big, monkeypatch):
+    """Issue 57: replays ran the quick executable forever (the BERT step 2-3x slower
+    than its optimized one). A replay goes through the graphs' one rule for a run that
+    came back (graphs.run_cached), as a lazy graph's cache hit does: the optimized
+    compile starts at the second run (a big graph's, a training step's: after its first)
+    and runs from the third, whatever the compile's speed. Values stay CPU torch's."""
+    from xlanb.execute import graphs
+    if big:
+        monkeypatch.setattr(graphs, "QUICK_BIG_S", 0.0)  # every quick compile counts as big
+    xlanb.set_mode("lazy")
+    n = 1031 if big else 1033  # a shape of its own: nothing in the store yet
+    w_cpu = torch.linspace(-1, 1, n)
+    w = w_cpu.to("xla")
+    xlanb.sync()
+
+    def step(v, w=w):
+        w.mul_(0.5).add_(v)
+        return (w * 2.0).tanh().sum()
+    f = xlanb.compile(step, name=f"tier_{n}")
+    v_cpu = torch.full((n,), 0.25)
+    v = v_cpu.to("xla")
+    up0 = metrics.counter_value("GraphTierUp") or 0
+    seen = []
+    for i in range(5):
+        got = f(v)
+        want = step(v_cpu, w_cpu)
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+        rec = [g for g in xlanb.graphs() if g.cause == f"xlanb.compile(tier_{n})"][-1]
+        seen.append((rec.quick, rec._tiering is not None))
+    torch.testing.assert_close(w.cpu(), w_cpu)
+    assert f.replays == 3 and f.traced_calls == 2
+    # calls 1-2 traced (quick; the optimized compile started after call 1 for a big
+    # graph, after call 2 for a small one), the first replay (run 3) the optimized one
+    assert seen == [(True, big), (True, True), (False, True), (False, True), (False, True)]
+    assert (metrics.counter_value("GraphTierUp") or 0) == up0 + 1

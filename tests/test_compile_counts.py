@@ -318,6 +318,38 @@ def test_a_big_lazy_graph_stores_its_optimized_executable_not_its_quick_one(monk
     torch.testing.assert_close(z.cpu(), (cpu * 0.5 - 1.0).exp().sum(dim=0))
 
 
+def test_a_quick_lazy_graph_loaded_from_the_store_tiers_up_at_its_third_run(monkeypatch,
+                                                                           tmp_path):
+    """Issue 57: the executables a new process (here: a cleared graph cache) loads from
+    the store keep the tier they were stored at, and a quick one tiers up by the rule a
+    freshly compiled one follows: quick for two runs, optimized from the third."""
+    from xlanb import config
+    from xlanb.execute import graphs
+    monkeypatch.setattr(config, "store_dir", str(tmp_path))
+    xlanb.set_mode("lazy")
+    cpu = torch.randn(3, 1009)
+    x = cpu.to("xla")
+    xlanb.sync()
+    want = (cpu * 0.25 + 1.0).sin().sum(dim=1)
+
+    def step():
+        out = (x * 0.25 + 1.0).sin().sum(dim=1)
+        xlanb.sync()
+        return out
+
+    torch.testing.assert_close(step().cpu(), want)
+    assert xlanb.graphs()[-1].quick  # compiled quickly, and stored
+    graphs.clear_graph_cache()
+    hits0, up0 = c("PersistentCacheHit"), c("GraphTierUp")
+    seen = []
+    for _ in range(4):
+        torch.testing.assert_close(step().cpu(), want)
+        seen.append(xlanb.graphs()[-1].quick)
+    assert c("PersistentCacheHit") == hits0 + 1  # loaded, at the quick tier
+    assert seen == [True, True, False, False] and c("GraphTierUp") == up0 + 1
+    assert len(xlanb.graphs()) == 1
+
+
 def _lowerings() -> int:
     data = metrics.metric_data("LowerTime")
     return data.count if data is not None else 0

@@ -418,3 +418,36 @@ def test_a_run_that_fails_to_compile_does_not_fail_the_reads_after_it(eager, sam
     same(x.exp().sum(dim=1), cpu.exp().sum(dim=1))
     with pytest.raises(RuntimeError, match="fails when traced"):  # still pending, failing
         bad.cpu()
+
+
+def test_a_quick_run_loaded_from_the_store_tiers_up_on_its_quick_compiles_schedule(
+        eager, count, monkeypatch, tmp_path):
+    """Issue 57: a quick executable loaded from the store (a new process; here, a
+    cleared graph cache) knew only its load time, so a big run (a training step) tiered
+    up as a small one does, swapped in whenever it was ready. The store keeps the quick
+    compile's time beside it (store.load(with_info=True)); loaded, the run follows the
+    big schedule: its optimized compile after its second run, swapped in at its third."""
+    import time
+    from xlanb.execute import graphs
+    monkeypatch.setattr(config, "store_dir", str(tmp_path))
+    cpu, x = _fresh(4)
+    want = _seq(cpu)[0]
+    torch.testing.assert_close(_seq(x)[0].cpu(), want)
+    g = xlanb.graphs()[-1]
+    assert g.quick
+    _, info = store.load(g.build().at("quick").key, g.device, with_info=True)
+    quick_s = info["quick_compile_s"]
+    assert 0 < quick_s <= g.compile_time
+    graphs.clear_graph_cache()
+    torch.testing.assert_close(_seq(x)[0].cpu(), want)  # its first run here: loaded
+    h = xlanb.graphs()[-1]
+    assert h is not g and h.quick and h.quick_compile_s == quick_s
+    monkeypatch.setattr(graphs, "QUICK_BIG_S", quick_s)  # its quick compile was big...
+    assert not graphs._big(h.compile_time)               # ...its load is not
+    torch.testing.assert_close(_seq(x)[0].cpu(), want)   # run 2: the optimized compile starts
+    assert h._tiering is not None
+    h._tiering.result(timeout=120)
+    time.sleep(0.05)  # a swap when ready (a small run's) would have happened
+    assert h.quick and count("GraphTierUp") == 0
+    torch.testing.assert_close(_seq(x)[0].cpu(), want)   # run 3: the optimized one
+    assert not h.quick and count("GraphTierUp") == 1

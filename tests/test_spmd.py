@@ -6,6 +6,7 @@ prints its results as JSON; each test here asserts on its part of them."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -146,6 +147,12 @@ def test_xlanb_compile_replays_sharded_steps(results):
     assert r["losses"] == pytest.approx(r["ref"], rel=1e-5, abs=1e-6) and r["dw"] < 1e-5
     assert r["replays"] == 2  # calls 1-2 trace, 3-4 replay, 5 (batch replicated) traces
     assert r["w0"].startswith("{'model'}")
+    # issue 57: a graph on the mesh compiles optimized at once (no quick executable to
+    # replay); one on a single device in the same session tiers up at its third run
+    assert r["sharded_quick"] and not any(r["sharded_quick"]), r["sharded_quick"]
+    assert r["plain_quick"] == [True, True, False, False] and r["plain_replays"] == 2
+    assert r["plain_tier_ups"] == 1
+    assert r["plain_values"] == pytest.approx([1013 * math.exp(3.0 * 0.001 - 2.0)] * 4, rel=1e-5)
 
 
 def test_magics_and_torch_xla_names(results):

@@ -229,6 +229,27 @@ def test_a_graph_compiled_before_the_target_was_set_gets_its_report_when_it_runs
     assert rec.target is not None and rec.target.target.name == "v5e:1x1"
 
 
+def test_under_a_target_a_replay_tiers_up_and_keeps_its_one_target_compile():
+    """Issue 57: with a TPU target set, a replayed graph's CPU executable tiers up at
+    its third run as anywhere (graphs.run_cached); its TPU compile (XLA's full
+    optimizations already: no quick tier) is the one made when it first compiled."""
+    wc, xc = torch.randn(64, 48), torch.randn(8, 64)
+    w, x = wc.to("xla"), xc.to("xla")
+    xlanb.sync()
+    f = xlanb.compile(lambda: (x @ w).tanh().sum() * 2.0, name="tpu_tier")
+    up0 = metrics.counter_value("GraphTierUp") or 0
+    seen = []
+    with xlanb.target("v5e:1x1"), torch.no_grad():
+        for _ in range(4):
+            torch.testing.assert_close(f().cpu(), (xc @ wc).tanh().sum() * 2.0)
+            rec = [g for g in xlanb.graphs() if g.cause == "xlanb.compile(tpu_tier)"][-1]
+            seen.append((rec.quick, rec._target))
+    assert [q for q, _ in seen] == [True, True, False, False]
+    assert (metrics.counter_value("GraphTierUp") or 0) == up0 + 1
+    assert len({id(t) for _, t in seen}) == 1  # one TPU compile, kept through the tier-up
+    assert rec.target.fits is True and rec.target.target.name == "v5e:1x1"
+
+
 def test_dtypes_a_tpu_treats_differently_are_noted():
     x = torch.arange(8, dtype=torch.float64).to("xla")
     r = xlanb.compile_for("v5e:1x1", (x * 2).sum())

@@ -147,3 +147,23 @@ def test_tensors_made_from_data_inside_the_graph():
     for _ in range(2):
         torch.testing.assert_close(cf(k.to("xla")).cpu(), f(k))
     assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def _replayed_quick(prefix: str) -> bool:
+    return [g for g in xlanb.graphs() if g.cause.startswith(prefix)][-1].quick
+
+
+def test_a_replayed_graph_reaches_the_optimized_executable_at_its_third_run():
+    """Issue 57: dynamo's graphs replay through xlanb.compile, which replayed the quick
+    executable forever; they tier up as a lazy graph does (graphs.run_cached): quick for
+    the two traced calls, optimized from the third (the first replay)."""
+    cpu, model, cm = _compiled_pair(nn.Linear(8, 23), nn.ReLU(), nn.Linear(23, 4))
+    x = torch.randn(3, 8)
+    up0 = c("GraphTierUp")
+    quick = []
+    with torch.no_grad():
+        for _ in range(4):
+            torch.testing.assert_close(cm(x.to("xla")).cpu(), cpu(x))
+            quick.append(_replayed_quick("xlanb.compile(torch.compile graph"))
+    assert quick == [True, True, False, False] and c("CompiledReplay") >= 2
+    assert c("GraphTierUp") == up0 + 1, metrics.short_report()

@@ -28,9 +28,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
      ("xlanb.base.torch_compat", "xlanb.base.formats", "xlanb.base.config", "xlanb.base.caches", "xlanb.base.metrics", "xlanb.base.dtypes",
       "xlanb.base.session", "xlanb.base.frames", "xlanb.base.scopes", "xlanb.base.rng")),
     ("runtime", "JAX's private APIs, memory-mapping headroom, libtpu without a TPU, JAX devices and meshes, TPU "
-     "targets, lowering and compiling, the executable store, array transfers",
+     "targets, ending the process while XLA compiles, lowering and compiling, the executable store, array transfers",
      ("xlanb.runtime.jax_compat", "xlanb.runtime.maps", "xlanb.runtime.libtpu", "xlanb.runtime.devices", "xlanb.runtime.mesh",
-      "xlanb.runtime.targets", "xlanb.runtime.compile_profile", "xlanb.runtime.jit",
+      "xlanb.runtime.targets", "xlanb.runtime.compile_profile", "xlanb.runtime.shutdown", "xlanb.runtime.jit",
       "xlanb.runtime.store", "xlanb.runtime.transfer")),
     ("lowering", "aten op -> JAX function, one registry",
      ("xlanb.lowering.*",)),

@@ -332,8 +332,26 @@ def compiled_function():
         ref_losses.append(rl.item())
     dw = max((a.detach().cpu() - b.detach()).abs().max().item()
              for a, b in zip(m.parameters(), ref.parameters()))
+    # issue 57: what each replayed graph holds. On the mesh: the optimized executable from
+    # its first run; a graph on one device in this SPMD session: quick, then optimized
+    # from its third run (graphs.run_cached), as anywhere else
+    sharded_quick = [g.quick for g in xlanb.graphs() if g.cause == f"xlanb.compile({step.name})"]
+    up0 = metrics.counter_value("GraphTierUp") or 0
+
+    @xlanb.compile
+    def plain(v):
+        return (v * 3.0 - 2.0).exp().sum()
+
+    v = torch.full((1013,), 0.001, device="xla")
+    plain_quick, plain_values = [], []
+    for _ in range(4):
+        plain_values.append(plain(v).item())
+        plain_quick.append([g for g in xlanb.graphs() if g.cause == f"xlanb.compile({plain.name})"][-1].quick)
     return {"losses": losses, "ref": ref_losses, "dw": dw, "replays": step.replays,
-            "status": str(step.status()), "w0": str(xs.get_sharding(m[0].weight))}
+            "status": str(step.status()), "w0": str(xs.get_sharding(m[0].weight)),
+            "sharded_quick": sharded_quick, "plain_quick": plain_quick,
+            "plain_values": plain_values, "plain_replays": plain.replays,
+            "plain_tier_ups": (metrics.counter_value("GraphTierUp") or 0) - up0}
 
 
 @check

@@ -26,10 +26,9 @@ import torch
 
 from ..base import rng, torch_compat
 from .dispatcher import dispatch
-from ..executables import target as _target
 from ..ir.nodes import Node, TensorMeta, contiguous_strides
 from ..ops.leaves import empty_info
-from ..runtime import devices, jit
+from ..runtime import devices, shutdown
 from ..runtime.devices import device_index
 from ..ir.tensor import new_tensor
 
@@ -179,11 +178,11 @@ def _exiting_while_compiling(frame) -> bool:
     """Whether the program has ended (the interpreter joins its threads:
     ``threading._shutdown`` is on the stack) while xlanb compiles in the background. A
     KeyboardInterrupt would end that join, and the interpreter would finalize under the
-    compile, which crashes the process when it ends (runtime/jit.py, ``_finish_at_exit``)."""
-    shutdown = getattr(getattr(threading, "_shutdown", None), "__code__", None)
+    compile, which crashes the process when it ends (runtime/shutdown.py)."""
+    code = getattr(getattr(threading, "_shutdown", None), "__code__", None)
     while frame is not None:
-        if frame.f_code is shutdown:
-            return jit.compiles_pending() or _target.compiles_pending()
+        if frame.f_code is code:
+            return shutdown.pending()
         frame = frame.f_back
     return False
 

@@ -202,7 +202,7 @@ class Build:
     stored). ``device`` is xlanb's device (None for a TPU target, which is not stored and
     takes no room in this process)."""
 
-    __slots__ = ("device", "lowering", "description", "tier", "metric")
+    __slots__ = ("device", "lowering", "description", "tier", "metric", "info")
 
     def __init__(self, device: int | None, lower, *, description: bytes | None = None,
                  tier: str = "full", metric: str = "CompileTime", lowered=None,
@@ -213,6 +213,7 @@ class Build:
         self.description = description
         self.tier = tier
         self.metric = metric
+        self.info: dict = {}  # what the store kept beside the executable ``stored`` loaded
 
     @classmethod
     def op(cls, info: OpSignature) -> "Build":
@@ -249,7 +250,7 @@ class Build:
         if key is None:
             return None
         t0 = time.perf_counter()
-        exe = store.load(key, self.device)
+        exe, self.info = store.load(key, self.device, with_info=True)
         if exe is not None:
             metrics.record(self.metric, time.perf_counter() - t0)
         return exe
@@ -271,11 +272,12 @@ class Build:
             self.store(exe)
         return exe
 
-    def store(self, exe) -> None:
-        """Write ``exe`` to the store under the build's key (nothing if it has none)."""
+    def store(self, exe, info: dict | None = None) -> None:
+        """Write ``exe`` to the store under the build's key (nothing if it has none),
+        with ``info`` beside it (``stored`` reads it back into ``self.info``)."""
         key = self.key
         if key is not None:
-            store.store(key, exe)
+            store.store(key, exe, info)
 
     def executable(self):
         exe = self.stored()

@@ -9,14 +9,12 @@ TPU module. The compiler's out-of-memory refusal is an answer too (``fits=False`
 """
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
 import contextlib
 import html
 import os
 import queue
 import re
-import sys
 import threading
 import time
 from typing import NamedTuple
@@ -36,6 +34,7 @@ from ..graph.layouts import array_layouts, entry_layouts
 from ..graph.summary import aval_text
 from ..ir.nodes import TensorMeta, result_bytes
 from ..runtime.compile_profile import raw_profile, tpu_log_since
+from ..runtime import shutdown
 from ..runtime.jit import background
 from ..runtime.targets import Target, TargetError, target as resolve_target
 from .compile import Build
@@ -603,18 +602,18 @@ def _compile_quietly(lowering, target, lowered=None, lower_s=0.0):
 # thread), then compiled on a thread of its own at the lowest CPU priority, so that it
 # neither holds a compile thread that long nor takes a core from the CPU's steps.
 #
-# At exit, the compiles not yet started are cancelled (their reports say so) and the one
-# in progress is waited for, up to EXIT_WAIT_S (Ctrl-C ends the wait): libtpu cannot stop
-# a compile, and a compile that ends while the interpreter is finalizing crashes the
-# process (SIGSEGV in jax's WeakrefLRUCache, or "terminate called ... FATAL: exception
-# not rethrown"). Past the bound, or after Ctrl-C, the process ends at once (os._exit).
+# At exit (runtime/shutdown.py), the compiles not yet started are cancelled (their reports
+# say so) and the one in progress gets the exit's grace: libtpu cannot stop a compile,
+# and a compile that ends while the interpreter is finalizing crashes the process
+# (SIGSEGV in jax's WeakrefLRUCache, or "terminate called ... FATAL: exception not
+# rethrown"), so past the grace the process ends without finalizing (os._exit). A
+# target's report is not stored: nothing is lost but the report nobody will read.
 _queue: queue.SimpleQueue = queue.SimpleQueue()
 _worker: list = []
 _worker_lock = threading.Lock()
 _state = threading.Condition()  # guards _closing and _compiling
 _closing = [False]              # the interpreter is exiting: no new target compiles
 _compiling: list = []           # what the worker compiles now ("graph ... for v5e:1x1")
-EXIT_WAIT_S = 600.0
 
 
 def _not_compiled(lowering: GraphLowering, target) -> TargetReport:
@@ -649,8 +648,9 @@ def compiles_pending() -> bool:
     return bool(_compiling) or not _queue.empty()
 
 
-def _finish_at_exit() -> None:
-    """Before the interpreter finalizes (see above): cancel, then wait with a bound."""
+def _stop() -> None:
+    """At exit: no new target compiles; the queued ones are cancelled (their reports say
+    the program exited first)."""
     with _state:
         _closing[0] = True
     while True:
@@ -659,27 +659,10 @@ def _finish_at_exit() -> None:
         except queue.Empty:
             break
         future.set_result(_not_compiled(*args[:2]))
-    with _state:
-        if not _compiling or _state.wait_for(lambda: not _compiling, timeout=1.0):
-            return
-        print(f"xlanb: waiting for the TPU compile in progress ({_compiling[0]}) before "
-              f"exiting, at most {EXIT_WAIT_S:.0f} s: libtpu cannot stop it, and the "
-              "process would crash if it ended meanwhile (Ctrl-C exits now)",
-              file=sys.stderr, flush=True)
-        try:
-            if _state.wait_for(lambda: not _compiling, timeout=EXIT_WAIT_S):
-                return
-            code = 1
-        except KeyboardInterrupt:
-            code = 130
-    for f in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            f.flush()
-    os._exit(code)
 
 
-# before the interpreter joins its threads (xlanb's compile threads among them) and finalizes
-getattr(threading, "_register_atexit", atexit.register)(_finish_at_exit)
+# the exit minds the TPU compile in progress (runtime/shutdown.py)
+shutdown.add_work("TPU compile", compiles_pending, _stop)
 
 
 def _lower_then_queue(future, lowering: GraphLowering, target) -> None:
@@ -696,7 +679,7 @@ def _lower_then_queue(future, lowering: GraphLowering, target) -> None:
         return
     with _worker_lock:
         if not _worker:
-            # a daemon: idle, it never delays exit; busy, _finish_at_exit waits for it
+            # a daemon: the interpreter never joins it (busy at exit: runtime/shutdown.py)
             _worker.append(threading.Thread(target=_work, name="xlanb-target-compile",
                                             daemon=True))
             _worker[0].start()

@@ -88,10 +88,19 @@ class CompiledGraph:
     # compile replaces it (``tier_up``)
     quick: bool = False
     _tiering: object = field(default=None, repr=False)
+    # a quick executable loaded from the store: how long its quick compile took in the
+    # process that made it (its own ``compile_time`` is the load), so that it tiers up on
+    # the schedule of its size (``quick_compile_s``)
+    _quick_s: float | None = field(default=None, repr=False)
     # what runtime/compile_profile.py measured while it compiled (None: loaded from the
     # store), and the profile built from it when first asked for
     _compile_raw: object = field(default=None, repr=False)
     _compile_profile: object = field(default=None, repr=False)
+
+    @property
+    def quick_compile_s(self) -> float:
+        """How long its quick compile took: what its tier-up rule weighs (``run_cached``)."""
+        return self.compile_time if self._quick_s is None else self._quick_s
 
     @property
     def explanation(self) -> str:
@@ -441,8 +450,10 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
             # stored, so that a new process runs it without lowering; but not a big lazy
             # graph's: its optimized compile starts after this run (run_plan_as_graph) and
             # is stored (at exit, xlanb waits for it), and pickling the quick one was
-            # 0.12 s of BERT's first step
-            build.store(exe)
+            # 0.12 s of BERT's first step. With its compile time: loaded in a new process,
+            # it tiers up on its size's schedule (``run_cached``), not its load's
+            build.store(exe, {"quick_compile_s": time.perf_counter() - t0})
+    quick_s = build.info.get("quick_compile_s") if quick else None
     lowered = build.lowering.lowered
     if quick:
         key = (device, plan.key, "quick")
@@ -455,6 +466,7 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
                         _explain_from=prev.summary if prev else None, growth=growth,
                         previous=prev or None, segment=prev is False,
                         summary=summary, lowered=lowered, quick=quick,
+                        _quick_s=quick_s if isinstance(quick_s, (int, float)) else None,
                         _compile_raw=raw_profile(exe) if lowered is not None else None)
     admit_graph(rec)
     if shardings is not None:
@@ -732,52 +744,62 @@ _skeleton_last = cache({}, "(device, skeleton) -> the last CompiledGraph of thos
 def _run_found(rec: CompiledGraph, fresh: bool, arrays, plan: GraphPlan, cause: str, src,
                run: bool) -> list:
     """Run a graph ``find_graph`` (or a segment's ``compiled_graph``) gave, counted as a
-    lazy graph's or an eager run's, and start or finish its tier-up."""
-    # A tier-up starts once this run is done (True: it swaps in when ready): on two
-    # cores, compiling beside the run slowed a BERT step's quick run 1.5-2x.
-    tier_up_after = None
+    lazy graph's or an eager run's: a new one here, one that came back through
+    ``run_cached`` (and its tier-up rule)."""
+    what = _SyncedGraph(len(plan.steps), cause, src)
     if run:
         metrics.counter("EagerRunCompile" if fresh else "EagerRunCacheHit")
-        if not fresh:
-            rec.hits += 1
-            if rec.quick and _big(rec.compile_time):
-                # A big graph (a training step), whose quick code runs 3-5x slower (the
-                # BERT step: 0.35-0.55 s against 0.10): as a lazy graph does, its
-                # optimized compile starts after its second run and its third waits for
-                # it. Swapped in whenever it was ready, it came after 8 steps or more:
-                # the compile threads share two cores with the steps (BERT's eager
-                # steady step was 0.9 s). At a fixed run, a loop's values do not depend
-                # on how quick the compile was either.
-                tier_up_after = _at_a_fixed_run(rec)
-            elif rec.quick and rec.run_time >= rec.compile_time:
-                # a small graph's optimized compile pays once it has run for as long as
-                # its quick compile took (one that runs in microseconds never tiers
-                # up); it takes the quick one's place when ready: nobody waits for it
-                tier_up_after = True
-    elif fresh:
-        _report_compile(rec, src)
-        if rec.quick and _big(rec.compile_time):
-            tier_up_after = False  # a training step: it will be back
-    else:
+    elif not fresh:
         metrics.counter("CachedCompile")
-        rec.hits += 1
-        if rec.quick:
-            # Compiled quickly for its first run; its optimized compile starts at
-            # its second (a big graph's: at its first) and runs from its third. A
-            # graph that runs once (most of an interactive session's, a test's)
-            # never pays for it.
-            tier_up_after = _at_a_fixed_run(rec)
-    outs = run_compiled(rec, arrays, plan.scalars, _SyncedGraph(len(plan.steps), cause, src),
-                        src)
-    if tier_up_after is not None:
-        tier_up(rec, swap_when_done=tier_up_after)
+    if not fresh:
+        return run_cached(rec, arrays, plan.scalars, what, src, eager_run=run)
+    if not run:
+        _report_compile(rec, src)
+    outs = run_compiled(rec, arrays, plan.scalars, what, src)
+    if not run and rec.quick and _big(rec.quick_compile_s):
+        # a training step: it will be back, and its quick code runs 3-5x slower; its
+        # optimized compile starts now, after this run (on two cores, compiling beside
+        # the run slowed a BERT step's quick run 1.5-2x), to be swapped in at its third
+        tier_up(rec, swap_when_done=False)
     return outs
 
 
-def _at_a_fixed_run(rec: CompiledGraph):
-    """A quick graph that came back, tiered up at a fixed run: False (its optimized
-    compile starts after this run, to be swapped in at a later one) if none started
-    yet; else, from its third run, the swap (``finish_tier_up``), and None."""
+def run_cached(rec: CompiledGraph, arrays, scalars, what, src, eager_run: bool = False) -> list:
+    """Run a graph that came back: the one way every path that holds a graph's
+    executable runs it again (a lazy graph's cache hit, a segment's, an eager run's
+    with ``eager_run``, an ``xlanb.compile`` replay and so ``torch.compile``'s and the
+    ``openxla`` backend's, on one device or a mesh, loaded from the store or not). It
+    counts the run (``hits``) and tiers a quick executable up by one rule
+    (``_tier_up_now``), so no path replays a quick executable forever; returns the
+    outputs (``run_compiled``)."""
+    rec.hits += 1
+    swap_when_done = _tier_up_now(rec, eager_run) if rec.quick else None
+    outs = run_compiled(rec, arrays, scalars, what, src)
+    if swap_when_done is not None:
+        # after the run that asked for it: on two cores, a compile beside the quick run
+        # slowed the BERT step's run 1.5-2x
+        tier_up(rec, swap_when_done=swap_when_done)
+    return outs
+
+
+def _tier_up_now(rec: CompiledGraph, eager_run: bool):
+    """The tier-up rule of a quick graph that came back (its ``hits`` counted): None
+    (nothing to start), False (its optimized compile starts after this run, to be
+    swapped in at a later one) or True (it starts, and swaps in when ready).
+
+    A graph (lazy, replayed, or a big eager run: its quick compile took ``QUICK_BIG_S``,
+    a training step, whose quick code runs 3-5x slower) tiers up at a fixed run: its
+    optimized compile starts at its second run (a big lazy graph's: after its first,
+    ``_run_found``), and from its third the optimized executable runs, waited for there
+    (``finish_tier_up``). At a fixed run, a loop's values do not depend on how quick the
+    compile was (the tiers round differently). Swapped in whenever it was ready, the BERT
+    step's came after 8 steps or more, the compile threads sharing two cores with the
+    steps. A graph that runs once or twice (a notebook cell, a test) never pays for it.
+    A small eager run's pays once it has run for as long as its quick compile took (one
+    that runs in microseconds never tiers up), and takes the quick one's place when
+    ready: nobody waits for it."""
+    if eager_run and not _big(rec.quick_compile_s):
+        return True if rec.run_time >= rec.quick_compile_s else None
     if rec._tiering is None:
         return False
     if rec.hits >= 2:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 __all__ = ["mlir_module", "backends_started", "initialize_lapack", "source_info",
            "locations_frame_limit",
-           "hlo_module_cost_analysis", "distributed_client"]
+           "hlo_module_cost_analysis", "distributed_client", "exit_handlers_to_skip",
+           "shutdown_distributed"]
 
 
 def mlir_module():
@@ -69,3 +70,26 @@ def distributed_client():
     """The key-value client ``jax.distributed.initialize`` started (xlanb/distributed.py)."""
     from jax._src import distributed
     return distributed.global_state.client
+
+
+def exit_handlers_to_skip() -> list:
+    """JAX's ``atexit`` handlers that must not run while XLA compiles on another thread
+    (runtime/shutdown.py): ``jax._src.api.clean_up`` clears the backends, the client that
+    compile uses. Empty where JAX has none by that name."""
+    try:
+        from jax._src import api
+    except ImportError:
+        return []
+    fn = getattr(api, "clean_up", None)
+    return [fn] if callable(fn) else []
+
+
+def shutdown_distributed() -> None:
+    """What ``clean_up`` also does: end ``jax.distributed``'s connection, if one was made
+    (``jax._src.distributed.shutdown``; nothing otherwise)."""
+    try:
+        from jax._src import distributed
+        if distributed.global_state.client is not None:
+            distributed.shutdown()
+    except Exception:  # noqa: BLE001 - the process ends either way
+        pass

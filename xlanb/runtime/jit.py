@@ -13,14 +13,13 @@ import contextlib
 import heapq
 import itertools
 import os
-import sys
 import threading
 import time
 
 import jax
 
 from ..base import metrics
-from . import compile_profile
+from . import compile_profile, shutdown
 from .jax_compat import mlir_module
 
 _local = threading.local()
@@ -186,32 +185,57 @@ def sums_a_broadcast(lowered) -> bool:
                for region in op.operation.regions for block in region.blocks)
 
 
-_pool: list = []
+_threads: list = []  # xlanb's compile threads: daemons, made on first use
+_wake = threading.Semaphore(0)  # one release per task queued (or turn given back)
 # Work waiting for a compile thread, most urgent first: (rank, order, future, fn, args,
-# kwargs). The pool's own queue is FIFO, so each submitted job runs whichever task is most
-# urgent when a thread frees up.
+# kwargs). Each queued task releases one turn; a thread that takes a turn runs whichever
+# task is most urgent when it frees up.
 _tasks: list = []
 _order = itertools.count()
-_tasks_lock = threading.Lock()
+_tasks_lock = threading.RLock()  # (re-entered by the SIGINT handler at exit: compiles_pending)
 
 
 def background(fn, *args, later: bool = False, **kwargs) -> concurrent.futures.Future:
     """Run ``fn`` on xlanb's compile threads (one per core, made on first use).
     ``later``: after every task asked for without it, even ones asked for afterwards (a
-    compile nobody waits for must not delay one somebody does)."""
-    if not _pool:
-        _pool.append(concurrent.futures.ThreadPoolExecutor(
-            max_workers=os.cpu_count() or 1, thread_name_prefix="xlanb-compile"))
-        # At exit, drop queued compiles nobody will use and wait for the running ones
-        # (hooks made this way run before concurrent.futures' own join)
-        register = getattr(threading, "_register_atexit", None)
-        if register is not None:
-            register(_finish_at_exit)
+    compile nobody waits for must not delay one somebody does). Once the program has
+    ended (``shutdown.closing``), a ``later`` task is cancelled and another runs here."""
     future = concurrent.futures.Future()
+    if shutdown.closing():
+        if later:
+            future.cancel()
+        elif future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as e:  # noqa: BLE001 - the Future carries it
+                future.set_exception(e)
+        return future
+    if not _threads:
+        _start_threads()
     with _tasks_lock:
         heapq.heappush(_tasks, (1 if later else 0, next(_order), future, fn, args, kwargs))
-    _pool[0].submit(_run_most_urgent)
+    _wake.release()
     return future
+
+
+def _start_threads() -> None:
+    with _tasks_lock:
+        if _threads:
+            return
+        # Daemons: the interpreter never joins them, so a compile nobody will use does
+        # not hold the exit; runtime/shutdown.py ends the process without finalizing
+        # while one is inside XLA.
+        for i in range(os.cpu_count() or 1):
+            t = threading.Thread(target=_compile_thread, name=f"xlanb-compile_{i}", daemon=True)
+            t.start()
+            _threads.append(t)
+    shutdown.add_work("compile(s)", compiles_pending, _drop_queued)
+
+
+def _compile_thread() -> None:
+    while True:
+        _wake.acquire()
+        _run_most_urgent()
 
 
 class _Hold:
@@ -241,7 +265,7 @@ def later_held():
             if parked:
                 _held.parked = 0
         for _ in range(parked):
-            _pool[0].submit(_run_most_urgent)
+            _wake.release()
 
 
 def later_is_held() -> bool:
@@ -270,53 +294,25 @@ def _run_most_urgent() -> None:
     finally:
         with _tasks_lock:
             _running[0] -= 1
-            _idle.notify_all()
 
 
 def compiles_pending() -> bool:
     """Whether a compile runs on xlanb's compile threads or waits for one."""
-    return bool(_running[0] or _tasks)
+    with _tasks_lock:  # (a task leaves _tasks and enters _running under it)
+        return bool(_running[0] or _tasks)
 
 
-# Compiles running now, and their end. At exit the interpreter must not finalize while one
-# runs: XLA's compile holds no GIL, and a thread that wants the GIL back during
-# finalization is ended with pthread_exit, whose unwinding through XLA's C++ aborts the
-# process ("terminate called without an active exception", "FATAL: exception not
-# rethrown"). Python's own join of the threads is no guard: a second Ctrl-C ends it.
-_running = [0]
-_idle = threading.Condition(_tasks_lock)
-EXIT_WAIT_S = 600.0  # the longest xlanb waits at exit for a compile in progress
+_running = [0]  # compiles running now (waited for at exit: shutdown.py)
 
 
-def _finish_at_exit() -> None:
-    """Before the interpreter joins its threads and finalizes: drop the queued compiles,
-    wait for the running ones (at most ``EXIT_WAIT_S``); Ctrl-C meanwhile exits at once,
-    with ``os._exit`` (atexit hooks do not run), as the wait's end by its bound does."""
-    code = 130
-    try:
-        with _tasks_lock:
-            dropped = [t[2] for t in _tasks]
-            _tasks.clear()
-            _held.parked = 0
-        for future in dropped:
-            future.cancel()
-        _pool[0].shutdown(wait=False, cancel_futures=True)
-        with _tasks_lock:
-            if not _running[0] or _idle.wait_for(lambda: not _running[0], timeout=1.0):
-                return
-        print(f"xlanb: waiting for {_running[0]} compile(s) in progress before exiting, at "
-              f"most {EXIT_WAIT_S:.0f} s: XLA cannot stop a compile, and the process would "
-              "crash if it ended meanwhile (Ctrl-C exits now)", file=sys.stderr, flush=True)
-        with _tasks_lock:
-            if _idle.wait_for(lambda: not _running[0], timeout=EXIT_WAIT_S):
-                return
-        code = 1
-    except KeyboardInterrupt:
-        pass
-    for f in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            f.flush()
-    os._exit(code)
+def _drop_queued() -> None:
+    """At exit: the compiles not yet started are cancelled (nobody will use them)."""
+    with _tasks_lock:
+        dropped = [t[2] for t in _tasks]
+        _tasks.clear()
+        _held.parked = 0
+    for future in dropped:
+        future.cancel()
 
 
 _event_lock = threading.Lock()

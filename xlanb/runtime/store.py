@@ -31,6 +31,7 @@ first, then the least recently used ones (a load refreshes an entry's mtime).
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import hashlib
@@ -54,6 +55,7 @@ from ..base import metrics
 from ..base.config import config, default_store_key
 from ..base.frames import PACKAGE_DIR
 from .devices import jax_device
+from . import shutdown
 from .jit import user_cache_dir
 
 _DIR = "xlanb-executables"
@@ -367,13 +369,20 @@ def has(key: str) -> bool:
     return path is not None and os.path.lexists(path)
 
 
-def load(key: str, device: int):
-    """The ``jax.stages.Compiled`` stored under ``key``, or None. Counts
+def load(key: str, device: int, with_info: bool = False):
+    """The ``jax.stages.Compiled`` stored under ``key``, or None; with ``with_info``,
+    ``(executable, info)``: the small dict its writer stored beside it (``store``), {}
+    for none. Counts
     ``PersistentCacheHit`` / ``PersistentCacheMiss``, and ``PersistentCacheRejected``
     (also a miss) for an entry that is not this user's or not signed with their key."""
+    exe, info = _load(key, device)
+    return (exe, info) if with_info else exe
+
+
+def _load(key: str, device: int):
     path = _path(key)
     if path is None:
-        return None
+        return None, {}
     try:
         body = _read_verified(path, key)
     except _Rejected as e:
@@ -383,18 +392,20 @@ def load(key: str, device: int):
         body = None
     if body is None:
         metrics.counter("PersistentCacheMiss")
-        return None
+        return None, {}
     try:
-        payload, in_tree, out_tree = pickle.loads(zlib.decompress(body))
+        # (payload, in_tree, out_tree[, info]): entries written without info have three
+        payload, in_tree, out_tree, *rest = pickle.loads(zlib.decompress(body))
+        info = rest[0] if rest and isinstance(rest[0], dict) else {}
         d = jax_device(device)
         _prepare_backend(d.platform)
         exe = serialize_executable.deserialize_and_load(payload, in_tree, out_tree,
                                                         backend=d.client, execution_devices=[d])
     except Exception:  # signed by us, but from an incompatible build: compile again, overwrite
         metrics.counter("PersistentCacheMiss")
-        return None
+        return None, {}
     metrics.counter("PersistentCacheHit")
-    return exe
+    return exe, info
 
 
 def _read_verified(path: str, key: str):
@@ -476,30 +487,51 @@ def _prepare_backend(platform: str) -> None:
 _lapack_ready: list = []
 
 
-def store(key: str, compiled) -> None:
-    """Write ``compiled`` under ``key``; an executable that cannot be serialized is not
-    stored (the next process compiles it again); nor is any with
-    ``config.store_readonly``."""
+def store(key: str, compiled, info: dict | None = None) -> None:
+    """Write ``compiled`` under ``key``, with ``info`` (a small dict of plain values that
+    ``load(with_info=True)`` hands back: a quick executable's compile time); an
+    executable that cannot be serialized is not stored (the next process compiles it
+    again); nor is any with ``config.store_readonly``."""
     if config.store_readonly:
         return
     path = _path(key)
     if path is None:
         return
     try:
+        entry = serialize_executable.serialize(compiled)
+        if info:
+            entry = (*entry, info)
         # zlib's fastest level: entries are 2.3x smaller for 0.2 ms each (single-op CPU ones)
-        blob = zlib.compress(pickle.dumps(serialize_executable.serialize(compiled)), 1)
+        blob = zlib.compress(pickle.dumps(entry), 1)
     except Exception:
         return
     _write(path, key, blob)
+
+
+# Writes one at a time, and none once the process is ending (shutdown.py): at exit a write
+# in progress finishes (or its temporary file is deleted) before the process ends, so a
+# tier-up cut off there leaves nothing half-written.
+_write_lock = threading.Lock()
+_writing: list = []  # the temporary file of the write in progress
+_ended = [False]
+EXIT_WRITE_WAIT_S = 2.0  # a write takes milliseconds; a stuck disk must not hold the exit
 
 
 def _write(path: str, key: str, body: bytes) -> None:
     """Sign ``body`` and write it at ``path`` atomically, in folders created 0700; then
     keep the store under its cap."""
     tag = _sign(_secret(), key, body)
+    with _write_lock:
+        if _ended[0]:
+            return
+        _write_locked(path, key, tag, body)
+
+
+def _write_locked(path: str, key: str, tag: bytes, body: bytes) -> None:
     try:
         _mkdirs_private(os.path.dirname(path))  # again if someone deleted it as we ran
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=_TMP_PREFIX)  # 0600
+        _writing.append(tmp)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(_MAGIC + tag)
@@ -512,6 +544,8 @@ def _write(path: str, key: str, body: bytes) -> None:
         except BaseException:
             os.unlink(tmp)
             raise
+        finally:
+            _writing.clear()
     except OSError as e:  # read-only or full disk: run on, compiling in every process
         if not _write_failed:
             _write_failed.append(e)
@@ -525,6 +559,22 @@ def _write(path: str, key: str, body: bytes) -> None:
 
 
 _write_failed: list = []  # warn once per process
+
+
+def _end_writes() -> None:
+    """Right before the process ends without finalizing (shutdown.py): the write in
+    progress finishes, and no other starts; one stuck past ``EXIT_WRITE_WAIT_S`` has its
+    temporary file deleted (a reader never sees it either way: entries appear by rename)."""
+    got = _write_lock.acquire(timeout=EXIT_WRITE_WAIT_S)
+    _ended[0] = True
+    if not got:
+        for tmp in list(_writing):
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    # (the lock, when taken, is kept: the process ends next)
+
+
+shutdown.before_exit(_end_writes)
 
 
 def _path(key: str) -> str | None:
