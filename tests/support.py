@@ -9,7 +9,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The parent's variables a child never inherits: xlanb's settings (a test that sets one
 # for itself must not set it for the programs it starts), JAX's cache (the user's), and a
 # breakpoint hook (a child that stops would hang the test).
-_NOT_INHERITED = ("XLANB_", "JAX_COMPILATION_CACHE", "PYTHONBREAKPOINT")
+_NOT_INHERITED = ("XLANB_", "JAX_COMPILATION_CACHE", "PYTHONBREAKPOINT", "PYTEST_ADDOPTS")
 
 
 def child_env(extra: dict | None = None, **more) -> dict:

@@ -55,6 +55,7 @@ def run_file(name: str, mode: str, results: str, timeout: int = 3600, nice: int 
     env = dict(os.environ if base_env is None else base_env, TORCH_TEST_DEVICES=PLUGIN, PYTORCH_TESTING_DEVICE_ONLY_FOR="xla",
                XLANB_SUITE_MODE=mode, XLANB_STORE_DIR="")
     env.pop("XLANB_MODE", None)
+    env.pop("PYTEST_ADDOPTS", None)  # the calling run's options (CI's junit XML) are its own
     t0 = time.time()
     subprocess.run([sys.executable, "-m", "pytest", os.path.join(tests_dir(), name + ".py"),
                     "-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
