@@ -252,3 +252,34 @@ def test_the_magic_and_the_widget_name_the_growth(no_host):
         assert "grows by 1 each sync" in view.info.value, view.info.value
     finally:
         next(fixture, None)
+
+
+def test_a_new_prompt_length_compiles_its_prefill_and_then_only_what_changed(same):
+    """Eager mode, generate at a second prompt length: the first decode step's run is a
+    new skeleton (ops that got executables of their own since ran alone before it, so
+    the run begins elsewhere), but its ops are not new; it is cut where their shapes
+    changed, so after the prefill no graph compiles the whole decode step again."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=95)
+    prompts = [torch.randint(1, 95, (1, n)) for n in (5, 8)]
+    with torch.no_grad():
+        want = [model.generate(p, **kw) for p in prompts]
+    xlanb.set_mode("eager")
+    model.to("xla")
+    with torch.no_grad():
+        same(model.generate(prompts[0].to("xla"), **kw), want[0], exact=True)
+        # the biggest graph, the prefill; the first decode steps compiled whole too
+        whole = max(g.n_nodes for g in xlanb.graphs())
+        n = len(xlanb.graphs())
+        same(model.generate(prompts[1].to("xla"), **kw), want[1], exact=True)
+    sizes = [g.n_nodes for g in xlanb.graphs()[n:]]
+    # the prefill at the new length compiles whole (every shape in it changed); besides
+    # it only segments (the attention over the longer cache, a stretch that lost two
+    # ops) and generate's own small graphs, no decode step whole (238 ops, 242 with the
+    # ids' slices)
+    assert [s for s in sizes if s > whole // 2] == [whole], sizes

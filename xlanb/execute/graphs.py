@@ -658,7 +658,7 @@ def _parts(plan: GraphPlan, device: int, run: bool) -> list | None:
     or, for an eager run, the independent pieces it swept up when one of them ran as a
     run of its own before (the same ops at the same shapes, read at other places, then
     compile nothing)."""
-    varying = varying_steps(plan, device, CUT_RUN_AT if run else CUT_AT)  # (notes it)
+    varying = varying_steps(plan, device, CUT_RUN_AT if run else CUT_AT, run)  # (notes it)
     if not config.segments:
         return None
     if varying:

@@ -57,6 +57,7 @@ class Sighting(NamedTuple):
     sighting."""
     infos: tuple  # per sighting, the OpSignature of each step
     varying: frozenset
+    by_op: bool = False  # its first sighting was cut by its ops' own sightings
 
     @property
     def uids(self) -> tuple:
@@ -74,25 +75,69 @@ def skeleton(plan: GraphPlan) -> tuple:
             plan.root_pos)
 
 
-def varying_steps(plan: GraphPlan, device: int, cut_at: int = CUT_AT) -> frozenset:
+def varying_steps(plan: GraphPlan, device: int, cut_at: int = CUT_AT,
+                  run: bool = False) -> frozenset:
     """Note a sighting of ``plan`` (a graph that missed the cache); the steps whose
     signatures changed since its skeleton's last sighting, once it has been seen at
-    ``cut_at`` sets of shapes (empty: nothing to cut)."""
+    ``cut_at`` sets of shapes (empty: nothing to cut). ``run``: an eager run, whose
+    skeleton can be new though its ops are not (``varying_ops``)."""
     key = (device, skeleton(plan))
     infos = tuple(info for info, _ in plan.steps)
+    by_op = varying_ops(plan, device) if run else frozenset()
     seen = _sightings.get(key)
     if seen is None:
-        _sightings[key] = Sighting((infos,), frozenset())
-        return frozenset()
+        _sightings[key] = Sighting((infos,), by_op, bool(by_op))
+        return by_op
     last = seen.infos[-1]
     if all(a is b for a, b in zip(infos, last)):  # the same graph again (it was cut)
-        return seen.varying if len(seen.infos) >= cut_at else frozenset()
+        return seen.varying if len(seen.infos) >= cut_at or seen.by_op else frozenset()
     # what changed since the last sighting, not since the first: shapes that changed once
     # (the same loop over a wider model, earlier in the session) would otherwise mark
     # every step changed for good, and nothing would be cut again
     varying = {i for i, (a, b) in enumerate(zip(infos, last)) if a is not b}
     seen = _sightings[key] = Sighting((seen.infos + (infos,))[-HISTORY:], frozenset(varying))
     return seen.varying if len(seen.infos) >= cut_at else frozenset()
+
+
+# An eager run begins at the first op with no executable of its own, and ops get theirs
+# as they tier up, so the same decode step's run has another skeleton at the next
+# generate call (two slices of the input ids ran alone before it): a new skeleton, at
+# shapes partly seen, compiled whole once more (0.9 s of a 3.7 s call, loaded). So an
+# eager run's ops are also noted one by one, by where they were made (op, line, module
+# scope, and which occurrence of those in the run), with how often each of their latest
+# signatures came. An op at a signature that came before at least twice is unchanged (a
+# decode step's projections, every token); any other is changed (the attention over a
+# cache at a length one earlier token had, a prefill's ops at a new prompt length). A
+# run whose skeleton is new is cut where its ops changed, when one of those ops has
+# had other signatures before (it keeps changing) and enough of the run is unchanged
+# (``cut``'s MIN_KEPT_SHARE: a prefill at a new length compiles whole).
+_op_sightings: dict = cache({}, "(device, op, line, scope, occurrence) -> {uid of each "
+                            "latest OpSignature: times seen}", group="graphs")
+OP_SHAPES_KEPT = 8
+
+
+def varying_ops(plan: GraphPlan, device: int) -> frozenset:
+    """Note each step of ``plan`` (an eager run that missed the cache) by where it was
+    made; the steps at a signature their op has not had twice lately (new ops
+    included), if one of them has had other signatures (else empty: a new run compiles
+    whole)."""
+    changed, grows = set(), False
+    count: dict = {}
+    for k, ((info, _), node) in enumerate(zip(plan.steps, plan.op_nodes)):
+        where = (info.name, node.src, node.scope)
+        nth = count[where] = count.get(where, -1) + 1
+        key = (device, where, nth)
+        seen = _op_sightings.get(key)
+        if seen is None:
+            seen = _op_sightings[key] = {}
+        times = seen.pop(info.uid, 0)
+        if times < 2:
+            changed.add(k)
+            grows = grows or len(seen) >= 1
+        seen[info.uid] = times + 1  # (last: the latest)
+        if len(seen) > OP_SHAPES_KEPT:
+            del seen[next(iter(seen))]
+    return frozenset(changed) if grows else frozenset()
 
 
 def sighting(plan: GraphPlan, device: int) -> Sighting | None:
