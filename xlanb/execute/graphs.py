@@ -797,8 +797,11 @@ def _tier_up_now(rec: CompiledGraph, eager_run: bool):
     steps. A graph that runs once or twice (a notebook cell, a test) never pays for it.
     A small eager run's pays once it has run for as long as its quick compile took (one
     that runs in microseconds never tiers up), and takes the quick one's place when
-    ready: nobody waits for it."""
-    if eager_run and not _big(rec.quick_compile_s):
+    ready: nobody waits for it. So does a small segment's (a lazy graph whose shapes
+    change, graph/segments.py): waited for at a fixed run, each new segment of a
+    ``generate`` call stalled its third token for its optimized compile (1.9 s in a
+    2.4 s call of the tiny Llama, loaded)."""
+    if (eager_run or rec.segment) and not _big(rec.quick_compile_s):
         return True if rec.run_time >= rec.quick_compile_s else None
     if rec._tiering is None:
         return False
