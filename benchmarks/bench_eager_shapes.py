@@ -13,6 +13,9 @@ Then the same K shapes again, three more times:
             own optimized executables)
 ``3rd``     third sight (xlanb: those executables are lowered and compile in the background)
 ``steady``  the fourth sight and after: the median of nine passes
+``at end``  the same shapes once more, every op issued first and every output read at the
+            end (reads at other places than before: the same ops at shapes seen, in
+            other company; xlanb counts the run compiles this pass caused)
 
 Backends: xlanb eager, xlanb eager with runs off (``XLANB_EAGER_RUNS=0``: each new op
 compiles alone, as before), torch_xla's eager mode (only with ``--torch-xla``, a Python
@@ -32,7 +35,7 @@ import time
 HERE = os.path.abspath(__file__)
 sys.path.insert(0, os.path.dirname(HERE))
 from bench_modes import _cpu_model  # noqa: E402
-PASSES = ("new", "2nd", "3rd", "steady")
+PASSES = ("new", "2nd", "3rd", "steady", "at end")
 STEADY_PASSES = 9
 
 
@@ -41,16 +44,25 @@ def shapes(k: int) -> list[tuple[int, int]]:
     return [(3 + i, 6 + 5 * i) for i in range(k)]
 
 
-def _passes(seq, xd, xs, want) -> dict:
+def _passes(seq, xd, xs, want, issue, read, count=None) -> dict:
     """Time ``seq`` over every device input, once per pass; the largest difference from
-    ``want(x)`` (the reference outputs for one host input) over every output."""
+    ``want(x)`` (the reference outputs for one host input) over every output. The last
+    pass runs ``issue`` (the ops, no read) over every input, then ``read`` on each
+    output; ``count()``: a compile count, taken around that pass."""
     res = {"per_shape_ms": {}, "max_err": 0.0}
     for name in PASSES:
         times = []
         # one pass of K cached shapes lasts milliseconds: steady is the median of several
         for _ in range(STEADY_PASSES if name == "steady" else 1):
+            before = count() if count else 0
             t0 = time.perf_counter()
-            outs = [seq(x) for x in xd]
+            if name == "at end":
+                issued = [issue(x) for x in xd]
+                outs = [tuple(read(t) for t in pair) for pair in issued]
+                if count:
+                    res["at_end_compiles"] = count() - before
+            else:
+                outs = [seq(x) for x in xd]
             times.append((time.perf_counter() - t0) / len(xd) * 1e3)
             for x, got_pair in zip(xs, outs):
                 for got, w in zip(got_pair, want(x)):
@@ -72,13 +84,17 @@ def _torch_worker(backend: str, k: int) -> dict:
         xlanb.set_mode("eager")
         dev = xlanb.device()
 
-    def seq(x):
+    def issue(x):
         a = x.exp()
         b = a * 2.0
         c = b + x
         s = c.sum(dim=1)
         p = torch.softmax(c, dim=-1)
         q = p[:, 1:]
+        return s, q
+
+    def seq(x):
+        s, q = issue(x)
         return s.cpu(), q.cpu()
 
     def want(x):
@@ -92,9 +108,19 @@ def _torch_worker(backend: str, k: int) -> dict:
     xs = [torch.randn(*s, generator=gen) for s in shapes(k)]
     xd = [x.to(dev) for x in xs]
     seq(xd[0].new_zeros(1, 2))  # the transfers above have finished
-    res = _passes(seq, xd, xs, want)
+    count = None
     if backend == "xlanb":
         import xlanb
+
+        def count():
+            return xlanb.metrics.counter_value("EagerRunCompile") or 0
+    elif backend == "torch_xla":
+        import torch_xla.debug.metrics as met
+
+        def count():
+            return met.counter_value("UncachedCompile") or 0
+    res = _passes(seq, xd, xs, want, issue, lambda t: t.cpu(), count)
+    if backend == "xlanb":
         res["counters"] = {n: xlanb.metrics.counter_value(n) or 0 for n in (
             "EagerRunCompile", "EagerRunCacheHit", "QuickCompile", "GraphTierUp", "OpCompile")}
     return res
@@ -105,13 +131,17 @@ def _jax_worker(k: int) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    def seq(x):
+    def issue(x):
         a = jnp.exp(x)
         b = a * 2.0
         c = b + x
         s = c.sum(axis=1)
         p = jax.nn.softmax(c, axis=-1)
         q = p[:, 1:]
+        return s, q
+
+    def seq(x):
+        s, q = issue(x)
         return np.asarray(s), np.asarray(q)
 
     def want(x):
@@ -124,7 +154,7 @@ def _jax_worker(k: int) -> dict:
     xs = [rng.standard_normal(s).astype(np.float32) for s in shapes(k)]
     xd = [jax.device_put(x) for x in xs]
     jax.block_until_ready(xd)
-    return _passes(seq, xd, xs, want)
+    return _passes(seq, xd, xs, want, issue, np.asarray)
 
 
 def run(python: str, backend: str, k: int, env_extra: dict | None = None) -> dict:
@@ -170,6 +200,9 @@ def main() -> None:
             r = results[label]["per_shape_ms"]
             print(f"{label} ÷ torch_xla: " + ", ".join(
                 f"{p} {r[p] / ref['per_shape_ms'][p]:.2f}×" for p in PASSES))
+    for label, r in results.items():
+        if "at_end_compiles" in r:
+            print(f"{label}: compiles in the 'at end' pass: {r['at_end_compiles']}")
     if "counters" in results["xlanb eager"]:
         print("xlanb eager counters:", results["xlanb eager"]["counters"])
     if args.json:

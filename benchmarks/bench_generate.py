@@ -2,12 +2,14 @@
 
     python benchmarks/bench_generate.py [--tokens N] [--torch-xla /venv/bin/python]
                                         [--only llama,gpt2] [--out FILE] [--json FILE]
+                                        [--skip MODEL/CACHE/BACKEND,...]
 
 Each row runs in a fresh process with an empty executable store: a small Llama and a
 small GPT-2 from ``transformers`` configs (random weights, no downloads), greedy
 ``generate(max_new_tokens=N)`` with an end-of-sequence token none of the outputs holds
-(so every token is generated and checked for, as with a real tokenizer's), called twice:
-a prompt of 7 tokens, then one of 11 (a new prompt length). Caches: the default dynamic
+(so every token is generated and checked for, as with a real tokenizer's), called three
+times: a prompt of 7 tokens, one of 11 (a new prompt length), and another of 11 (every
+shape seen before: the cached cost). Caches: the default dynamic
 one, and ``cache_implementation="static"``. Backends: CPU torch, xlanb lazy and eager,
 torch_xla 2.x lazy and eager (only with ``--torch-xla``, a Python with torch_xla
 installed; keep it out of CI, it is a download of several GB). Each call reports its
@@ -34,7 +36,8 @@ from bench_modes import _cpu_model  # noqa: E402
 
 MODELS = ("llama", "gpt2")
 CACHES = ("dynamic", "static")
-PROMPTS = (7, 11)
+# a prompt, one of a new length, then another of that length (shapes seen: cached cost)
+PROMPTS = (7, 11, 11)
 
 
 def _model(name: str):
@@ -159,16 +162,23 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(HERE)),
                                                   "docs", "benchmarks.md"))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--skip", default="",
+                    help="cells to leave out, comma-separated MODEL/CACHE/BACKEND, e.g. "
+                         "'gpt2/static/torch_xla lazy' (torch_xla's lazy rows take minutes)")
     args = ap.parse_args()
     results = {}
     lines = []
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     for model in args.only.split(","):
         for cache in args.caches.split(","):
             lines += [f"\n**{model}, {cache} cache**, {args.tokens} tokens per call: time "
                       "(graphs compiled / graphs run, per token)\n",
-                      "| backend | 1st call (prompt 7) | 2nd call (prompt 11) |",
-                      "|---|---|---|"]
+                      "| backend | 1st call (prompt 7) | 2nd call (prompt 11) "
+                      "| 3rd call (another prompt of 11) |",
+                      "|---|---|---|---|"]
             for name, python, backend, mode, env in rows_for(args):
+                if f"{model}/{cache}/{name}" in skip:
+                    continue
                 r = run_row(python, backend, mode, model, cache, args.tokens, env)
                 results[f"{model}/{cache}/{name}"] = r
                 if "error" in r:
