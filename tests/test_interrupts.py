@@ -74,7 +74,11 @@ for k in range(n):
         r = "late"
     backend._Guard.type_ = guard
     outcomes[r] = outcomes.get(r, 0) + 1
+    # what the cut step left pending, run op by op from the single-op cache: in lazy
+    # mode each k leaves another prefix, a graph of its own to compile (60-80 s a sweep)
+    xlanb.set_mode("opbyop" if sys.argv[1] == "lazy" else sys.argv[1])
     xlanb.sync()
+    xlanb.set_mode(sys.argv[1])
 m.zero_grad(); step()
 ok = all(bool(torch.isfinite(p.grad).all()) for p in m.parameters())
 print(json.dumps({"calls": n, "outcomes": outcomes, "grads_ok": ok}))

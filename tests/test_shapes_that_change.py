@@ -172,8 +172,13 @@ def test_a_read_hands_out_the_live_values_its_graph_computes(count, same):
     same(mask, mask_cpu)
 
 
-def test_a_small_changed_segment_runs_on_cpu_torch(count, same):
-    """Integer bookkeeping one longer per step (generate's input ids): no compile."""
+def test_a_small_changed_segment_runs_on_cpu_torch(count, same, monkeypatch):
+    """Integer bookkeeping one longer per step (generate's input ids): no compile. It
+    runs with one intra-op thread, and the user's thread count is left as it was."""
+    threads = []
+    real_set = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (threads.append(n), real_set(n)))
+    before = torch.get_num_threads()
     ids_cpu = torch.tensor([[5, 3, 9]])
     ids = ids_cpu.to("xla")
     w = torch.randn(16, 4)
@@ -188,6 +193,7 @@ def test_a_small_changed_segment_runs_on_cpu_torch(count, same):
         assert bool(emb.sum() > -1e9)
     same(ids, ids_cpu, exact=True)
     assert count("SegmentOnHost") >= 3
+    assert threads[:2] == [1, before] and torch.get_num_threads() == before, threads
     late = xlanb.graphs()[n:]  # once cut, only the fixed-shape part ever compiled
     assert all("aten::cat" not in g.ops for g in late), [g.ops for g in late]
 
