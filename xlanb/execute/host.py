@@ -75,7 +75,7 @@ def run_on_host(plan: GraphPlan, arrays: list, device: int) -> list | None:
     k = 0
     # One intra-op thread: a segment this small gains nothing from more, and ATen's
     # (and MKL's) thread pool waits at each op's barrier for a core that XLA's threads
-    # hold: the tiny Llama's cached generate call took 1.24 s against 0.31 s with one
+    # hold: the tiny Llama's cached generate call took 1.24 s against 0.49 s with one
     # (eager, 2 cores, loaded). Restored after, so the user's CPU torch keeps its own.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -57,7 +57,6 @@ class Sighting(NamedTuple):
     sighting."""
     infos: tuple  # per sighting, the OpSignature of each step
     varying: frozenset
-    by_op: bool = False  # its first sighting was cut by its ops' own sightings
 
     @property
     def uids(self) -> tuple:
@@ -86,11 +85,13 @@ def varying_steps(plan: GraphPlan, device: int, cut_at: int = CUT_AT,
     by_op = varying_ops(plan, device) if run else frozenset()
     seen = _sightings.get(key)
     if seen is None:
-        _sightings[key] = Sighting((infos,), by_op, bool(by_op))
+        _sightings[key] = Sighting((infos,), by_op)  # (cut by its ops' sightings, or not)
         return by_op
     last = seen.infos[-1]
     if all(a is b for a, b in zip(infos, last)):  # the same graph again (it was cut)
-        return seen.varying if len(seen.infos) >= cut_at or seen.by_op else frozenset()
+        # (a first sighting's steps are its ops' own: ``varying_ops``)
+        return seen.varying if len(seen.infos) >= cut_at or len(seen.infos) == 1 \
+            else frozenset()
     # what changed since the last sighting, not since the first: shapes that changed once
     # (the same loop over a wider model, earlier in the session) would otherwise mark
     # every step changed for good, and nothing would be cut again
