@@ -193,7 +193,7 @@ def test_xla_target_sets_shows_and_turns_off(term):
     ("--now", "no target: give one"),
     ("off --now", "--now needs a topology"),
     ("v5e:1x1 --now nosuchname", "name 'nosuchname' is not defined"),
-    ("v5e:1x1 --graph 99", "there is no graph #99"),
+    ("v5e:1x1 --graph 99999", "there is no graph #99999"),
 ])
 def test_xla_target_bad_input_is_one_line_and_loses_nothing(nb, line, says):
     matmul(nb)
