@@ -67,6 +67,27 @@ def test_a_growing_cache_compiles_only_the_segments_whose_shapes_changed(no_host
     _steps("xla", 8)
     assert (xlanb.metrics.counter_value("SegmentCompile") or 0) == 0
     assert xlanb.metrics.counter_value("SegmentCacheHit")
+    # and each of those graphs ran its earlier cut, not planned again
+    assert xlanb.metrics.counter_value("SegmentPlanHit") == \
+        xlanb.metrics.counter_value("SegmentedGraph") >= 4
+
+
+def test_a_segments_memory_check_counts_the_live_bytes_a_walk_would(no_host, monkeypatch):
+    """A segmented graph walks the live buffers once; each segment's memory check takes
+    that figure plus the earlier segments' outputs: what a walk would find there."""
+    import xlanb.execute.graphs as graphs
+    import xlanb.values.memory as memory
+    seen = []
+    real = memory.check_graph
+
+    def check(rec, index, what, mem=None, live=None):
+        if live is not None:
+            seen.append((live, memory.device_bytes().get(index, 0)))
+        return real(rec, index, what, mem, live)
+
+    monkeypatch.setattr(graphs, "check_graph", check)
+    _steps("xla", 7, width=20)
+    assert len(seen) >= 8 and all(a == b for a, b in seen), seen
 
 
 def test_an_eager_run_compiles_only_its_changed_ops(no_host, same):

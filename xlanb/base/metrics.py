@@ -149,6 +149,8 @@ DESCRIPTIONS = {
     "SegmentedGraph": "graphs (lazy or eager runs) whose shapes changed, run as segments",
     "SegmentCompile": "segments compiled (their shapes were new)",
     "SegmentCacheHit": "segments found in the compile cache",
+    "SegmentPlanHit": "segmented graphs of a key that ran as segments before, run as the "
+                      "same segments without planning them again",
     "SegmentOnHost": "small changed segments computed by CPU torch instead of compiled",
     "SegmentOnHostTime": "time computing them there, transfers included",
     "SegmentHostRefused": "small changed segments CPU torch could not run as their "

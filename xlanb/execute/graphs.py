@@ -23,8 +23,8 @@ from ..graph import compile_time
 from ..graph.collectives import CollectiveList, parse_collectives
 from ..graph.explain import explain
 from ..graph.render import render_dot, render_text
-from ..graph.segments import (CUT_AT, CUT_RUN_AT, components, cut, growth_text, growths, segment_plans, sighting, skeleton,
-                              varying_steps)
+from ..graph.segments import (CUT_AT, CUT_RUN_AT, bind, components, cut, growth_text, growths,
+                              segment_shapes, sighting, skeleton, varying_steps)
 from ..graph.summary import summarize
 from ..ir.nodes import GraphPlan
 from ..runtime.compile_profile import raw_profile
@@ -34,7 +34,7 @@ from ..runtime.mesh import sharding_text
 from ..executables.background import drain_lowerings, lower_soon, lowerings_waiting
 from ..executables.prefix import missing_ops
 from ..executables.compile import Build
-from ..values.memory import (GraphMemory, check_graph, device_oom, graph_buffers, graph_memory,
+from ..values.memory import (GraphMemory, check_graph, device_bytes, device_oom, graph_buffers, graph_memory,
                      is_device_oom)
 from ..executables.resident import admit_graph
 from ..executables.stages import GraphLowering, kept_shardings, mesh_leaves, sharding_of
@@ -657,22 +657,32 @@ def _parts(plan: GraphPlan, device: int, run: bool) -> list | None:
     it whole: where its shapes changed since its ops' last sighting (graph/segments.py),
     or, for an eager run, the independent pieces it swept up when one of them ran as a
     run of its own before (the same ops at the same shapes, read at other places, then
-    compile nothing)."""
+    compile nothing). A graph of a key that ran as segments before runs as the same
+    segments (``_segmented``), planned once."""
+    if config.segments:
+        shapes = _segmented.get((device, plan.key, run))
+        if shapes is not None:
+            metrics.counter("SegmentPlanHit")
+            return bind(shapes, plan)
     varying = varying_steps(plan, device, CUT_RUN_AT if run else CUT_AT, run)  # (notes it)
     if not config.segments:
         return None
+    shapes = None
     if varying:
         pieces = cut(plan, varying)
         if len(pieces) > 1:
-            return segment_plans(plan, pieces, varying)
-    if run:
+            shapes = segment_shapes(plan, pieces, varying)
+    if shapes is None and run:
         groups = components(plan)
         if len(groups) > 1:
-            parts = segment_plans(plan, groups, frozenset())
-            if any(cached_graph(p.plan, device) is not None for p in parts):
+            found = segment_shapes(plan, groups, frozenset())
+            if any(cached_graph(s, device) is not None for s in found):
                 metrics.counter("EagerRunInPieces")
-                return parts
-    return None
+                shapes = found
+    if shapes is None:
+        return None
+    _segmented[(device, plan.key, run)] = shapes
+    return bind(shapes, plan)
 
 
 def _run_segments(plan: GraphPlan, segments: list, device: int, cause: str, src,
@@ -681,8 +691,12 @@ def _run_segments(plan: GraphPlan, segments: list, device: int, cause: str, src,
     its own (counted ``SegmentCompile`` / ``SegmentCacheHit``); the roots' arrays."""
     vals = [n.data for n in plan.leaves] + [None] * len(plan.steps)
     metrics.counter("SegmentedGraph")
-    shape_key = (device, skeleton(plan))
+    shape_key = None  # (device, skeleton): only a compile needs it
     growth = None
+    # The device's live bytes, walked once: each segment adds its outputs (held in
+    # ``vals`` until the end) and frees nothing. A walk per segment was 20% of running
+    # a cached segment (a tiny Llama's decode step runs 12).
+    live = device_bytes().get(device, 0)
     for i, seg in enumerate(segments):
         new_change = seg.changed and cached_graph(seg.plan, device) is None
         if new_change and fits_host(seg.plan):
@@ -690,11 +704,14 @@ def _run_segments(plan: GraphPlan, segments: list, device: int, cause: str, src,
             if outs is not None:
                 for p, a in zip(seg.outputs, outs):
                     vals[p] = a
+                    live += a.nbytes
                 continue
         prev = False  # (not the last graph from its line: another segment's)
         if new_change:
             # its explanation compares it with the same segment's last compile, and says
             # what grows (computed once per graph, and only for a compile)
+            if shape_key is None:
+                shape_key = (device, skeleton(plan))
             prev = _segment_prev.get((shape_key, i), False)
             if growth is None:
                 growth = growth_text(growths(plan, sighting(plan, device)))
@@ -702,11 +719,15 @@ def _run_segments(plan: GraphPlan, segments: list, device: int, cause: str, src,
                                     growth=(growth or "") if seg.changed else "",
                                     reshaped=seg.changed)
         if fresh and seg.changed:
+            if shape_key is None:
+                shape_key = (device, skeleton(plan))
             _segment_prev[(shape_key, i)] = rec
         metrics.counter("SegmentCompile" if fresh else "SegmentCacheHit")
-        outs = _run_found(rec, fresh, [vals[p] for p in seg.inputs], seg.plan, cause, src, run)
+        outs = _run_found(rec, fresh, [vals[p] for p in seg.inputs], seg.plan, cause, src, run,
+                          live)
         for p, a in zip(seg.outputs, outs):
             vals[p] = a
+            live += a.nbytes
     return [vals[p] for p in plan.root_pos]
 
 
@@ -737,25 +758,28 @@ def _in_new_company(plan: GraphPlan, changed=None) -> None:
 
 _segment_prev = cache({}, "(device, skeleton, segment index) -> its last CompiledGraph",
                       group="graphs")
+# A segmented graph's next token (a decode step's at a length seen before, a generate
+# call repeated) would plan the same cut again: 1 ms of a tiny Llama's 7 ms token.
+_segmented = cache({}, "(device, graph key, eager run) -> its SegmentShapes", group="graphs")
 _skeleton_last = cache({}, "(device, skeleton) -> the last CompiledGraph of those ops",
                        group="graphs")
 
 
 def _run_found(rec: CompiledGraph, fresh: bool, arrays, plan: GraphPlan, cause: str, src,
-               run: bool) -> list:
+               run: bool, live: int | None = None) -> list:
     """Run a graph ``find_graph`` (or a segment's ``compiled_graph``) gave, counted as a
     lazy graph's or an eager run's: a new one here, one that came back through
-    ``run_cached`` (and its tier-up rule)."""
+    ``run_cached`` (and its tier-up rule). ``live``: as ``run_compiled`` takes it."""
     what = _SyncedGraph(len(plan.steps), cause, src)
     if run:
         metrics.counter("EagerRunCompile" if fresh else "EagerRunCacheHit")
     elif not fresh:
         metrics.counter("CachedCompile")
     if not fresh:
-        return run_cached(rec, arrays, plan.scalars, what, src, eager_run=run)
+        return run_cached(rec, arrays, plan.scalars, what, src, eager_run=run, live=live)
     if not run:
         _report_compile(rec, src)
-    outs = run_compiled(rec, arrays, plan.scalars, what, src)
+    outs = run_compiled(rec, arrays, plan.scalars, what, src, live)
     if not run and rec.quick and _big(rec.quick_compile_s):
         # a training step: it will be back, and its quick code runs 3-5x slower; its
         # optimized compile starts now, after this run (on two cores, compiling beside
@@ -764,7 +788,8 @@ def _run_found(rec: CompiledGraph, fresh: bool, arrays, plan: GraphPlan, cause: 
     return outs
 
 
-def run_cached(rec: CompiledGraph, arrays, scalars, what, src, eager_run: bool = False) -> list:
+def run_cached(rec: CompiledGraph, arrays, scalars, what, src, eager_run: bool = False,
+               live: int | None = None) -> list:
     """Run a graph that came back: the one way every path that holds a graph's
     executable runs it again (a lazy graph's cache hit, a segment's, an eager run's
     with ``eager_run``, an ``xlanb.compile`` replay and so ``torch.compile``'s and the
@@ -774,7 +799,7 @@ def run_cached(rec: CompiledGraph, arrays, scalars, what, src, eager_run: bool =
     outputs (``run_compiled``)."""
     rec.hits += 1
     swap_when_done = _tier_up_now(rec, eager_run) if rec.quick else None
-    outs = run_compiled(rec, arrays, scalars, what, src)
+    outs = run_compiled(rec, arrays, scalars, what, src, live)
     if swap_when_done is not None:
         # after the run that asked for it: on two cores, a compile beside the quick run
         # slowed the BERT step's run 1.5-2x
@@ -822,7 +847,8 @@ class _SyncedGraph:
         return f"the graph of {self.n} ops ({self.cause}) synced at {format_loc(self.src) or '?'}"
 
 
-def run_compiled(rec: CompiledGraph, arrays, scalars, what, src) -> list:
+def run_compiled(rec: CompiledGraph, arrays, scalars, what, src, live: int | None = None
+                 ) -> list:
     """The one step that runs a compiled graph, whatever made it (a sync, an eager run,
     an ``xlanb.compile`` replay); returns its outputs, ready. In order: its report for a
     target set since it compiled; its projected peak and ``xlanb.memory_limit``'s check
@@ -830,9 +856,11 @@ def run_compiled(rec: CompiledGraph, arrays, scalars, what, src) -> list:
     run it; the run, with a device out-of-memory error converted to one that names the
     graph; its time (``ExecuteTime``) and collectives counted. Nothing is written into
     any tensor here: the caller checks the outputs (index ranges, NaNs) first. ``what``
-    names the run in errors (its ``str``); ``src``: the user's line."""
+    names the run in errors (its ``str``); ``src``: the user's line; ``live``: the
+    device's live bytes where the caller knows them (a segmented graph's segments: each
+    adds only its outputs), else walked."""
     start_target_compile(rec)  # a target set since it compiled
-    check_graph(rec, rec.device, what, rec.memory)
+    check_graph(rec, rec.device, what, rec.memory, live)
     if config.memory_limit_target:
         check_target_fit(rec, what)
     if session.agree is not None:  # several processes: all about to run the same one

@@ -305,9 +305,21 @@ class Segment(NamedTuple):
     changed: bool   # it holds a step whose signature changed between sightings
 
 
-def segment_plans(plan: GraphPlan, segments: list[list[int]], varying: frozenset
-                  ) -> list[Segment]:
-    """Each segment's own plan: its leaves are the whole graph's leaves and earlier
+class SegmentShape(NamedTuple):
+    """A segment's structure, the same for every graph of one structural key: what
+    ``bind`` needs to make its ``Segment`` for one such graph without planning again."""
+    steps_at: tuple  # the whole graph's step indices it holds
+    inputs: tuple
+    outputs: tuple
+    steps: list      # (OpSignature, local input positions) per step
+    key: tuple       # its own structural key
+    root_pos: tuple
+    changed: bool
+
+
+def segment_shapes(plan: GraphPlan, segments: list[list[int]], varying: frozenset
+                   ) -> list[SegmentShape]:
+    """Each segment's structure: its leaves are the whole graph's leaves and earlier
     segments' values it reads, its roots the values it makes that a later segment reads
     or the whole graph returns."""
     n_leaves = len(plan.leaves)
@@ -331,23 +343,39 @@ def segment_plans(plan: GraphPlan, segments: list[list[int]], varying: frozenset
                     local[p] = len(inputs)
                     inputs.append(p)
         n_in = len(inputs)
-        steps, op_nodes, scalars = [], [], []
+        steps = []
         for j, k in enumerate(seg):
             info, ins = plan.steps[k]
             local[n_leaves + k] = n_in + j
             steps.append((info, tuple(local[p] for p in ins)))
-            node = plan.op_nodes[k]
-            op_nodes.append(node)
-            if node.scalars:
-                scalars.extend(node.scalars)
         outputs = tuple(n_leaves + k for k in seg
                         if n_leaves + k in roots or needed_after.get(n_leaves + k, -1) > s)
-        leaves = [plan.leaves[p] if p < n_leaves else plan.op_nodes[p - n_leaves]
-                  for p in inputs]
+        leaf_keys = tuple(leaf_key(plan.leaves[p] if p < n_leaves
+                                   else plan.op_nodes[p - n_leaves]) for p in inputs)
         root_pos = tuple(local[p] for p in outputs)
-        key = (tuple(leaf_key(n) for n in leaves),
-               *((info.uid, ins) for info, ins in steps), root_pos)
-        out.append(Segment(GraphPlan(key, leaves, scalars, steps, op_nodes,
-                                     [plan.op_nodes[p - n_leaves] for p in outputs], root_pos),
-                           tuple(inputs), outputs, any(k in varying for k in seg)))
+        key = (leaf_keys, *((info.uid, ins) for info, ins in steps), root_pos)
+        out.append(SegmentShape(tuple(seg), tuple(inputs), outputs, steps, key, root_pos,
+                                any(k in varying for k in seg)))
     return out
+
+
+def bind(shapes: list[SegmentShape], plan: GraphPlan) -> list[Segment]:
+    """The segments of ``plan`` (a graph of the key ``shapes`` were planned for): its
+    nodes, lifted scalars and roots in each segment's structure."""
+    n_leaves = len(plan.leaves)
+    leaves_of, nodes = plan.leaves, plan.op_nodes
+    out = []
+    for s in shapes:
+        op_nodes = [nodes[k] for k in s.steps_at]
+        scalars = [x for node in op_nodes if node.scalars for x in node.scalars]
+        leaves = [leaves_of[p] if p < n_leaves else nodes[p - n_leaves] for p in s.inputs]
+        roots = [nodes[p - n_leaves] for p in s.outputs]
+        out.append(Segment(GraphPlan(s.key, leaves, scalars, s.steps, op_nodes, roots,
+                                     s.root_pos), s.inputs, s.outputs, s.changed))
+    return out
+
+
+def segment_plans(plan: GraphPlan, segments: list[list[int]], varying: frozenset
+                  ) -> list[Segment]:
+    """Each segment's own plan (``segment_shapes``, bound to ``plan``'s nodes)."""
+    return bind(segment_shapes(plan, segments, varying), plan)

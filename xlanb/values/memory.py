@@ -729,24 +729,26 @@ class MemoryForecast(NamedTuple):
     __repr__ = __str__
 
 
-def forecast(rec, index: int, mem=None) -> MemoryForecast | None:
+def forecast(rec, index: int, mem=None, live: int | None = None) -> MemoryForecast | None:
     """The projected peak of running ``rec`` (a CompiledGraph) on xla:``index`` now.
-    ``mem``: its ``GraphMemory``, where the caller has it (else read from ``rec``)."""
+    ``mem``: its ``GraphMemory``, where the caller has it (else read from ``rec``);
+    ``live``: the device's live bytes, where the caller knows them (else walked)."""
     if mem is None:
         mem = rec.memory
     if mem is None:
         return None
-    live = device_bytes().get(index, 0)
+    if live is None:
+        live = device_bytes().get(index, 0)
     return MemoryForecast(rec, live, live + mem.extra_bytes, config.memory_limit)
 
 
-def check_graph(rec, index: int, what: str, mem=None) -> None:
+def check_graph(rec, index: int, what: str, mem=None, live: int | None = None) -> None:
     """Before ``rec`` (a CompiledGraph) runs on xla:``index``: raise DeviceMemoryError if
-    the live buffers plus what it adds (``mem``, its ``GraphMemory``, as ``forecast``
-    takes it) would pass the limit. Notes the projected peak."""
+    the live buffers (``live``, as ``forecast`` takes it) plus what it adds (``mem``, its
+    ``GraphMemory``, likewise) would pass the limit. Notes the projected peak."""
     if mem is None:
         mem = rec.memory
-    f = forecast(rec, index, mem)
+    f = forecast(rec, index, mem, live)
     if f is None:
         return
     live, projected = f.live, f.projected
