@@ -10,7 +10,9 @@ small GPT-2 from ``transformers`` configs (random weights, no downloads), greedy
 (so every token is generated and checked for, as with a real tokenizer's), called three
 times: a prompt of 7 tokens, one of 11 (a new prompt length), and another of 11 (every
 shape seen before: the cached cost). Caches: the default dynamic
-one, and ``cache_implementation="static"``. Backends: CPU torch, xlanb lazy and eager,
+one, and ``cache_implementation="static"``. Backends: CPU torch, CPU torch through a
+tensor subclass whose ``__torch_dispatch__`` does nothing (the floor of any backend
+written in Python: torch's dispatch to Python alone), xlanb lazy and eager,
 torch_xla 2.x lazy and eager (only with ``--torch-xla``, a Python with torch_xla
 installed; keep it out of CI, it is a download of several GB). Each call reports its
 time, graphs compiled and graphs run (syncs) per token, and whether its tokens equal CPU
@@ -57,6 +59,49 @@ def _model(name: str):
     return model.eval()
 
 
+def _null_subclass():
+    """A tensor subclass whose ``__torch_dispatch__`` does nothing but unwrap, call CPU
+    torch and wrap: what torch's dispatch to Python costs any backend written in Python,
+    before it does any work of its own (the floor under xlanb's times)."""
+    import torch
+
+    class Null(torch.Tensor):
+        @staticmethod
+        def __new__(cls, elem):
+            r = torch.Tensor._make_wrapper_subclass(
+                cls, elem.size(), strides=elem.stride(), storage_offset=elem.storage_offset(),
+                dtype=elem.dtype, device=elem.device, requires_grad=False)
+            r.elem = elem
+            return r
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            def un(x):
+                if type(x) is Null:
+                    return x.elem
+                if type(x) in (list, tuple):
+                    return type(x)(un(y) for y in x)
+                return x
+            out = func(*un(args), **({k: un(v) for k, v in kwargs.items()} if kwargs else {}))
+            if type(out) is torch.Tensor:
+                return Null(out)
+            if type(out) in (list, tuple):
+                return type(out)(Null(x) if type(x) is torch.Tensor else x for x in out)
+            return out
+
+    def wrap_model(model):
+        for m in model.modules():
+            for k, v in list(m._parameters.items()):
+                if v is not None:
+                    m._parameters[k] = torch.nn.Parameter(Null(v.data), requires_grad=False)
+            for k, v in list(m._buffers.items()):
+                if v is not None:
+                    m._buffers[k] = Null(v)
+        return model
+
+    return Null, wrap_model
+
+
 def _worker(backend: str, mode: str, model_name: str, cache: str, tokens: int) -> dict:
     import torch
     model = _model(model_name)
@@ -73,7 +118,7 @@ def _worker(backend: str, mode: str, model_name: str, cache: str, tokens: int) -
     with torch.no_grad():
         want = [model.generate(p, **kw) for p in prompts]
     counts = lambda: (0, 0)  # noqa: E731
-    if backend == "cpu":
+    if backend in ("cpu", "null"):
         dev = torch.device("cpu")
     elif backend == "torch_xla":
         import torch_xla
@@ -100,13 +145,17 @@ def _worker(backend: str, mode: str, model_name: str, cache: str, tokens: int) -
                 - (c("SegmentedGraph") or 0)
             return graphs, runs
     model = model.to(dev)
+    put = lambda p: p.to(dev)  # noqa: E731
+    if backend == "null":
+        null, wrap_model = _null_subclass()
+        model, put = wrap_model(model), null
     calls = []
     for p, w in zip(prompts, want):
         c0, r0 = counts()
         t0 = time.perf_counter()
         with torch.no_grad():
-            out = model.generate(p.to(dev), **kw)
-        got = out.cpu()
+            out = model.generate(put(p), **kw)
+        got = out.elem if backend == "null" else out.cpu()
         dt = time.perf_counter() - t0
         c1, r1 = counts()
         calls.append({"s": dt, "ok": bool(torch.equal(got, w)),
@@ -128,6 +177,7 @@ def run_row(python: str, backend: str, mode: str, model: str, cache: str, tokens
 
 def rows_for(args) -> list[tuple]:
     rows = [("CPU torch", sys.executable, "cpu", "-", None),
+            ("null subclass (floor)", sys.executable, "null", "-", None),
             ("xlanb eager", sys.executable, "xlanb", "eager", None),
             ("xlanb lazy", sys.executable, "xlanb", "lazy", None)]
     if args.torch_xla:

@@ -310,3 +310,48 @@ def test_a_new_prompt_length_compiles_its_prefill_and_then_only_what_changed(sam
     # ops) and generate's own small graphs, no decode step whole (238 ops, 242 with the
     # ids' slices)
     assert [s for s in sizes if s > whole // 2] == [whole], sizes
+
+
+def _tiny_gpt2():
+    import transformers
+    cfg = transformers.GPT2Config(vocab_size=99, n_embd=32, n_layer=2, n_head=4,
+                                  n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+                                  attn_pdrop=0.0)
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+def test_a_forward_repeated_at_a_length_it_ran_compiles_nothing(count, same):
+    """Eager mode: a GPT-2 forward at a length it ran, read at the same place, comes from
+    the cache. After the first forward the view of its ids had an executable of its own
+    (the embedding's index check looked at them, op by op), so the next forward's run
+    began one op later, a new run compiled again (180 ms, where the cached run takes 5):
+    an op that opened a run opens it again."""
+    model = _tiny_gpt2()
+    ids = torch.randint(0, 99, (1, 11), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(ids).logits
+        xlanb.set_mode("eager")
+        model = model.to("xla")
+        same(model(ids.to("xla")).logits, want)
+        compiled = count("EagerRunCompile") + count("OpCompile")
+        for _ in range(3):
+            same(model(ids.to("xla")).logits, want)
+    assert count("EagerRunCompile") + count("OpCompile") == compiled
+    assert count("EagerRunCacheHit") >= 3
+
+
+def test_an_op_that_opened_a_run_opens_it_again_with_an_executable(count):
+    """The run's first op keeps opening it once a look compiled that op alone; an op
+    that tiers up because it came back in new company runs alone (test_eager_runs)."""
+    xlanb.set_mode("eager")
+    x = torch.arange(12.0).reshape(3, 4).to("xla")
+    y = (x * 1.5).tanh() + 2.0    # a run: mul opens it
+    float(y.sum())
+    assert xlanb.peek((x * 1.5) - 1.0) is not None  # the look compiles mul alone
+    runs = count("EagerRunCompile") + count("EagerRunCacheHit")
+    y = (x * 1.5).tanh() + 2.0    # mul has an executable now, and opens the run again
+    assert xlanb.pending_count() > 0
+    assert float(y.sum()) == float(((torch.arange(12.0).reshape(3, 4) * 1.5).tanh() + 2).sum())
+    assert count("EagerRunCompile") + count("EagerRunCacheHit") == runs + 1
+    assert count("EagerRunCacheHit") >= 1

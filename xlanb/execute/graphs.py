@@ -658,15 +658,15 @@ def _parts(plan: GraphPlan, device: int, run: bool) -> list | None:
     or, for an eager run, the independent pieces it swept up when one of them ran as a
     run of its own before (the same ops at the same shapes, read at other places, then
     compile nothing). A graph of a key that ran as segments before runs as the same
-    segments (``_segmented``), planned once."""
-    if config.segments:
-        shapes = _segmented.get((device, plan.key, run))
-        if shapes is not None:
-            metrics.counter("SegmentPlanHit")
-            return bind(shapes, plan)
+    segments (``_segmented``), planned once; its sighting is noted all the same (what
+    the next new shapes are compared with)."""
     varying = varying_steps(plan, device, CUT_RUN_AT if run else CUT_AT, run)  # (notes it)
     if not config.segments:
         return None
+    shapes = _segmented.get((device, plan.key, run))
+    if shapes is not None:
+        metrics.counter("SegmentPlanHit")
+        return bind(shapes, plan)
     shapes = None
     if varying:
         pieces = cut(plan, varying)
@@ -752,6 +752,7 @@ def _in_new_company(plan: GraphPlan, changed=None) -> None:
         info.seen = max(info.seen, 0) + 1
         if info.seen >= config.tier_up:
             again.append(info)
+            info.opens_run = False  # it runs alone from now on, not as a run's first op
     if again:
         lower_soon(again)
 

@@ -96,6 +96,15 @@ def varying_steps(plan: GraphPlan, device: int, cut_at: int = CUT_AT,
     # (the same loop over a wider model, earlier in the session) would otherwise mark
     # every step changed for good, and nothing would be cut again
     varying = {i for i, (a, b) in enumerate(zip(infos, last)) if a is not b}
+    # An eager run's skeleton can come back after others (an earlier op opened its runs
+    # from some token on): against its last sighting, at the same length, only a flag's
+    # fill had changed, and a decode step compiled whole (238 ops). So the steps that
+    # changed at its last comparison and are at a signature not seen twice (its ops'
+    # own sightings) count as changed too: it is cut as before, into segments the cache
+    # has. (Not all of ``by_op``: early on, every op is new, and the second decode step
+    # compiled whole.)
+    if len(seen.infos) >= 2:
+        varying |= by_op & seen.varying
     seen = _sightings[key] = Sighting((seen.infos + (infos,))[-HISTORY:], frozenset(varying))
     return seen.varying if len(seen.infos) >= cut_at else frozenset()
 

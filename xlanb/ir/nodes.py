@@ -71,7 +71,7 @@ class OpSignature:
     __slots__ = ("uid", "name", "op", "sig", "fn", "out", "multi", "n_in", "scalar_specs",
                  "device", "plan", "in_metas", "template", "view",
                  "exe", "call", "compiling", "tiering", "quick_uses", "aval_uid", "layout",
-                 "sharding", "sharded", "nbytes", "lines", "seen", "__weakref__")
+                 "sharding", "sharded", "nbytes", "lines", "seen", "opens_run", "__weakref__")
 
     def __init__(self, name: str, sig, fn: Callable, out, *, op=None, n_in: int = 0,
                  scalar_specs: tuple = (), device: int = 0, plan=None, in_metas: tuple = (),
@@ -100,6 +100,9 @@ class OpSignature:
         self.tiering = None
         self.quick_uses = 0
         self.seen = 0             # eager: runs it was in without an executable of its own
+        # eager: it opened a run, and opens one again even with an executable of its own
+        # (modes/policy.Eager._run_later)
+        self.opens_run = False
         self.aval_uid = None      # interned (shape, dtype) when used as a leaf
         self.layout = None        # the result's BaseLayout (single-output ops), made on first use
         self.sharding = None      # xlanb::mark_sharding: the NamedSharding it constrains to
