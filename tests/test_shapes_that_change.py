@@ -355,3 +355,26 @@ def test_an_op_that_opened_a_run_opens_it_again_with_an_executable(count):
     assert float(y.sum()) == float(((torch.arange(12.0).reshape(3, 4) * 1.5).tanh() + 2).sum())
     assert count("EagerRunCompile") + count("EagerRunCacheHit") == runs + 1
     assert count("EagerRunCacheHit") >= 1
+
+
+def test_an_eager_index_check_computes_small_ids_on_cpu_torch(count, same):
+    """While an eager run is open, an embedding's check of its ids (pending in the run)
+    computes them on CPU torch, as a small segment, instead of compiling their ops
+    alone: at each new prompt length of a generate call that was 8 ms an op. A bad id
+    still raises CPU torch's error before anything runs."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(40, 8)
+    raw = torch.arange(12)
+    want = emb(torch.tanh(torch.ones(3)).sum().long() + raw.view(3, 4) * 3)
+    want_after = emb(torch.tanh(torch.ones(3)).sum().long() + raw.view(3, 4))
+    xlanb.set_mode("eager")
+    emb_x, raw_x = emb.to("xla"), raw.to("xla")
+    start = torch.tanh(torch.ones(3, device="xla")).sum().long()   # opens a run
+    ids = start + raw_x.view(3, 4) * 3                               # pending in it
+    out = emb_x(ids)
+    assert count("SegmentOnHost") >= 1 and count("OpCompile") == 0
+    same(out, want)
+    bad = start + raw_x.view(3, 4) * 4                                # ids up to 46
+    with pytest.raises(IndexError, match="index out of range"):
+        emb_x(bad)
+    same(emb_x(start + raw_x.view(3, 4)), want_after)

@@ -151,7 +151,8 @@ DESCRIPTIONS = {
     "SegmentCacheHit": "segments found in the compile cache",
     "SegmentPlanHit": "segmented graphs of a key that ran as segments before, run as the "
                       "same segments without planning them again",
-    "SegmentOnHost": "small changed segments computed by CPU torch instead of compiled",
+    "SegmentOnHost": "small changed segments (and small eager index checks) computed by CPU "
+                     "torch instead of compiled",
     "SegmentOnHostTime": "time computing them there, transfers included",
     "SegmentHostRefused": "small changed segments CPU torch could not run as their "
                           "signatures say (they compile instead)",

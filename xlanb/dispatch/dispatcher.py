@@ -33,7 +33,7 @@ from .reads import to_host
 from .inplace_meta import resize_, resize_out, set_
 from ..modes import policy as mode_policy  # noqa: F401 (installs the modes)
 from ..modes.record import cast_node, output_node, apply_op, value_node, wrap_results, write
-from ..pending.realize import node_array, peek_node
+from ..pending.realize import host_look, node_array, peek_node
 from ..runtime.transfer import array_to_host
 from ..runtime.devices import device_index
 from ..ir.templates import readable_sig
@@ -562,7 +562,12 @@ def _index_range(idx: XlaTensor, ignore, measure=None):
             return _PENDING  # recorded: checked in the graph of the sync that computes it
         if state.deferred:
             # eager ops wait on background compiles: compute the index alone, as a look
-            # does (the waiting ops stay as they are), rather than run them all now
+            # does (the waiting ops stay as they are), rather than run them all now;
+            # a small one on CPU torch, where its ops would compile alone
+            if idx.numel() <= _CHECKED_INDEX_MAX:
+                host = host_look(value_node(idx))
+                if host is not None:
+                    return host_range(host, ignore, measure)
             arr = peek_node(value_node(idx))
             if idx.numel() <= _CHECKED_INDEX_MAX:
                 return host_range(array_to_host(arr), ignore, measure)

@@ -67,9 +67,11 @@ def fits_host(plan: GraphPlan) -> bool:
     return total <= limit
 
 
-def run_on_host(plan: GraphPlan, arrays: list, device: int) -> list | None:
+def run_on_host(plan: GraphPlan, arrays: list, device: int, to_device: bool = True
+                ) -> list | None:
     """The roots' device arrays of segment ``plan`` computed by CPU torch from its leaf
-    ``arrays``; None if CPU torch refuses it (then it compiles, and is not tried again)."""
+    ``arrays`` (with ``to_device`` False, the CPU tensors); None if CPU torch refuses it
+    (then it compiles, and is not tried again)."""
     t0 = time.perf_counter()
     vals = [array_to_host(a) for a in arrays]
     k = 0
@@ -105,7 +107,8 @@ def run_on_host(plan: GraphPlan, arrays: list, device: int) -> list | None:
         return None
     finally:
         torch.set_num_threads(threads)
-    outs = [host_to_device(vals[p].contiguous(), device) for p in plan.root_pos]
+    outs = [vals[p] if not to_device else host_to_device(vals[p].contiguous(), device)
+            for p in plan.root_pos]
     metrics.counter("SegmentOnHost")
     metrics.record("SegmentOnHostTime", time.perf_counter() - t0)
     return outs

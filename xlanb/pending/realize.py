@@ -20,7 +20,8 @@ from ..values.fills import settled_if_empty
 from ..values.memory import sample
 from ..execute.nans import check_run, raise_deferred
 from ..execute.opbyop import run_plan_op_by_op
-from ..executables.prefix import prefix_value
+from ..executables.prefix import missing_ops, prefix_value
+from ..execute.host import fits_host, run_on_host
 from ..ir.nodes import Node, plan_graph
 from ..runtime.jit import later_held
 from ..values.peeks import peek_values
@@ -162,6 +163,22 @@ def peek_node(node: Node):
     if pending_index_checks:  # a look never shows what XLA made of a bad index
         check_looked(peek_values)
     return arr
+
+
+def host_look(node: Node):
+    """``node``'s value as a CPU tensor computed by CPU torch without changing any pending
+    graph, when its pending work is small enough for a host segment
+    (``execute/host.py``) and some of its ops have no executable: an eager index check
+    (the ids an embedding reads, while a run is open) compiled those ops alone, 8 ms
+    each, at every new prompt length. None otherwise (a look computes it)."""
+    if node.data is not None or failed_nodes:
+        return None
+    plan = plan_graph([node], known=peek_values)
+    if not plan.steps or not missing_ops(plan) or not fits_host(plan):
+        return None
+    arrays = [n.data if n.data is not None else peek_values[id(n)] for n in plan.leaves]
+    outs = run_on_host(plan, arrays, plan.steps[-1][0].device, to_device=False)
+    return None if outs is None else outs[0]
 
 
 def node_array(node: Node, cause: str = "value needed"):
