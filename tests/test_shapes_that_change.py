@@ -372,7 +372,10 @@ def test_an_eager_index_check_computes_small_ids_on_cpu_torch(count, same):
     start = torch.tanh(torch.ones(3, device="xla")).sum().long()   # opens a run
     ids = start + raw_x.view(3, 4) * 3                               # pending in it
     out = emb_x(ids)
-    assert count("SegmentOnHost") >= 1 and count("OpCompile") == 0
+    # no look compiled the ids' ops (an op may still come from the store, counted
+    # OpCompile, when an earlier test stored it)
+    assert count("SegmentOnHost") >= 1
+    assert count("OpQuickCompile") == 0 and count("PeekCompile") == 0
     same(out, want)
     bad = start + raw_x.view(3, 4) * 4                                # ids up to 46
     with pytest.raises(IndexError, match="index out of range"):
