@@ -667,7 +667,6 @@ def _parts(plan: GraphPlan, device: int, run: bool) -> list | None:
     if shapes is not None:
         metrics.counter("SegmentPlanHit")
         return bind(shapes, plan)
-    shapes = None
     if varying:
         pieces = cut(plan, varying)
         if len(pieces) > 1:
@@ -718,9 +717,7 @@ def _run_segments(plan: GraphPlan, segments: list, device: int, cause: str, src,
         rec, fresh = compiled_graph(seg.plan, device, cause, src, quick=run, prev=prev,
                                     growth=(growth or "") if seg.changed else "",
                                     reshaped=seg.changed)
-        if fresh and seg.changed:
-            if shape_key is None:
-                shape_key = (device, skeleton(plan))
+        if fresh and seg.changed:  # (so new_change: shape_key is set)
             _segment_prev[(shape_key, i)] = rec
         metrics.counter("SegmentCompile" if fresh else "SegmentCacheHit")
         outs = _run_found(rec, fresh, [vals[p] for p in seg.inputs], seg.plan, cause, src, run,

@@ -382,9 +382,3 @@ def bind(shapes: list[SegmentShape], plan: GraphPlan) -> list[Segment]:
         out.append(Segment(GraphPlan(s.key, leaves, scalars, s.steps, op_nodes, roots,
                                      s.root_pos), s.inputs, s.outputs, s.changed))
     return out
-
-
-def segment_plans(plan: GraphPlan, segments: list[list[int]], varying: frozenset
-                  ) -> list[Segment]:
-    """Each segment's own plan (``segment_shapes``, bound to ``plan``'s nodes)."""
-    return bind(segment_shapes(plan, segments, varying), plan)
