@@ -167,26 +167,47 @@ def test_a_transfer_that_loses_64_bits_is_done_again(monkeypatch):
     """JAX's 64-bit setting lost inside xlanb's own x64 block (seen twice in CI, cause
     not found: runtime/transfer.put) must not hand an int64 tensor an int32 array: the
     copy is checked and done again, said once and counted. The loss is simulated: the
-    first device_put canonicalizes as JAX does with the setting off."""
-    import jax
+    first copy canonicalizes as JAX does with the setting off."""
     import numpy as np
     from xlanb.runtime import transfer
-    real = jax.device_put
+    real = transfer._put_once
     calls = []
 
-    def put_once_without_x64(a, *args, **kwargs):
+    def put_once_without_x64(a, dev):
         calls.append(a.dtype)
         if len(calls) == 1:
             a = a.astype(np.int32)
-        return real(a, *args, **kwargs)
+        return real(a, dev)
 
-    monkeypatch.setattr(transfer.jax, "device_put", put_once_without_x64)
+    monkeypatch.setattr(transfer, "_put_once", put_once_without_x64)
     before = xlanb.metrics.counter_value("X64Lost") or 0
     with pytest.warns(RuntimeWarning, match="reached the device as int32"):
         x = torch.tensor([2**40, 3]).to("xla")
-    monkeypatch.setattr(transfer.jax, "device_put", real)
+    monkeypatch.setattr(transfer, "_put_once", real)
     assert xlanb.metrics.counter_value("X64Lost") == before + 1 and len(calls) == 2
     assert x.dtype == torch.int64 and (x + 1).tolist() == [2**40 + 1, 4]
+
+
+def test_the_one_array_copy_keeps_every_dtype_without_the_x64_block():
+    """runtime/transfer's copy onto the device goes through ``jax_compat.single_device_put``
+    (JAX's one-array call; ``jax.device_put`` cost 100-130 us a copy inside a generate
+    loop) for this JAX, and keeps each dtype torch has, 64-bit ones included, with no
+    ``jax.enable_x64`` block around it."""
+    import jax
+    import ml_dtypes
+    import numpy as np
+    from xlanb.runtime import transfer
+    from xlanb.runtime.devices import jax_device
+    torch.zeros(1).to("xla")  # (the copy made once)
+    assert transfer._fast and transfer._fast[0] is not None
+    assert not jax.config.jax_enable_x64
+    for a in (np.array([2**40, -3], np.int64), np.array([1.5, 2.0**-30], np.float64),
+              np.array([True, False]), np.arange(6, dtype=np.uint8).reshape(2, 3),
+              np.array([1.5, -2], ml_dtypes.bfloat16), np.zeros((0, 4), np.float32)):
+        with jax.enable_x64(False):
+            out = transfer._put_once(a, jax_device(0))
+        assert out.dtype == a.dtype and out.shape == a.shape
+        assert np.array_equal(np.asarray(out), a)
 
 
 def test_jax_x64_not_enabled_globally_fresh_process(python_child):

@@ -72,6 +72,50 @@ def test_a_growing_cache_compiles_only_the_segments_whose_shapes_changed(no_host
         xlanb.metrics.counter_value("SegmentedGraph") >= 4
 
 
+def _kv_layer(h, w, k_cache, v_cache):
+    """Attention's order in a transformers layer: the key cache's cat and the scores,
+    then the value projection (fixed shapes, reads nothing of them), then the value
+    cache's cat and the weighted sum."""
+    k_cache = torch.cat([k_cache, torch.sigmoid(h @ w)])            # grows by one row
+    att = torch.softmax(h @ k_cache.t() * 0.3, dim=-1)              # (1, n): changes
+    v = torch.tanh(h @ w.t()) * 0.5 + 0.1                          # fixed
+    v_cache = torch.cat([v_cache, v])                               # grows by one row
+    out = att @ v_cache                                             # changed inputs
+    return torch.relu(out @ w) + h, k_cache, v_cache
+
+
+@pytest.mark.parametrize("mode", ["lazy", "eager"])
+def test_the_value_projection_runs_before_the_attention_so_it_compiles_once(
+        no_host, same, mode):
+    """The value projection, recorded between the two caches' cats, runs with the fixed
+    ops before them: one changed segment a step, not two (each a compile at every new
+    length, and a crossing to CPU torch and back where it runs there)."""
+    width = {"lazy": 16, "eager": 12}[mode]  # (no segment shared with the other mode)
+
+    def steps(dev, n):
+        torch.manual_seed(0)
+        w = torch.randn(width, width).to(dev) * 0.3
+        h = torch.randn(1, width).to(dev)
+        kc, vc = torch.randn(3, width).to(dev), torch.randn(3, width).to(dev)
+        outs, compiles = [], []
+        for _ in range(n):
+            before = xlanb.metrics.counter_value("SegmentCompile") or 0
+            h, kc, vc = _kv_layer(h, w, kc, vc)
+            h = h / (h.abs().max() + 1)
+            outs.append(h)
+            if dev != "cpu":
+                float(h.sum())
+                compiles.append((xlanb.metrics.counter_value("SegmentCompile") or 0) - before)
+        return outs, compiles
+    want, _ = steps("cpu", 8)
+    with xlanb.mode(mode):
+        got, compiles = steps("xla", 8)
+    for g, w in zip(got, want):
+        same(g, w)
+    # cut, from the fifth step on: only its one changed segment is new at each length
+    assert compiles[4:] == [1, 1, 1, 1], compiles
+
+
 def test_a_segments_memory_check_counts_the_live_bytes_a_walk_would(no_host, monkeypatch):
     """A segmented graph walks the live buffers once; each segment's memory check takes
     that figure plus the earlier segments' outputs: what a walk would find there."""

@@ -250,10 +250,12 @@ def bucket_choices(sizes: tuple) -> str:
 
 
 def cut(plan: GraphPlan, varying: frozenset) -> list[list[int]]:
-    """The segments of ``plan`` (lists of step indices, in an order that runs): stretches
-    of steps alternately changed and unchanged, short unchanged stretches joined to
-    their changed neighbours; a getitem goes with the step it picks from (a
-    multi-output value never crosses segments). One segment: nothing to cut."""
+    """The segments of ``plan`` (lists of step indices, each in order, the segments in an
+    order that runs): stretches of steps alternately changed and unchanged, short
+    unchanged stretches joined to their changed neighbours, and an unchanged stretch
+    that reads nothing of the changed one before it run with the unchanged one before
+    that (``_hoisted``); a getitem goes with the step it picks from (a multi-output
+    value never crosses segments). One segment: nothing to cut."""
     n = len(plan.steps)
     changed = [i in varying for i in range(n)]
     i = 0
@@ -276,7 +278,31 @@ def cut(plan: GraphPlan, varying: frozenset) -> list[list[int]]:
     segments: list[list[int]] = [[] for _ in range(max(seg_of, default=-1) + 1)]
     for k, s in enumerate(seg_of):
         segments[s].append(k)
-    return [s for s in segments if s]
+    return _hoisted(plan, [s for s in segments if s], changed)
+
+
+def _hoisted(plan: GraphPlan, segments: list[list[int]], changed: list) -> list[list[int]]:
+    """``segments`` (alternately changed and unchanged) with each unchanged one that
+    reads nothing of the changed one before it moved into the unchanged one before
+    that, so the changed ones around it run as one: a layer's value projection, recorded
+    between its key cache's cat and attention and its value cache's cat, ran apart and
+    split the attention over the cache in two (a tiny Llama's decode step: 16 segments,
+    8 of them CPU torch's; 11 so, 5 of them). Whole stretches move, so a step whose signature
+    starts or stops changing moves the cut only near it; each step's inputs still come
+    from its own or an earlier segment."""
+    n_leaves = len(plan.leaves)
+    out: list[list[int]] = []
+    for seg in segments:
+        if len(out) >= 2 and not changed[seg[0]] and changed[out[-1][0]]:
+            last = {k + n_leaves for k in out[-1]}  # its values' positions
+            if not any(p in last for k in seg for p in plan.steps[k][1]):
+                out[-2] = sorted(out[-2] + seg)
+                continue
+        if out and changed[out[-1][0]] == changed[seg[0]]:
+            out[-1] = out[-1] + seg  # two changed stretches, now next to each other
+            continue
+        out.append(seg)
+    return out
 
 
 def components(plan: GraphPlan) -> list[list[int]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 __all__ = ["mlir_module", "backends_started", "initialize_lapack", "source_info",
            "locations_frame_limit",
            "hlo_module_cost_analysis", "distributed_client", "exit_handlers_to_skip",
-           "shutdown_distributed"]
+           "shutdown_distributed", "single_device_put"]
 
 
 def mlir_module():
@@ -93,3 +93,29 @@ def shutdown_distributed() -> None:
             distributed.shutdown()
     except Exception:  # noqa: BLE001 - the process ends either way
         pass
+
+
+def single_device_put():
+    """``(numpy array, device) -> jax.Array``: one host array copied onto one device with
+    its own dtype (int64 stays int64 whatever this thread's x64 setting), by the call
+    ``jax.device_put`` ends in (``pxla.batched_device_put``), or None where JAX moved it.
+    ``jax.device_put`` itself took 100-130 us a host segment's result inside a generate
+    loop, where this call takes 8-12 us (its flattening, sharding checks and dispatch
+    are for pytrees and shardings; runtime/transfer.py has one array and one device)."""
+    try:
+        from jax._src import core
+        from jax._src.interpreters import pxla
+        from jax.sharding import SingleDeviceSharding
+        batched = pxla.batched_device_put
+        shaped = core.ShapedArray
+    except (ImportError, AttributeError):
+        return None
+    shardings: dict = {}
+
+    def put(arr, dev):
+        sharding = shardings.get(dev)
+        if sharding is None:
+            sharding = shardings[dev] = SingleDeviceSharding(dev)
+        return batched(shaped(arr.shape, arr.dtype), sharding, [arr], [dev], True,
+                       enable_x64=True)
+    return put

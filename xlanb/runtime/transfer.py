@@ -40,7 +40,9 @@ def host_to_device(cpu: torch.Tensor, device: int):
 
 
 def put(arr: np.ndarray, dev):
-    """``jax.device_put`` of a host array, keeping its dtype (x64 on: int64 stays int64).
+    """A host array copied onto ``dev``, keeping its dtype (x64 on: int64 stays int64):
+    by the one-array call of ``jax_compat.single_device_put`` where JAX has it, else by
+    ``jax.device_put``.
 
     CI twice had an int64 index come back int32 from here, inside this very x64 block,
     on the main thread (a later graph then refused it); never reproduced alone, with the
@@ -50,8 +52,7 @@ def put(arr: np.ndarray, dev):
     checked, and a lost setting is said once, counted (``X64Lost``), and the copy done
     again rather than handed on with the wrong dtype."""
     for attempt in (1, 2):
-        with jax.enable_x64(True):
-            data = jax.device_put(arr, dev)
+        data = _put_once(arr, dev)
         if data.dtype == arr.dtype:
             return data
         if attempt == 1:
@@ -63,6 +64,22 @@ def put(arr: np.ndarray, dev):
                               "again (metrics: X64Lost)", RuntimeWarning, stacklevel=3)
     raise RuntimeError(f"xlanb: a {arr.dtype} host array reached the device as "
                        f"{data.dtype} twice: JAX's 64-bit setting is off on this thread")
+
+
+_fast: list = []  # [the single-array put of jax_compat, or None]; made at first use
+
+
+def _put_once(arr: np.ndarray, dev):
+    if not _fast:
+        from .jax_compat import single_device_put
+        _fast.append(single_device_put())
+    if _fast[0] is not None:
+        try:
+            return _fast[0](arr, dev)
+        except (TypeError, AttributeError):  # JAX changed the call: jax.device_put from now on
+            _fast[0] = None
+    with jax.enable_x64(True):
+        return jax.device_put(arr, dev)
 
 
 def array_to_host(arr) -> torch.Tensor:
