@@ -425,3 +425,30 @@ def test_an_eager_index_check_computes_small_ids_on_cpu_torch(count, same):
     with pytest.raises(IndexError, match="index out of range"):
         emb_x(bad)
     same(emb_x(start + raw_x.view(3, 4)), want_after)
+
+
+def test_a_small_integer_run_at_new_shapes_runs_on_cpu_torch_and_a_float_one_compiles(count, same):
+    """generate's attention mask and stopping check at a new prompt length: integers only,
+    exact on every backend, so an eager run of them whose shapes changed compiles
+    nothing; the same ops on floats compile (the device's rounding is what eager shows)."""
+    xlanb.set_mode("eager")
+
+    def mask(ids):
+        keep = torch.isin(ids, torch.tensor([0, 7], device=ids.device)).logical_not()
+        return (keep.long().cumsum(-1) - 1).masked_fill(~keep, 1)
+
+    def scaled(x):
+        return (x * 1.5 + 0.25).cumsum(-1) - 1
+
+    for n in (5, 6):  # first sight compiles; the second shape too is the first at it
+        ids_cpu = torch.randint(0, 9, (1, 40 + n))
+        same(mask(ids_cpu.to("xla")), mask(ids_cpu), exact=True)
+    runs, host = count("EagerRunCompile"), count("SegmentOnHost")
+    for n in (7, 8, 9):
+        ids_cpu = torch.randint(0, 9, (1, 40 + n))
+        same(mask(ids_cpu.to("xla")), mask(ids_cpu), exact=True)
+    assert count("EagerRunCompile") == runs and count("SegmentOnHost") - host == 3
+    for n in (5, 6, 7):
+        x_cpu = torch.randn(1, 40 + n)
+        same(scaled(x_cpu.to("xla")), scaled(x_cpu))
+    assert count("EagerRunCompile") - runs == 3 and count("SegmentOnHost") - host == 3

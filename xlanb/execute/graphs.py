@@ -39,7 +39,7 @@ from ..values.memory import (GraphMemory, check_graph, device_bytes, device_oom,
 from ..executables.resident import admit_graph
 from ..executables.stages import GraphLowering, kept_shardings, mesh_leaves, sharding_of
 from ..executables.target import check_target_fit, start_target_compile
-from .host import fits_host, run_on_host
+from .host import exact_only, fits_host, run_on_host
 
 @dataclass
 class CompiledGraph:
@@ -638,6 +638,14 @@ def run_plan_as_graph(plan: GraphPlan, device: int, cause: str, src, placed=None
             return _run_segments(plan, parts, device, cause, src, run)
         seen = sighting(plan, device)
         reshaped = seen is not None and len(seen.infos) > 1
+        if run and reshaped and exact_only(plan) and fits_host(plan):
+            # a small eager run of integers whose shapes changed (generate's attention
+            # mask and stopping check at a new prompt length, 70 ms of compiles): CPU
+            # torch's values are the device's exactly. Not a lazy graph (its compiles are
+            # what a user inspects), nor floats (a device's rounding is what eager shows)
+            outs = run_on_host(plan, [n.data for n in plan.leaves], device)
+            if outs is not None:
+                return outs
         if reshaped:  # its shapes changed: name what grows
             growth = growth_text(growths(plan, seen))
             # (explained against the last graph from its line, as any graph is; strict

@@ -67,6 +67,21 @@ def fits_host(plan: GraphPlan) -> bool:
     return total <= limit
 
 
+def exact_only(plan: GraphPlan) -> bool:
+    """Whether every value of ``plan`` (leaves and results) is an integer or a boolean:
+    arithmetic that every backend computes exactly, so CPU torch's values are the
+    device's, bit for bit (generate's attention mask and stopping checks)."""
+    for n in plan.leaves:
+        if leaf_meta(n).dtype.is_floating_point or leaf_meta(n).dtype.is_complex:
+            return False
+    for info, _ in plan.steps:
+        metas = [info.out] if isinstance(info.out, TensorMeta) else list(info.out)
+        for m in metas:
+            if not isinstance(m, TensorMeta) or m.dtype.is_floating_point or m.dtype.is_complex:
+                return False
+    return True
+
+
 def run_on_host(plan: GraphPlan, arrays: list, device: int, to_device: bool = True
                 ) -> list | None:
     """The roots' device arrays of segment ``plan`` computed by CPU torch from its leaf
