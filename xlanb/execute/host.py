@@ -13,7 +13,8 @@ to, so its values are the right ones. Not for random ops (xlanb's keys are its o
 arguments address storage, not values), nor xlanb's own ops; a segment that CPU torch
 refuses, or whose results differ in shape or dtype from the signatures', compiles as
 before and is not tried again. An ``empty`` is zeros, as on the device. Counted
-``SegmentOnHost``.
+``SegmentOnHost``. A whole small eager run whose shapes changed runs here too when its
+every value is an integer (``exact_only``: no device rounding to hide).
 """
 from __future__ import annotations
 
@@ -71,15 +72,11 @@ def exact_only(plan: GraphPlan) -> bool:
     """Whether every value of ``plan`` (leaves and results) is an integer or a boolean:
     arithmetic that every backend computes exactly, so CPU torch's values are the
     device's, bit for bit (generate's attention mask and stopping checks)."""
-    for n in plan.leaves:
-        if leaf_meta(n).dtype.is_floating_point or leaf_meta(n).dtype.is_complex:
-            return False
+    metas = [leaf_meta(n) for n in plan.leaves]
     for info, _ in plan.steps:
-        metas = [info.out] if isinstance(info.out, TensorMeta) else list(info.out)
-        for m in metas:
-            if not isinstance(m, TensorMeta) or m.dtype.is_floating_point or m.dtype.is_complex:
-                return False
-    return True
+        metas += [info.out] if isinstance(info.out, TensorMeta) else list(info.out)
+    return all(isinstance(m, TensorMeta) and not (m.dtype.is_floating_point or m.dtype.is_complex)
+               for m in metas)
 
 
 def run_on_host(plan: GraphPlan, arrays: list, device: int, to_device: bool = True
