@@ -61,9 +61,12 @@ def _plan(op) -> OpPlan:
                 and getattr(op, "namespace", None) == "prims" \
                 and getattr(op, "impl_aten", None) is not None:
             plan.special = _prim_as_aten  # prims.conj, prims.real, ... (torch._refs call them)
-        if plan.special is None and plan.kind == "functional" \
+        # functional ops and views (a third of a decode step's ops, each a new tensor
+        # over its input's storage) take the fast path; an absolute view's signature
+        # holds its offsets, which the fast path's key does not
+        if plan.special is None and plan.kind in ("functional", "view") \
                 and (plan.lowering is not None or plan.decomp is not None) \
-                and plan.name not in _HOST_INDICES_OK \
+                and plan.name not in _HOST_INDICES_OK and plan.name not in _ABSOLUTE_VIEWS \
                 and plan.name not in INDEX_RULES:  # indexing checks its indices
             plan.fast = {}
     return plan
@@ -113,6 +116,10 @@ def torch_dispatch(cls, func, types, args=(), kwargs=None):
             else:  # add(y, alpha=0.5): keyword scalars, in the schema's order
                 info = fast.get(_fast_kw_key(tuple(sig_args), kwargs, tensors, scalars, plan.lift))
             if info is not None:
+                if plan.kind == "view":
+                    if session.recorder is not None:
+                        session.recorder.saw(tensors)
+                    return _view_result(func, info, tensors[0])
                 return _functional(plan, info, tensors, scalars)
     return _dispatch_general(plan, func, args, kwargs if kwargs is not None else {})
 

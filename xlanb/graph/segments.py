@@ -124,6 +124,11 @@ def varying_steps(plan: GraphPlan, device: int, cut_at: int = CUT_AT,
 _op_sightings: dict = cache({}, "(device, op, line, scope, occurrence) -> {uid of each "
                             "latest OpSignature: times seen}", group="graphs")
 OP_SHAPES_KEPT = 8
+# A run noted twice has every op at a signature seen twice: nothing changed, and noting
+# it again changes no answer (a cached generate call repeats a decode step's segmented
+# runs each token: 2 of its 8 ms of planning).
+_ops_noted: dict = cache({}, "(device, graph key) -> times varying_ops noted that run",
+                         group="graphs")
 
 
 def varying_ops(plan: GraphPlan, device: int) -> frozenset:
@@ -131,6 +136,10 @@ def varying_ops(plan: GraphPlan, device: int) -> frozenset:
     made; the steps at a signature their op has not had twice lately (new ops
     included), if one of them has had other signatures (else empty: a new run compiles
     whole)."""
+    noted = _ops_noted.get((device, plan.key), 0)
+    if noted >= 2:
+        return frozenset()
+    _ops_noted[(device, plan.key)] = noted + 1
     changed, grows = set(), False
     count: dict = {}
     for k, ((info, _), node) in enumerate(zip(plan.steps, plan.op_nodes)):
