@@ -66,7 +66,8 @@ def single_op_options(device: int):
 # contracted it, and into the fusion that wrote the tensor out, which did not, so
 # take_along_dim(t, i) was not t[i] within one executable (PyTorch's test_take_along_dim
 # in eager mode). With the emitters every fusion rounded the same.
-_QUICK_CPU = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+_QUICK_CPU = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
+              "xla_cpu_experimental_ynn_fusion_type": "", "xla_cpu_use_xnnpack": False}
 # XLA:CPU ignores JAX's effort options (exec_time_optimization_effort,
 # optimization_level): measured, no quicker.
 
