@@ -153,29 +153,6 @@ def test_an_eager_run_compiles_only_its_changed_ops(no_host, same):
     assert late and max(late) <= 8 < whole, (late, whole)
 
 
-@pytest.mark.parametrize("mode", ["lazy", "eager"])
-def test_a_segment_that_comes_back_tiers_up_at_its_third_run(no_host, same, mode):
-    """A decode step's unchanged segments come back at every token: each starts its
-    optimized compile at its third run and is swapped in when ready, not after it has
-    run as long as its quick compile took (hundreds of runs for a small segment)."""
-    width = 10 if mode == "lazy" else 11  # (shapes no other test makes)
-    want, _, _ = _steps("cpu", 12, width=width)
-    xlanb.set_mode(mode)
-    got, _, _ = _steps("xla", 8, width=width)
-    segs = [g for g in xlanb.graphs() if g.segment and g.hits >= 2]
-    assert segs, [(g.n_nodes, g.segment, g.hits) for g in xlanb.graphs()]
-    # each came back twice or more: its optimized compile has started, at run 3, though
-    # it has run for far less time than its quick compile took
-    assert all(g._tiering is not None for g in segs), [(g.hits, g.run_time) for g in segs]
-    assert any(g.run_time < g.quick_compile_s for g in segs)
-    for g in segs:
-        g._tiering.result(timeout=120)
-    assert not any(g.quick for g in segs)  # swapped in, nobody waited at a fixed run
-    got2, _, _ = _steps("xla", 12, width=width)
-    for g, w in zip(got + got2, want[:8] + want):
-        same(g, w)
-
-
 def test_a_step_whose_shapes_never_change_stays_one_graph(count):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))

@@ -517,7 +517,6 @@ def _compile_graph(build: Build, keep: bool = True):
 
 
 QUICK_BIG_S = 0.5  # a quick compile this long: a big graph (see run_plan_as_graph)
-SEGMENT_TIER_UP_HITS = 2  # a small segment's optimized compile starts at its third run
 
 
 def _big(compile_s: float) -> bool:
@@ -829,15 +828,11 @@ def _tier_up_now(rec: CompiledGraph, eager_run: bool):
     steps. A graph that runs once or twice (a notebook cell, a test) never pays for it.
     A small eager run's pays once it has run for as long as its quick compile took (one
     that runs in microseconds never tiers up), and takes the quick one's place when
-    ready: nobody waits for it. So does a small segment's (a graph whose shapes change,
-    graph/segments.py): waited for at a fixed run, each new segment of a ``generate``
-    call stalled its third token for its optimized compile (1.9 s in a 2.4 s call of the
-    tiny Llama, loaded). But a segment's starts at its third run
-    (``SEGMENT_TIER_UP_HITS``): one that comes back comes back at every token, and its
-    quick code ran 3-4x slower for the ~200 runs the run-time rule waited."""
+    ready: nobody waits for it. So does a small segment's (a lazy graph whose shapes
+    change, graph/segments.py): waited for at a fixed run, each new segment of a
+    ``generate`` call stalled its third token for its optimized compile (1.9 s in a
+    2.4 s call of the tiny Llama, loaded)."""
     if (eager_run or rec.segment) and not _big(rec.quick_compile_s):
-        if rec.segment and rec.hits >= SEGMENT_TIER_UP_HITS:
-            return True
         return True if rec.run_time >= rec.quick_compile_s else None
     if rec._tiering is None:
         return False
