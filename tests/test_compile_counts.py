@@ -326,6 +326,9 @@ def test_a_quick_lazy_graph_loaded_from_the_store_tiers_up_at_its_third_run(monk
     from xlanb import config
     from xlanb.execute import graphs
     monkeypatch.setattr(config, "store_dir", str(tmp_path))
+    # a small graph whatever the load: a quick compile past QUICK_BIG_S (a busy machine)
+    # would make it a big one, whose quick executable is not stored
+    monkeypatch.setattr(graphs, "QUICK_BIG_S", 60.0)
     xlanb.set_mode("lazy")
     cpu = torch.randn(3, 1009)
     x = cpu.to("xla")
