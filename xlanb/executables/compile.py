@@ -66,6 +66,8 @@ def single_op_options(device: int):
 # contracted it, and into the fusion that wrote the tensor out, which did not, so
 # take_along_dim(t, i) was not t[i] within one executable (PyTorch's test_take_along_dim
 # in eager mode). With the emitters every fusion rounded the same.
+# YNNPACK and XNNPACK off: YNNPACK builds its pipeline at an executable's first run (11
+# against 0.5-0.9 ms for a small one), which the quick tier's graphs often have only once.
 _QUICK_CPU = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
               "xla_cpu_experimental_ynn_fusion_type": "", "xla_cpu_use_xnnpack": False}
 # XLA:CPU ignores JAX's effort options (exec_time_optimization_effort,
