@@ -15,7 +15,7 @@ from ..graph.summary import aval_text
 from ..ir.nodes import OpSignature, info_digest
 from ..runtime import store
 from ..runtime.devices import jax_device
-from ..runtime.jit import compile_lowered, lower_jitted
+from ..runtime.jit import YNN_OFF, compile_lowered, lower_jitted
 from .resident import reserve
 
 _F64 = np.dtype(np.float64)
@@ -69,7 +69,7 @@ def single_op_options(device: int):
 # YNNPACK and XNNPACK off: YNNPACK builds its pipeline at an executable's first run (11
 # against 0.5-0.9 ms for a small one), which the quick tier's graphs often have only once.
 _QUICK_CPU = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
-              "xla_cpu_experimental_ynn_fusion_type": "", "xla_cpu_use_xnnpack": False}
+              **YNN_OFF}
 # XLA:CPU ignores JAX's effort options (exec_time_optimization_effort,
 # optimization_level): measured, no quicker.
 

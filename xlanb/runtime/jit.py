@@ -112,7 +112,7 @@ def compile_lowered(lowered, *, metric: str, compiler_options=None, lower_s: flo
     try:
         options = compiler_options
         platform = platform_of(lowered)
-        if platform == "cpu" and (options or {}).get(_YNN) != "" and sums_a_broadcast(lowered):
+        if platform == "cpu" and (options or {}).get(_YNN) != YNN_OFF[_YNN] and sums_a_broadcast(lowered):
             metrics.counter("YnnDotsOnly")
             options = {**(options or {}), **YNN_DOTS_ONLY}
         # the compiler's own phase times, kept per executable (compile_profile.py)
@@ -145,8 +145,10 @@ def platform_of(lowered) -> str | None:
 # where a reduce can fuse with a broadcast compiles with YNNPACK for dots only. That is
 # decided from the module before compiling (compiling, reading the executable's fusions
 # and compiling again doubled the BERT step's compile: 2.6 -> 7.2 s).
-_YNN = "xla_cpu_experimental_ynn_fusion_type"  # "": YNNPACK off (the quick tiers)
+_YNN = "xla_cpu_experimental_ynn_fusion_type"
 YNN_DOTS_ONLY = {_YNN: "LIBRARY_FUSION_TYPE_DOT"}
+# Both libraries off (the quick tiers, executables/compile.py): nothing to restrict.
+YNN_OFF = {_YNN: "", "xla_cpu_use_xnnpack": False}
 # Ops XLA:CPU never fuses into a reduce's input: a broadcast before one cannot reach it.
 _FUSION_BARRIERS = frozenset(
     "stablehlo." + n for n in ("dot_general", "convolution", "reduce", "reduce_window", "sort",
