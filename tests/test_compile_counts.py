@@ -287,6 +287,54 @@ def test_a_lazy_graph_runs_quick_twice_then_its_optimized_executable():
     assert _lowerings() == lowered0 + 1
 
 
+def test_a_lazy_graph_that_comes_back_among_others_tiers_up_when_it_has_run_as_long_as_it_compiled():
+    """A lazy graph whose second run comes many graph runs after its first (a generate
+    call's prefill at a prompt length seen before) is not a loop's body: no optimized
+    compile starts at its second run, and its third does not wait for one. Once it has
+    run as long as its quick compile took, its optimized compile starts and is swapped in
+    when ready, as a small eager run's is. A graph run back to back keeps the fixed run
+    (the test above). Values stay CPU torch's at every run."""
+    import concurrent.futures
+    import time
+    from xlanb.execute import graphs
+    xlanb.set_mode("lazy")
+    cpu = torch.randn(3, 1019)
+    x = cpu.to("xla")
+    xlanb.sync()
+    want = (cpu * 0.5 - 1.0).sin().sum(dim=1)
+
+    def prefill():
+        out = (x * 0.5 - 1.0).sin().sum(dim=1)
+        xlanb.sync()
+        return out
+
+    def others():  # more graph runs than LOOP_GAP, all of one other small graph
+        y = x[:1] * 1.0
+        for _ in range(graphs.LOOP_GAP + 1):
+            y = y + 1.0
+            xlanb.sync()
+        torch.testing.assert_close(y.cpu(), cpu[:1] + graphs.LOOP_GAP + 1.0)
+
+    torch.testing.assert_close(prefill().cpu(), want)
+    g = xlanb.graphs()[-1]
+    assert g.quick and not g.occasional
+    others()
+    torch.testing.assert_close(prefill().cpu(), want)
+    assert g.occasional and g.quick and g._tiering is None  # nothing compiles for it yet
+    others()
+    torch.testing.assert_close(prefill().cpu(), want)
+    assert g.quick and g._tiering is None  # its third run waited for nothing
+    g.run_time = g.quick_compile_s  # as if it had run as long as it compiled
+    torch.testing.assert_close(prefill().cpu(), want)
+    assert g._tiering is not None
+    concurrent.futures.wait([g._tiering])
+    deadline = time.monotonic() + 30  # (the swap is the future's callback: just after)
+    while g.quick and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not g.quick  # swapped in when ready, with no run waiting for it
+    torch.testing.assert_close(prefill().cpu(), want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_big_lazy_graph_stores_its_optimized_executable_not_its_quick_one(monkeypatch,
                                                                            tmp_path):
     """A lazy graph whose quick compile took long (a training step) starts its optimized
