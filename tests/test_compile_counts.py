@@ -343,6 +343,7 @@ def test_a_big_lazy_graph_stores_its_optimized_executable_not_its_quick_one(monk
     from xlanb import config
     from xlanb.execute import graphs
     monkeypatch.setattr(graphs, "QUICK_BIG_S", 0.0)  # every graph counts as big
+    monkeypatch.setattr(graphs, "QUICK_BIG_RUN_S", 0.0)
     monkeypatch.setattr(config, "store_dir", str(tmp_path))
     xlanb.set_mode("lazy")
     cpu = torch.randn(4, 1021)
@@ -364,6 +365,37 @@ def test_a_big_lazy_graph_stores_its_optimized_executable_not_its_quick_one(monk
     assert c("QuickCompile") == quick0 and _lowerings() == lowered0  # nothing compiled
     assert c("PersistentCacheHit") == hits0 + 1 and not xlanb.graphs()[-1].quick
     torch.testing.assert_close(z.cpu(), (cpu * 0.5 - 1.0).exp().sum(dim=0))
+
+
+def test_a_long_quick_compile_with_a_short_first_run_is_not_a_big_graph(monkeypatch,
+                                                                         tmp_path):
+    """A graph whose quick compile took long but whose first run was short (a small
+    model's forward on a busy machine) is not a training step: no optimized compile starts
+    after its first run; its quick executable is stored then, and it tiers up on the
+    small graphs' schedule (optimized from its third run). A compile's time alone made a
+    first generate call's forwards big or not from one run of a script to the next."""
+    from xlanb import config
+    from xlanb.execute import graphs
+    from xlanb.runtime import store
+    monkeypatch.setattr(graphs, "QUICK_BIG_S", 0.0)  # every quick compile is long...
+    monkeypatch.setattr(graphs, "QUICK_BIG_RUN_S", 60.0)  # ...and no run is
+    monkeypatch.setattr(config, "store_dir", str(tmp_path))
+    xlanb.set_mode("lazy")
+    cpu = torch.randn(4, 1025)
+    x = cpu.to("xla")
+    xlanb.sync()
+    want = (cpu * 0.75 + 0.5).cos().sum(dim=0)
+    writes0 = c("PersistentCacheWrite")
+    seen = []
+    for _ in range(3):
+        y = (x * 0.75 + 0.5).cos().sum(dim=0)
+        xlanb.sync()
+        g = xlanb.graphs()[-1]
+        seen.append((g.quick, g._tiering is not None))
+        torch.testing.assert_close(y.cpu(), want)
+    assert c("PersistentCacheWrite") >= writes0 + 1
+    assert store.load(g.build().at("quick").key, g.device) is not None  # stored after run 1
+    assert seen == [(True, False), (True, True), (False, True)]
 
 
 def test_a_quick_lazy_graph_loaded_from_the_store_tiers_up_at_its_third_run(monkeypatch,

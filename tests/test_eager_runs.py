@@ -359,7 +359,8 @@ def test_a_big_quick_run_tiers_up_at_its_third_run_as_a_lazy_graph_does(eager, c
     g = xlanb.graphs()[-1]
     assert g.quick and g._tiering is None
     from xlanb.execute import graphs
-    g.compile_time = graphs.QUICK_BIG_S  # as long as a big graph's quick compile
+    g.compile_time = graphs.QUICK_BIG_S  # as long as a big graph's quick compile...
+    g.first_run_s = graphs.QUICK_BIG_RUN_S  # ...and first run
     torch.testing.assert_close(_seq(x)[0].cpu(), want)
     assert g._tiering is not None
     g._tiering.result(timeout=120)  # even when it is ready, the swap waits for run 3
@@ -443,7 +444,8 @@ def test_a_quick_run_loaded_from_the_store_tiers_up_on_its_quick_compiles_schedu
     h = xlanb.graphs()[-1]
     assert h is not g and h.quick and h.quick_compile_s == quick_s
     monkeypatch.setattr(graphs, "QUICK_BIG_S", quick_s)  # its quick compile was big...
-    assert not graphs._big(h.compile_time)               # ...its load is not
+    monkeypatch.setattr(graphs, "QUICK_BIG_RUN_S", 0.0)  # (and its first run)
+    assert not graphs._big_compile(h.compile_time)       # ...its load is not
     torch.testing.assert_close(_seq(x)[0].cpu(), want)   # run 2: the optimized compile starts
     assert h._tiering is not None
     h._tiering.result(timeout=120)

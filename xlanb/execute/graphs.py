@@ -92,6 +92,7 @@ class CompiledGraph:
     # second run came only after ``LOOP_GAP`` others: not a loop's body, so it tiers up
     # as a small eager run does (``_tier_up_now``)
     last_run: int = field(default=-1, repr=False)
+    first_run_s: float | None = field(default=None, repr=False)  # how long its first run took
     occasional: bool = field(default=False, repr=False)
     # a quick executable loaded from the store: how long its quick compile took in the
     # process that made it (its own ``compile_time`` is the load), so that it tiers up on
@@ -451,7 +452,7 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
                        f"synced at {format_loc(src) or '?'}; every tensor keeps its "
                        "pending work (xlanb.pending_ir() shows it)")
             raise
-        if quick and (eager_run or not _big(time.perf_counter() - t0)):
+        if quick and (eager_run or not _big_compile(time.perf_counter() - t0)):
             # stored, so that a new process runs it without lowering; but not a big lazy
             # graph's: its optimized compile starts after this run (run_plan_as_graph) and
             # is stored (at exit, xlanb waits for it), and pickling the quick one was
@@ -521,7 +522,8 @@ def _compile_graph(build: Build, keep: bool = True):
     return future.result()
 
 
-QUICK_BIG_S = 0.5  # a quick compile this long: a big graph (see run_plan_as_graph)
+QUICK_BIG_S = 0.5  # a quick compile this long: a big graph (see run_plan_as_graph)...
+QUICK_BIG_RUN_S = 0.1  # ...once its first run took this long too (``_big``)
 # A graph whose second run comes more than this many graph runs after its first is not a
 # loop's body (a training step and the reads around it: 1-3 runs apart) but one that
 # comes back now and then: a generate call's prefill at a prompt length seen before
@@ -530,10 +532,23 @@ LOOP_GAP = 8
 _graph_runs = [0]  # graph runs in this process (``run_compiled``): the clock of LOOP_GAP
 
 
-def _big(compile_s: float) -> bool:
-    """Whether a quick compile that took ``compile_s`` made a big graph (a training step):
-    its tier-up follows the lazy schedule, and a lazy one's starts after its first run."""
+def _big_compile(compile_s: float) -> bool:
+    """Whether a quick compile that took ``compile_s`` may have made a big graph (its
+    first run decides: ``_big``); until then its quick executable is not stored."""
     return compile_s >= QUICK_BIG_S
+
+
+def _big(rec: CompiledGraph) -> bool:
+    """Whether ``rec`` is a big graph (a training step): its quick compile took
+    ``QUICK_BIG_S`` and its first run ``QUICK_BIG_RUN_S`` (BERT's step 0.35-0.55 s at
+    -O0). Its tier-up follows the lazy schedule, and a lazy one's starts after its first
+    run. Not by the compile alone: the tiny Llama's 256-266-op forward compiles in
+    0.42-0.57 s on two cores and runs in 3 ms, so a first ``generate`` call either made
+    it big or not, and a big one's optimized compile, beside the next compiles, pushed
+    them past the mark too (four tier-ups, the call 2.3 or 4.0 s from run to run)."""
+    if not _big_compile(rec.quick_compile_s):
+        return False
+    return rec.first_run_s is None or rec.first_run_s >= QUICK_BIG_RUN_S
 
 
 def tier_up(rec: CompiledGraph, swap_when_done: bool = True) -> None:
@@ -797,11 +812,15 @@ def _run_found(rec: CompiledGraph, fresh: bool, arrays, plan: GraphPlan, cause: 
     if not run:
         _report_compile(rec, src)
     outs = run_compiled(rec, arrays, plan.scalars, what, src, live)
-    if not run and rec.quick and _big(rec.quick_compile_s):
-        # a training step: it will be back, and its quick code runs 3-5x slower; its
-        # optimized compile starts now, after this run (on two cores, compiling beside
-        # the run slowed a BERT step's quick run 1.5-2x), to be swapped in at its third
-        tier_up(rec, swap_when_done=False)
+    if not run and rec.quick and _big_compile(rec.quick_compile_s):
+        if _big(rec):
+            # a training step: it will be back, and its quick code runs 3-5x slower; its
+            # optimized compile starts now, after this run (on two cores, compiling
+            # beside the run slowed a BERT step's quick run 1.5-2x), to be swapped in at
+            # its third
+            tier_up(rec, swap_when_done=False)
+        elif rec._exe is not None:  # not big after all: its quick one is stored now
+            rec.build().at("quick").store(rec._exe, {"quick_compile_s": rec.quick_compile_s})
     return outs
 
 
@@ -849,7 +868,7 @@ def _tier_up_now(rec: CompiledGraph, eager_run: bool):
     first): a ``generate`` call's prefill at a prompt length seen before started its
     optimized compile in the next call and was waited for in the one after (the tiny
     Llama's third and fourth calls 0.42 and 0.40 s against 0.20 s)."""
-    if (eager_run or rec.segment or rec.occasional) and not _big(rec.quick_compile_s):
+    if (eager_run or rec.segment or rec.occasional) and not _big(rec):
         return True if rec.run_time >= rec.quick_compile_s else None
     if rec._tiering is None:
         return False
@@ -902,6 +921,8 @@ def run_compiled(rec: CompiledGraph, arrays, scalars, what, src, live: int | Non
             raise
     dt = time.perf_counter() - t0
     rec.run_time += dt
+    if rec.first_run_s is None:
+        rec.first_run_s = dt
     _graph_runs[0] += 1
     rec.last_run = _graph_runs[0]
     metrics.record("ExecuteTime", dt)
