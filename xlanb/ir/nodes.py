@@ -174,48 +174,50 @@ def plan_graph(roots: list[Node], known: dict | None = None) -> GraphPlan:
     """Walk back from ``roots`` to materialized leaves, in topological order.
 
     Nodes whose id is in ``known`` (values computed by a peek) count as leaves too."""
-    pos: dict[int, int] = {}
+    # Nodes hash by identity (no __eq__), so they key the dicts themselves: every sync and
+    # eager run plans its graph, and id() per lookup was a third of this walk's time
+    leaf_pos: dict[Node, int] = {}
+    op_pos: dict[Node, int] = {}
     leaves: list[Node] = []
     op_nodes: list[Node] = []
-    # Leaves take positions 0..L-1, op nodes L.. : number op nodes first, then shift.
-    leaf_pos: dict[int, int] = {}
-    op_pos: dict[int, int] = {}
+    add_leaf, add_op = leaves.append, op_nodes.append
     for root in roots:
-        if id(root) in leaf_pos or id(root) in op_pos:
+        if root in leaf_pos or root in op_pos:
             continue
         stack = [(root, False)]
+        pop, push = stack.pop, stack.append
         while stack:
-            node, expanded = stack.pop()
-            nid = id(node)
-            if nid in op_pos or nid in leaf_pos:
+            node, expanded = pop()
+            if expanded:  # its inputs are placed
+                op_pos[node] = len(op_nodes)
+                add_op(node)
                 continue
-            if node.data is not None or (known is not None and nid in known):
-                leaf_pos[nid] = len(leaves)
-                leaves.append(node)
+            if node in op_pos or node in leaf_pos:
                 continue
-            if expanded:
-                op_pos[nid] = len(op_nodes)
-                op_nodes.append(node)
+            if node.data is not None or (known is not None and id(node) in known):
+                leaf_pos[node] = len(leaves)
+                add_leaf(node)
                 continue
-            stack.append((node, True))
+            push((node, True))
             for inp in reversed(node.inputs):
-                iid = id(inp)
-                if iid not in op_pos and iid not in leaf_pos:
-                    stack.append((inp, False))
+                if inp not in op_pos and inp not in leaf_pos:
+                    push((inp, False))
+    # Leaves take positions 0..L-1, op nodes L..
     n_leaves = len(leaves)
-    for nid, p in op_pos.items():
-        pos[nid] = p + n_leaves
+    pos = {node: p + n_leaves for node, p in op_pos.items()}
     pos.update(leaf_pos)
-    key_parts: list = [tuple(leaf_key(n) for n in leaves)]
+    at = pos.__getitem__
+    key_parts: list = [tuple([leaf_key(n) for n in leaves])]
     steps = []
     scalars: list = []
     for node in op_nodes:
-        ins = tuple(pos[id(i)] for i in node.inputs)
-        steps.append((node.info, ins))
-        key_parts.append((node.info.uid, ins))
+        info = node.info
+        ins = tuple(map(at, node.inputs))
+        steps.append((info, ins))
+        key_parts.append((info.uid, ins))
         if node.scalars:
             scalars.extend(node.scalars)
-    root_pos = tuple(pos[id(r)] for r in roots)
+    root_pos = tuple(map(at, roots))
     key_parts.append(root_pos)
     return GraphPlan(tuple(key_parts), leaves, scalars, steps, op_nodes, roots, root_pos)
 
