@@ -39,7 +39,7 @@ from ..values.memory import (GraphMemory, check_graph, device_bytes, device_oom,
 from ..executables.resident import admit_graph
 from ..executables.stages import GraphLowering, kept_shardings, mesh_leaves, sharding_of
 from ..executables.target import check_target_fit, start_target_compile
-from .host import exact_only, fits_host, run_on_host
+from .host import exact_only, fits_host, run_on_host, steps_fit_host
 
 @dataclass
 class CompiledGraph:
@@ -702,7 +702,7 @@ def _parts(plan: GraphPlan, device: int, run: bool) -> list | None:
         metrics.counter("SegmentPlanHit")
         return bind(shapes, plan)
     if varying:
-        pieces = cut(plan, varying)
+        pieces = cut(plan, varying, lambda steps: steps_fit_host(plan, steps))
         if len(pieces) > 1:
             shapes = segment_shapes(plan, pieces, varying)
     if shapes is None and run:

@@ -68,6 +68,30 @@ def fits_host(plan: GraphPlan) -> bool:
     return total <= limit
 
 
+def steps_fit_host(plan: GraphPlan, steps: list[int]) -> bool:
+    """Whether the ``steps`` of ``plan`` (step indices), as a segment of their own, surely
+    fit CPU torch as ``fits_host`` judges: every op one it runs, and the inputs they read
+    from outside plus every value they make (more than the segment's outputs, which
+    depend on the rest of the cut) within ``config.host_segment_bytes``."""
+    limit = config.host_segment_bytes
+    if not limit:
+        return False
+    n_leaves = len(plan.leaves)
+    inside = {n_leaves + k for k in steps}
+    read: set[int] = set()
+    total = 0
+    for k in steps:
+        info, ins = plan.steps[k]
+        if not _op_on_host(info):
+            return False
+        total += result_bytes(info.out)
+        read.update(p for p in ins if p not in inside)
+    for p in read:
+        total += result_bytes(leaf_meta(plan.leaves[p]) if p < n_leaves
+                              else plan.steps[p - n_leaves][0].out)
+    return total <= limit
+
+
 def exact_only(plan: GraphPlan) -> bool:
     """Whether every value of ``plan`` (leaves and results) is an integer or a boolean:
     arithmetic that every backend computes exactly, so CPU torch's values are the

@@ -258,13 +258,16 @@ def bucket_choices(sizes: tuple) -> str:
     return "; ".join(out) + f"; or one size, {top} or more (1 compile)"
 
 
-def cut(plan: GraphPlan, varying: frozenset) -> list[list[int]]:
+def cut(plan: GraphPlan, varying: frozenset, on_host=None) -> list[list[int]]:
     """The segments of ``plan`` (lists of step indices, each in order, the segments in an
     order that runs): stretches of steps alternately changed and unchanged, short
     unchanged stretches joined to their changed neighbours, and an unchanged stretch
     that reads nothing of the changed one before it run with the unchanged one before
-    that (``_hoisted``); a getitem goes with the step it picks from (a multi-output
-    value never crosses segments). One segment: nothing to cut."""
+    that (``_hoisted``); a changed stretch whose inputs exist earlier joins an earlier
+    changed one where ``on_host`` (step indices -> bool: they surely run on CPU torch
+    together) says both and the two together do (``_changes_joined``); a getitem goes
+    with the step it picks from (a multi-output value never crosses segments). One
+    segment: nothing to cut."""
     n = len(plan.steps)
     changed = [i in varying for i in range(n)]
     i = 0
@@ -287,10 +290,11 @@ def cut(plan: GraphPlan, varying: frozenset) -> list[list[int]]:
     segments: list[list[int]] = [[] for _ in range(max(seg_of, default=-1) + 1)]
     for k, s in enumerate(seg_of):
         segments[s].append(k)
-    return _hoisted(plan, [s for s in segments if s], changed)
+    return _hoisted(plan, [s for s in segments if s], changed, on_host)
 
 
-def _hoisted(plan: GraphPlan, segments: list[list[int]], changed: list) -> list[list[int]]:
+def _hoisted(plan: GraphPlan, segments: list[list[int]], changed: list, on_host=None
+             ) -> list[list[int]]:
     """``segments`` (alternately changed and unchanged) with each unchanged one that
     reads nothing of the changed one before it moved into the unchanged one before
     that, so the changed ones around it run as one: a layer's value projection, recorded
@@ -313,6 +317,44 @@ def _hoisted(plan: GraphPlan, segments: list[list[int]], changed: list) -> list[
             out[-1] = out[-1] + seg  # two changed stretches, now next to each other
             continue
         out.append(seg)
+    return _changes_joined(plan, out, changed, on_host) if on_host is not None else out
+
+
+def _changes_joined(plan: GraphPlan, segments: list[list[int]], changed: list, on_host
+                    ) -> list[list[int]]:
+    """``segments`` with each changed one moved into the first changed one before it
+    after which all its inputs exist, and the unchanged ones it then leaves side by side
+    joined. generate's bookkeeping at a token's end (the cache position's ``+ 1``, the
+    attention mask's ``cat``) and the slice of the input ids it begins with read only
+    the graph's leaves, but an eager run records them on either side of the model's
+    first ops: three changed segments where one does, each a crossing to CPU torch and
+    back (a tiny Llama's cached decode step: 6 of them against a lazy graph's 5). Only
+    where both, and the two together, run on CPU torch: a changed step CPU torch cannot
+    run (an index's bounds check) joined to a cat of input ids made it compile at every
+    token."""
+    n_leaves = len(plan.leaves)
+    seg_at: dict[int, int] = {}  # a step's position -> the index of its segment in out
+    out: list[list[int]] = []
+    for seg in segments:
+        if changed[seg[0]] and len(out) >= 2:
+            after = max((seg_at.get(p, -1) for k in seg for p in plan.steps[k][1]
+                         if p >= n_leaves and p - n_leaves not in seg), default=-1)
+            into = next((t for t in range(max(after, 0), len(out) - 1)
+                         if changed[out[t][0]]), None)
+            if into is not None and not (on_host(seg) and on_host(out[into])
+                                         and on_host(out[into] + seg)):
+                into = None
+            if into is not None:
+                out[into] = sorted(out[into] + seg)
+                for k in seg:
+                    seg_at[n_leaves + k] = into
+                continue
+        if out and changed[out[-1][0]] == changed[seg[0]]:
+            out[-1] = sorted(out[-1] + seg)  # (two unchanged: the change between moved)
+        else:
+            out.append(seg)
+        for k in seg:
+            seg_at[n_leaves + k] = len(out) - 1
     return out
 
 
