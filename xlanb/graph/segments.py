@@ -324,11 +324,10 @@ def _changes_joined(plan: GraphPlan, segments: list[list[int]], changed: list, o
                     ) -> list[list[int]]:
     """``segments`` with each changed one moved into the first changed one before it
     after which all its inputs exist, and the unchanged ones it then leaves side by side
-    joined. generate's bookkeeping at a token's end (the cache position's ``+ 1``, the
-    attention mask's ``cat``) and the slice of the input ids it begins with read only
-    the graph's leaves, but an eager run records them on either side of the model's
-    first ops: three changed segments where one does, each a crossing to CPU torch and
-    back (a tiny Llama's cached decode step: 6 of them against a lazy graph's 5). Only
+    joined. generate's two slices of the input ids read only the graph's leaves, but an
+    eager run records them on either side of the model's first ops: two changed
+    segments where one does, each a crossing to CPU torch and back (a tiny Llama's
+    cached decode step: 6 of them against a lazy graph's 5; 5 now). Only
     where both, and the two together, run on CPU torch: a changed step CPU torch cannot
     run (an index's bounds check) joined to a cat of input ids made it compile at every
     token."""
@@ -337,8 +336,9 @@ def _changes_joined(plan: GraphPlan, segments: list[list[int]], changed: list, o
     out: list[list[int]] = []
     for seg in segments:
         if changed[seg[0]] and len(out) >= 2:
-            after = max((seg_at.get(p, -1) for k in seg for p in plan.steps[k][1]
-                         if p >= n_leaves and p - n_leaves not in seg), default=-1)
+            own = {n_leaves + k for k in seg}
+            after = max((seg_at[p] for k in seg for p in plan.steps[k][1]
+                         if p >= n_leaves and p not in own), default=-1)
             into = next((t for t in range(max(after, 0), len(out) - 1)
                          if changed[out[t][0]]), None)
             if into is not None and not (on_host(seg) and on_host(out[into])
