@@ -45,6 +45,7 @@ import tempfile
 import threading
 import time
 import warnings
+import weakref
 import zlib
 from typing import NamedTuple
 
@@ -405,7 +406,15 @@ def _load(key: str, device: int):
         metrics.counter("PersistentCacheMiss")
         return None, {}
     metrics.counter("PersistentCacheHit")
+    _loaded.add(exe)
     return exe, info
+
+
+# Executables this store loaded: never written again. XLA:CPU (jaxlib 0.10.2) serializes
+# a deserialized executable without its object code, and that entry, loaded, fails at
+# its first run ("NOT_FOUND: Function tanh_reduce_fusion not found"; pure JAX:
+# serialize, deserialize_and_load, serialize). It is in the store already anyway.
+_loaded: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def _read_verified(path: str, key: str):
@@ -492,7 +501,7 @@ def store(key: str, compiled, info: dict | None = None) -> None:
     ``load(with_info=True)`` hands back: a quick executable's compile time); an
     executable that cannot be serialized is not stored (the next process compiles it
     again); nor is any with ``config.store_readonly``."""
-    if config.store_readonly:
+    if config.store_readonly or compiled in _loaded:
         return
     path = _path(key)
     if path is None:
