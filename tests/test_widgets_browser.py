@@ -69,6 +69,8 @@ def executed(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         for k in [k for k in os.environ if k.startswith("XLANB_")]:
             mp.delenv(k)
+        # a store of its own: a clean slate, and nothing left in the user's own
+        mp.setenv("XLANB_STORE_DIR", str(tmp_path_factory.mktemp("store")))
         mp.setenv("PYTHONWARNINGS", os.environ.get("PYTHONWARNINGS", "ignore"))
         try:
             client.execute()
