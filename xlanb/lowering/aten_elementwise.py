@@ -229,8 +229,8 @@ def rsub(x, y, alpha=1):
     return y - _scaled(x, alpha)
 
 
-register(aten.add.Tensor, aten.add.Scalar, may_refuse=True)(_in_torch_float(add))
-register(aten.sub.Tensor, aten.sub.Scalar, may_refuse=True)(_in_torch_float(sub))
+register(aten.add.Tensor, aten.add.Scalar, may_refuse="dtypes")(_in_torch_float(add))
+register(aten.sub.Tensor, aten.sub.Scalar, may_refuse="dtypes")(_in_torch_float(sub))
 register(aten.rsub.Tensor, aten.rsub.Scalar)(_in_torch_float(rsub))
 
 

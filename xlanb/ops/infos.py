@@ -121,6 +121,34 @@ def check_traceable(fn, tensors, scalars, random) -> None:
         raise NotImplementedError(f"torch's decomposition does not lower: {e}") from e
 
 
+def _check_lowering_takes(plan: OpPlan, sig, fn, tensors, scalars) -> None:
+    """``check_traceable`` for a lowering that may refuse; once per dtype signature
+    (``sig``, its readable signature, with each tensor reduced to rank and dtype) where the lowering refuses by
+    dtypes alone (``may_refuse="dtypes"``). Only a call that traced is remembered: a
+    refusal goes to CPU torch, which is checked anew each time."""
+    if plan.lowering.may_refuse != "dtypes":
+        check_traceable(fn, tensors, scalars, plan.random)
+        return
+    key = _by_dtypes(sig)
+    if key in _traced_by_dtypes:
+        return
+    check_traceable(fn, tensors, scalars, plan.random)
+    _traced_by_dtypes.add(key)
+
+
+_traced_by_dtypes = cache(set(), "dtype signatures whose may-refuse lowering traced")
+
+
+def _by_dtypes(x):
+    """``x`` (a readable signature: ``templates.readable_sig`` spells each tensor as
+    (shape, stride, dtype, offset)) with each tensor reduced to its rank and dtype."""
+    if type(x) is tuple:
+        if len(x) == 4 and type(x[2]) is torch.dtype and type(x[0]) is tuple:
+            return (len(x[0]), x[2])
+        return tuple([_by_dtypes(e) for e in x])
+    return x
+
+
 def _grouped_mm_meta(a, b, offs=None, bias=None, out_dtype=None):
     """torch's meta kernel for _grouped_mm is CUDA's, which takes bfloat16 alone; CPU
     torch's kernel takes float32 and float16 too (transformers' MoE experts in float32).
@@ -182,7 +210,7 @@ def new_info(plan: OpPlan, op, sig, args, kwargs, tensors, scalars, device, out_
     if plan.lowering is not None:
         fn = _lowered_fn(plan, template, out)
         if plan.lowering.may_refuse:
-            check_traceable(fn, tensors, scalars, plan.random)
+            _check_lowering_takes(plan, sig, fn, tensors, scalars)
     else:
         fn = _decomposed_fn(plan, template, out)
         check_traceable(fn, tensors, scalars, False)
