@@ -1038,6 +1038,17 @@ def load_ipython_extension(ipython) -> None:
     # messages from the core (errors, warnings) name a cell as In[N], as tracebacks do
     xlanb.set_location_labeler(magics.cell_label, files=magics.file_label)
     _install_debugger(ipython)
+    ipython.events.register("post_run_cell", _cell_ended)
+
+
+def _cell_ended(result=None) -> None:
+    """A cell has ended: the user reads and thinks now, so the executables that ran
+    again and again in it (a ``generate`` call's decode steps) start their optimized
+    compiles in the background."""
+    try:
+        xlanb.optimize_hot_graphs()
+    except Exception:  # noqa: BLE001 - never a cell's error; the quick code still runs
+        pass
 
 
 def unload_ipython_extension(ipython) -> None:
@@ -1046,6 +1057,10 @@ def unload_ipython_extension(ipython) -> None:
     if magics is None:
         return
     magics.set_status(False)
+    try:
+        ipython.events.unregister("post_run_cell", _cell_ended)
+    except ValueError:
+        pass
     xlanb.set_location_labeler(None)
     _uninstall_debugger(ipython)
     mm = ipython.magics_manager

@@ -453,3 +453,45 @@ def test_a_quick_run_loaded_from_the_store_tiers_up_on_its_quick_compiles_schedu
     assert h.quick and count("GraphTierUp") == 0
     torch.testing.assert_close(_seq(x)[0].cpu(), want)   # run 3: the optimized one
     assert not h.quick and count("GraphTierUp") == 1
+
+
+def test_hot_quick_runs_tier_up_when_the_process_is_idle(eager, count, monkeypatch):
+    """``xlanb.optimize_hot_graphs()`` (the IPython extension calls it when a cell ends)
+    starts the optimized compile of each quick run that ran ``min_runs`` times, though by
+    its own rule it would wait to have run as long as its compile took; one that ran less
+    stays quick. The optimized executable swaps in when ready, with CPU torch's values."""
+    from xlanb.execute import graphs
+    monkeypatch.setattr(graphs, "graph_cache", {})  # only this test's graphs
+    cpu, x = _fresh(5)
+    want = _seq(cpu)[0]
+    for _ in range(4):
+        torch.testing.assert_close(_seq(x)[0].cpu(), want)
+    hot = xlanb.graphs()[-1]
+    cold_cpu, cold = _fresh(6)
+    torch.testing.assert_close(_seq(cold)[0].cpu(), _seq(cold_cpu)[0])
+    once = xlanb.graphs()[-1]
+    assert hot.quick and once.quick and hot is not once and hot.hits == 3
+    assert hot._tiering is None  # its own rule has not started it (4 runs of ~1 ms)
+    assert xlanb.optimize_hot_graphs(min_runs=5) == 0  # it ran 4 times
+    assert xlanb.optimize_hot_graphs(min_runs=4) == 1
+    hot._tiering.result(timeout=120)
+    assert not hot.quick and count("GraphTierUp") == 1
+    assert once.quick and once._tiering is None
+    torch.testing.assert_close(_seq(x)[0].cpu(), want)  # the optimized one, same values
+    assert xlanb.optimize_hot_graphs(min_runs=1) == 1  # only the quick one is left
+    assert xlanb.optimize_hot_graphs(min_runs=0) == 0  # 0: never
+
+
+def test_idle_time_leaves_lazy_graphs_to_their_own_schedule(count, monkeypatch):
+    """A lazy graph replayed again and again keeps its fixed third-run tier-up (its values
+    never depend on a compile's speed): idle time starts nothing for it."""
+    from xlanb.execute import graphs
+    monkeypatch.setattr(graphs, "graph_cache", {})
+    cpu, x = _fresh(7)
+    with xlanb.mode("lazy"), monkeypatch.context() as m:
+        m.setattr(graphs, "tier_up", lambda *a, **k: None)  # no tier-up by its own rule
+        for _ in range(5):
+            torch.testing.assert_close(_seq(x)[0].cpu(), _seq(cpu)[0])
+    g = max(graphs.graph_cache.values(), key=lambda g: g.hits)
+    assert g.quick and g.hits == 4 and not g.eager_run
+    assert xlanb.optimize_hot_graphs(min_runs=1) == 0 and g._tiering is None

@@ -602,3 +602,25 @@ def test_explain_error_traceback_names_the_cell_it_ran_in(shell):
             shell.run_cell("%%xla_explain\ny = 2\nraise ValueError('boom')", store_history=True)
         text = re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())
         assert f"Cell In[{n}], line 3" in text, text
+
+
+def test_a_cell_that_ends_starts_the_tier_up_of_its_hot_runs(ip, monkeypatch):
+    """When a cell ends, the eager runs it ran again and again start their optimized
+    compiles (the user's think time); ``XLANB_IDLE_TIER_UP=0`` (``config``) turns it off."""
+    from xlanb.execute import graphs
+    monkeypatch.setattr(graphs, "graph_cache", {})  # only this test's graphs
+    n = fresh()
+    code = (f"with xlanb.mode('eager'):\n"
+            f"    v = torch.randn(3, {n + 900}).to('xla')\n"
+            f"    for _ in range(5):\n"
+            f"        out = ((v.exp() * 2.0 + v).sum(dim=1)).cpu()\n")
+    monkeypatch.setattr(xlanb.config, "idle_tier_up", 0)
+    run(ip, code)
+    hot = max(graphs.graph_cache.values(), key=lambda g: g.hits)
+    assert hot.quick and hot.hits == 4 and hot._tiering is None
+    monkeypatch.setattr(xlanb.config, "idle_tier_up", 4)
+    run(ip, code)
+    hot = max(graphs.graph_cache.values(), key=lambda g: g.hits)
+    assert hot._tiering is not None  # started as the cell ended
+    hot._tiering.result(timeout=120)
+    assert not hot.quick

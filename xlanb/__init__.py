@@ -78,7 +78,7 @@ if config.target:  # XLANB_TARGET=v5e:2x2
         raise type(_e)(f"XLANB_TARGET={config.target!r}: {_e}") from None
 
 __all__ = ["device", "device_count", "set_mode", "switch_mode", "get_mode", "mode", "MODES", "check_mode",
-           "sync", "mark_step", "peek", "reset", "pending_ir", "pending_count",
+           "sync", "mark_step", "peek", "reset", "optimize_hot_graphs", "pending_ir", "pending_count",
            "pending_summary", "render_svg", "render_text", "render_dot", "hlo", "graphs",
            "GraphList", "GraphSummary", "OpRecord", "SourceLoc", "explain", "diff_summaries",
            "SummaryDiff",
@@ -134,6 +134,19 @@ def peek(t: torch.Tensor, shards: bool = False):
     if shards:
         return spmd.peek_shards(t)
     return _peek_host(t)
+
+
+def optimize_hot_graphs(min_runs: int | None = None) -> int:
+    """Start, on the compile threads, the optimized compile of every quick eager run
+    (or segment of one) that has run ``min_runs`` times or more (``config.idle_tier_up``:
+    4); how many started. Each takes the quick one's place when ready. Quick code runs
+    2-3x slower, and by their own rule these wait to have run as long as their compile
+    took (a ``generate`` call's decode steps: a dozen calls). The IPython extension calls
+    this when a cell ends, so the compiles use the user's think time; a script may call
+    it between phases. Lazy graphs keep their own schedule."""
+    from .execute.graphs import tier_up_hot
+    n = config.idle_tier_up if min_runs is None else min_runs
+    return tier_up_hot(n) if n else 0
 
 
 def reset() -> None:

@@ -26,6 +26,9 @@
                      ``execute/host.py``)
 ``XLANB_TIER_UP``    sightings of an op signature after which its own optimized
                      executable compiles in the background (default 3; 0: never)
+``XLANB_IDLE_TIER_UP``  runs after which a quick eager run starts its optimized compile
+                     when a notebook cell ends, in the user's think time (default 4; 0:
+                     never; ``xlanb.optimize_hot_graphs``)
 ``XLANB_DEBUG_NANS``  1: find the first op that makes a NaN or Inf (``xlanb.debug_nans``)
 ``XLANB_MEMORY_LIMIT``  device bytes a graph may take, checked before it runs (``16G``;
                      ``xlanb.memory_limit``)
@@ -328,6 +331,7 @@ class Config:
     dist_recent = _Checked(check_count, 1)
     eager_runs = _Checked(check_count, 0, "0: off")
     tier_up = _Checked(check_count, 0, "0: never")
+    idle_tier_up = _Checked(check_count, 0, "0: never")
     quick_compiles = _Checked(check_flag)
     segments = _Checked(check_flag)
     strict_recompiles = _Checked(check_flag)
@@ -382,6 +386,10 @@ class Config:
         # An op signature seen this many times in eager runs gets its own optimized
         # executable, compiled in the background, so that it then runs alone; 0: never.
         self.tier_up = env_count("XLANB_TIER_UP", 3, 0, "0: never")
+        # A quick eager run that has run this many times starts its optimized compile
+        # when a notebook cell ends (xlanb.optimize_hot_graphs, called by the IPython
+        # extension); 0: never.
+        self.idle_tier_up = env_count("XLANB_IDLE_TIER_UP", 4, 0, "0: never")
         # Peeks (a look in pdb) first compile missing single-op executables quickly, with
         # LLVM's optimizations off, and the optimized ones after, in the background.
         self.quick_peeks = env_flag("XLANB_QUICK_PEEKS", True)

@@ -101,6 +101,7 @@ class CompiledGraph:
     # a quick executable compiled here whose storing waits for its first run (a big
     # graph's is not stored: its optimized one is); never one loaded from the store
     store_after_run: bool = field(default=False, repr=False)
+    eager_run: bool = field(default=False, repr=False)  # an eager run's graph
     # what runtime/compile_profile.py measured while it compiled (None: loaded from the
     # store), and the profile built from it when first asked for
     _compile_raw: object = field(default=None, repr=False)
@@ -479,7 +480,7 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
                         previous=prev or None, segment=prev is False,
                         summary=summary, lowered=lowered, quick=quick,
                         _quick_s=quick_s if isinstance(quick_s, (int, float)) else None,
-                        store_after_run=store_after_run,
+                        store_after_run=store_after_run, eager_run=eager_run,
                         _compile_raw=raw_profile(exe) if lowered is not None else None)
     admit_graph(rec)
     if shardings is not None:
@@ -568,6 +569,24 @@ def tier_up(rec: CompiledGraph, swap_when_done: bool = True) -> None:
     rec._tiering = background(rec.compile_optimized, "GraphTierUpCompileTime", later=True)
     if swap_when_done:
         rec._tiering.add_done_callback(lambda future: _swap(rec, future))
+
+
+def tier_up_hot(min_runs: int) -> int:
+    """Start the optimized compile of every quick eager run (or segment of one) that has
+    run ``min_runs`` times or more, the longest-running first; how many started. Their
+    optimized executables swap in when ready (``_tier_up_now``), but by their own rule
+    they start only once they have run as long as their quick compile took: a
+    ``generate`` call's decode segments about 250 runs, a dozen calls, each 2-3x slower
+    than optimized meanwhile. Called where the process is idle (a notebook cell has
+    ended), the compiles use the user's think time. Not lazy graphs: what a lazy cell
+    compiles and tiers up is what its user inspects (the status line counted a tier-up
+    that finished in the next cell), and a loop's body keeps its fixed run."""
+    hot = {id(g): g for g in list(graph_cache.values())
+           if g.quick and g.eager_run and g._tiering is None and g.hits + 1 >= min_runs
+           and not _big(g)}
+    for g in sorted(hot.values(), key=lambda g: -g.run_time):
+        tier_up(g, swap_when_done=True)
+    return len(hot)
 
 
 def _swap(rec: CompiledGraph, future) -> None:
