@@ -2,7 +2,7 @@
 
     python benchmarks/bench_generate.py [--tokens N] [--torch-xla /venv/bin/python]
                                         [--only llama,gpt2] [--out FILE] [--json FILE]
-                                        [--skip MODEL/CACHE/BACKEND,...]
+                                        [--skip MODEL/CACHE/BACKEND,...] [--think S]
 
 Each row runs in a fresh process with an empty executable store: a small Llama and a
 small GPT-2 from ``transformers`` configs (random weights, no downloads), greedy
@@ -17,6 +17,9 @@ torch_xla 2.x lazy and eager (only with ``--torch-xla``, a Python with torch_xla
 installed; keep it out of CI, it is a download of several GB). Each call reports its
 time, graphs compiled and graphs run (syncs) per token, and whether its tokens equal CPU
 torch's (computed in the same process, before the model moves to the device).
+``--think S`` waits S seconds between calls, untimed, as a notebook user reads each output;
+xlanb's rows then call ``xlanb.optimize_hot_graphs()``, as its IPython extension does when a
+cell ends.
 
 Writes docs/benchmarks.md's "generate" section unless ``--out`` names another file.
 """
@@ -150,7 +153,13 @@ def _worker(backend: str, mode: str, model_name: str, cache: str, tokens: int) -
         null, wrap_model = _null_subclass()
         model, put = wrap_model(model), null
     calls = []
-    for p, w in zip(prompts, want):
+    think = float(os.environ.get("BENCH_THINK_S", "0"))
+    for i, (p, w) in enumerate(zip(prompts, want)):
+        if think and i:  # a notebook user reads the output; xlanb's extension, at the
+            if backend == "xlanb":  # cell's end, starts the hot runs' tier-ups
+                import xlanb
+                xlanb.optimize_hot_graphs()
+            time.sleep(think)
         c0, r0 = counts()
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -165,9 +174,10 @@ def _worker(backend: str, mode: str, model_name: str, cache: str, tokens: int) -
 
 
 def run_row(python: str, backend: str, mode: str, model: str, cache: str, tokens: int,
-            env: dict | None = None) -> dict:
+            env: dict | None = None, think: float = 0.0) -> dict:
     store = tempfile.mkdtemp(prefix="xlanb-bench-gen-")
-    full_env = dict(os.environ, PJRT_DEVICE="CPU", XLANB_STORE_DIR=store, **(env or {}))
+    full_env = dict(os.environ, PJRT_DEVICE="CPU", XLANB_STORE_DIR=store,
+                    BENCH_THINK_S=str(think), **(env or {}))
     out = subprocess.run([python, HERE, "--worker", backend, mode, model, cache, str(tokens)],
                          capture_output=True, text=True, env=full_env, check=False)
     if out.returncode != 0:
@@ -212,6 +222,10 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(HERE)),
                                                   "docs", "benchmarks.md"))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--think", type=float, default=0.0,
+                    help="seconds between calls, as a notebook user reads each output "
+                         "(xlanb rows call xlanb.optimize_hot_graphs() then, as its "
+                         "IPython extension does when a cell ends); not timed")
     ap.add_argument("--skip", default="",
                     help="cells to leave out, comma-separated MODEL/CACHE/BACKEND, e.g. "
                          "'gpt2/static/torch_xla lazy' (torch_xla's lazy rows take minutes)")
@@ -229,7 +243,7 @@ def main() -> None:
             for name, python, backend, mode, env in rows_for(args):
                 if f"{model}/{cache}/{name}" in skip:
                     continue
-                r = run_row(python, backend, mode, model, cache, args.tokens, env)
+                r = run_row(python, backend, mode, model, cache, args.tokens, env, args.think)
                 results[f"{model}/{cache}/{name}"] = r
                 if "error" in r:
                     lines.append(f"| {name} | failed: {r['error'][:80]} | |")
@@ -243,7 +257,8 @@ def main() -> None:
             f"{torch.__version__}, jax {jax.__version__}"
             + (f", torch_xla under torch {next((r['torch'] for k, r in results.items() if 'torch_xla' in k and 'torch' in r), '?')}"
                if args.torch_xla else "")
-            + ". One fresh process per cell, empty executable store.")
+            + ". One fresh process per cell, empty executable store"
+            + (f"; {args.think:g} s between calls (not timed)" if args.think else "") + ".")
     section = "## generate() (benchmarks/bench_generate.py)\n\n" + head + "\n" + "\n".join(lines) + "\n"
     if args.json:
         with open(args.json, "w") as f:
