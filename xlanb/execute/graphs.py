@@ -98,9 +98,6 @@ class CompiledGraph:
     # process that made it (its own ``compile_time`` is the load), so that it tiers up on
     # the schedule of its size (``quick_compile_s``)
     _quick_s: float | None = field(default=None, repr=False)
-    # a quick executable compiled here whose storing waits for its first run (a big
-    # graph's is not stored: its optimized one is); never one loaded from the store
-    store_after_run: bool = field(default=False, repr=False)
     eager_run: bool = field(default=False, repr=False)  # an eager run's graph
     # what runtime/compile_profile.py measured while it compiled (None: loaded from the
     # store), and the profile built from it when first asked for
@@ -448,7 +445,6 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
     if exe is None and config.strict_recompiles and ref and (
             reshaped or _compiles_at.get(src, 0) >= config.frequent_compiles):
         raise _recompile_error(ref, summary, growth, src, cause, len(plan.steps))
-    store_after_run = False
     if exe is None:
         try:
             exe = _compile_graph(build, keep=not quick)
@@ -464,8 +460,6 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
             # 0.12 s of BERT's first step. With its compile time: loaded in a new process,
             # it tiers up on its size's schedule (``run_cached``), not its load's
             build.store(exe, {"quick_compile_s": time.perf_counter() - t0})
-        else:
-            store_after_run = quick
     quick_s = build.info.get("quick_compile_s") if quick else None
     lowered = build.lowering.lowered
     if quick:
@@ -480,7 +474,7 @@ def compiled_graph(plan: GraphPlan, device: int, cause: str, src,
                         previous=prev or None, segment=prev is False,
                         summary=summary, lowered=lowered, quick=quick,
                         _quick_s=quick_s if isinstance(quick_s, (int, float)) else None,
-                        store_after_run=store_after_run, eager_run=eager_run,
+                        eager_run=eager_run,
                         _compile_raw=raw_profile(exe) if lowered is not None else None)
     admit_graph(rec)
     if shardings is not None:
@@ -845,11 +839,9 @@ def _run_found(rec: CompiledGraph, fresh: bool, arrays, plan: GraphPlan, cause: 
             # beside the run slowed a BERT step's quick run 1.5-2x), to be swapped in at
             # its third
             tier_up(rec, swap_when_done=False)
-        elif rec.store_after_run and rec._exe is not None:
-            # not big after all: its quick one is stored now. Only one compiled here: one
-            # loaded from the store is there already, and written again it lost its code
-            # (runtime/store.py)
-            rec.store_after_run = False
+        elif rec._exe is not None:
+            # not big after all: its quick one is stored now (the store writes nothing
+            # it loaded itself: written again, it lost its code; runtime/store.py)
             rec.build().at("quick").store(rec._exe, {"quick_compile_s": rec.quick_compile_s})
     return outs
 

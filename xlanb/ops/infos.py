@@ -122,10 +122,10 @@ def check_traceable(fn, tensors, scalars, random) -> None:
 
 
 def _check_lowering_takes(plan: OpPlan, sig, fn, tensors, scalars) -> None:
-    """``check_traceable`` for a lowering that may refuse; once per dtype signature
-    (``sig``, its readable signature, with each tensor reduced to rank and dtype) where the lowering refuses by
-    dtypes alone (``may_refuse="dtypes"``). Only a call that traced is remembered: a
-    refusal goes to CPU torch, which is checked anew each time."""
+    """``check_traceable`` for a lowering that may refuse: once per dtype signature
+    (the readable signature ``sig`` with each tensor reduced to rank and dtype) where it
+    refuses by dtypes alone (``may_refuse="dtypes"``). Only a call that traced is
+    remembered: a refusal goes to CPU torch, and is checked anew each time."""
     if plan.lowering.may_refuse != "dtypes":
         check_traceable(fn, tensors, scalars, plan.random)
         return
