@@ -496,8 +496,39 @@ def test_softmax_family():
     check(aten._log_softmax_backward_data.default, g, ly, 2, torch.float32, rtol=1e-5,
           atol=1e-6)
     m = x.clone()
-    m[0, 1] = -math.inf
+    m[0, 1] = -math.inf  # a fully masked row: 0, not NaN
+    m[1, 0, :2] = -math.inf  # partly masked
+    m[1, 1, 3] = math.inf  # NaN, as CPU torch gives
+    m[2, 2, 1] = math.nan
     check(aten._safe_softmax.default, m, -1, rtol=1e-5, atol=1e-6)
+
+
+def _stablehlo_ops(op, *args) -> list[str]:
+    """The StableHLO op names of ``op``'s lowering on ``args``' shapes."""
+    low = lookup(op)
+    at = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+
+    def call(*arrays):
+        filled = list(args)
+        for i, a in zip(at, arrays):
+            filled[i] = a
+        return low.fn(*filled)
+    text = jax.jit(call).lower(*[_to_jax(args[i]) for i in at]).as_text()
+    words = (w.strip('"').split('"')[0].split("(")[0] for w in text.split())
+    return [w for w in words if w.startswith("stablehlo.")]
+
+
+def test_lowerings_that_sit_in_every_transformer_stay_small():
+    # Every op of a graph costs its compile (a new prompt length compiles the prefill
+    # again): safe softmax makes softmax's two reductions, no all() over the row and no
+    # select after it; an embedding and index_select are one gather, not jnp.take's
+    # "fill" mode (negatives wrapped, a mask, a select: xlanb checks their indices).
+    ops = _stablehlo_ops(aten._safe_softmax.default, r(2, 4, 8), -1)
+    assert ops.count("stablehlo.reduce") == 2, ops
+    ops = _stablehlo_ops(aten.embedding.default, r(16, 4), ri(2, 3, low=0, high=16))
+    assert ops.count("stablehlo.gather") == 1 and "stablehlo.select" not in ops, ops
+    ops = _stablehlo_ops(aten.index_select.default, r(16, 4), 0, ri(5, low=0, high=16))
+    assert ops.count("stablehlo.gather") == 1 and "stablehlo.select" not in ops, ops
 
 
 def test_layer_norm_and_backward():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from xlanb.lowering._util import aten, is_float, wrap
+from xlanb.lowering._util import aten, is_float, take, wrap
 from xlanb.lowering.registry import register
 
 
@@ -72,7 +72,7 @@ def index_put(x, indices, values, accumulate=False):
 def index_select(x, dim, index):
     if x.ndim == 0:
         return x
-    return jnp.take(x, index.reshape(-1), axis=wrap(dim, x.ndim))
+    return take(x, index.reshape(-1), axis=wrap(dim, x.ndim))
 
 
 @register(aten.gather.default)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from xlanb.lowering._util import aten, upcast, wrap
+from xlanb.lowering._util import aten, take, upcast, wrap
 from xlanb.lowering.registry import register
 
 # ---- softmax ------------------------------------------------------------------
@@ -29,11 +29,16 @@ def _log_softmax(x, dim, half_to_float=False):
 
 @register(aten._safe_softmax.default)
 def _safe_softmax(x, dim, dtype=None):
-    # Rows that are entirely -inf (fully masked attention) give 0, not NaN.
+    # Rows that are entirely -inf (fully masked attention) give 0, not NaN. With softmax's
+    # two reductions only: such a row's max (-inf) is taken as 0, so its exps and their
+    # sum are 0, and the sum is divided as 1. An all() over the row and a select after
+    # softmax made a third pass (21 optimized instructions per attention layer).
     x = upcast(x)
     dim = wrap(dim, x.ndim)
-    masked = jnp.all(x == -jnp.inf, axis=dim, keepdims=True)
-    return jnp.where(masked, 0.0, jax.nn.softmax(x, axis=dim))
+    m = jnp.max(x, axis=dim, keepdims=True)
+    e = jnp.exp(x - jnp.where(m == -jnp.inf, 0.0, m))
+    s = jnp.sum(e, axis=dim, keepdims=True)
+    return e / jnp.where(s == 0, 1.0, s)
 
 
 @register(aten._softmax_backward_data.default)
@@ -327,7 +332,7 @@ def binary_cross_entropy_backward(g, x, target, weight=None, reduction=1):
 
 @register(aten.embedding.default)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    return jnp.take(weight, indices, axis=0)
+    return take(weight, indices, axis=0)
 
 
 @register(aten.embedding_dense_backward.default)

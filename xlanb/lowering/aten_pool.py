@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from xlanb.lowering._util import aten, ntuple, upcast
+from xlanb.lowering._util import aten, ntuple, take, upcast
 from xlanb.lowering.registry import register
 
 
@@ -271,7 +271,7 @@ def _upsample_linear_backward(g, n, input_size, align_corners, scales):
 
 def _upsample_nearest(x, n, output_size, scales):
     for j, (i, o, s) in enumerate(zip(x.shape[-n:], output_size, scales)):
-        x = jnp.take(x, _nearest_index(i, o, s), axis=x.ndim - n + j)
+        x = take(x, _nearest_index(i, o, s), axis=x.ndim - n + j)
     return x
 
 

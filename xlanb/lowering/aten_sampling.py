@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from xlanb.lowering._util import aten, is_float, upcast
+from xlanb.lowering._util import aten, is_float, take, upcast
 from xlanb.lowering.aten_pool import _grid_sampler_backward, _source_coord, window_max
 from xlanb.lowering.registry import register
 
@@ -168,7 +168,7 @@ def _nearest_exact_index(size, out, scale):
 
 def _nearest_exact(x, n, output_size, scales):
     for j, (i, o, s) in enumerate(zip(x.shape[-n:], output_size, scales)):
-        x = jnp.take(x, _nearest_exact_index(i, o, s), axis=x.ndim - n + j)
+        x = take(x, _nearest_exact_index(i, o, s), axis=x.ndim - n + j)
     return x
 
 

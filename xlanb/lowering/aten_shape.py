@@ -12,7 +12,7 @@ import torch
 from jax import lax
 
 from xlanb.base.dtypes import UnsupportedDtypeError, to_jax_dtype
-from xlanb.lowering._util import aten, wrap
+from xlanb.lowering._util import aten, take, wrap
 from xlanb.lowering.registry import register
 
 
@@ -184,7 +184,7 @@ def _strided_index(size, stride, storage_offset):
 # as_strided indexes the input as if it were its own contiguous storage.
 @register(aten.as_strided.default, aten.as_strided_copy.default)
 def as_strided(x, size, stride, storage_offset=None):
-    return jnp.take(x.reshape(-1), _strided_index(size, stride, storage_offset))
+    return take(x.reshape(-1), _strided_index(size, stride, storage_offset))
 
 
 @register(aten.as_strided_scatter.default)
@@ -221,7 +221,7 @@ def unfold(x, dimension, size, step):
     d = wrap(dimension, x.ndim)
     n = (x.shape[d] - size) // step + 1
     windows = np.arange(n)[:, None] * step + np.arange(size)[None, :]
-    return jnp.moveaxis(jnp.take(x, windows, axis=d), d + 1, -1)
+    return jnp.moveaxis(take(x, windows, axis=d), d + 1, -1)
 
 
 @register(aten.cat.default, aten.concat.default)
@@ -286,7 +286,7 @@ def _replicate_pad(x, padding):
         if lo or hi:
             n = x.shape[d]
             idx = np.clip(np.arange(n + lo + hi) - lo, 0, n - 1)
-            x = jnp.take(x, idx, axis=d)
+            x = take(x, idx, axis=d)
     return x
 
 
