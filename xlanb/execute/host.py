@@ -58,6 +58,19 @@ def fits_host(plan: GraphPlan) -> bool:
     limit = config.host_segment_bytes
     if not limit or plan.key in _refused:
         return False
+    # judged once per key and limit: a cached decode step asks for each of its host
+    # segments at every token (93 a tiny Llama generate call)
+    fits = _fits.get((plan.key, limit))
+    if fits is None:
+        fits = _fits[(plan.key, limit)] = _judge_fits(plan, limit)
+    return fits
+
+
+_fits: dict = cache({}, "(segment key, host_segment_bytes) -> whether it fits CPU torch",
+                    group="graphs")
+
+
+def _judge_fits(plan: GraphPlan, limit: int) -> bool:
     total = sum(result_bytes(leaf_meta(n)) for n in plan.leaves)
     for info, _ in plan.steps:
         if not _op_on_host(info):

@@ -138,13 +138,26 @@ class Eager(ModePolicy):
             end_waiting()
 
     def op(self, state, info, inputs, scalars, depth=3):
-        call = info.call
-        if call is not None and not state.deferred and not session.spmd \
-                and config.memory_limit is None:
-            # the executable is known and nothing (ops waiting on compiles, sharding, a
-            # memory limit) stands between the op and its run: the hot path
-            _counters["OpCacheHit"] = _counters.get("OpCacheHit", 0) + 1
-            return run_op_executable(info, call, inputs, scalars)
+        deferred = state.deferred
+        if not deferred:
+            call = info.call
+            if call is not None and not session.spmd and config.memory_limit is None:
+                # the executable is known and nothing (ops waiting on compiles, sharding,
+                # a memory limit) stands between the op and its run: the hot path
+                _counters["OpCacheHit"] = _counters.get("OpCacheHit", 0) + 1
+                return run_op_executable(info, call, inputs, scalars)
+        elif deferred < config.eager_runs and not session.spmd and config.background_compile:
+            # A run is open and the op joins it, recorded as lazy records: what _run_later
+            # does for an op whose store look is done and whose own compile is not there
+            # to collect. Most of a decode step's ops come here (a cached generate call:
+            # 3,900 ops, four calls each on the way to _run_later).
+            pending = info.compiling
+            if (pending is None or info.exe is not None or not pending.done()) \
+                    and (info.seen != 0 or info.exe is not None or pending is not None) \
+                    and not integer_division(info):
+                state.deferred = deferred + 1
+                return Node(info, inputs, scalars, None, user_frame(depth),
+                            scope_stack[-1] if scope_stack else "")
         return self._op_slow(state, info, inputs, scalars)
 
     def _op_slow(self, state, info, inputs, scalars) -> Node:
