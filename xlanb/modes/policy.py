@@ -197,7 +197,9 @@ class Eager(ModePolicy):
         """Eager runs: an op with no executable of its own (none in the store either)
         opens a run, and every op after it joins the run until a value is needed (a
         read, a sync, a mode switch; realize.materialize) or the run holds
-        ``config.eager_runs`` ops. Returns the recorded node, or None to run the op now."""
+        ``config.eager_runs`` ops. Returns the recorded node, or None to run the op now.
+        ``Eager.op`` records an op that joins an open run and needs none of the checks
+        below itself (the hot path): a check added here belongs in its condition too."""
         if state.deferred >= config.eager_runs:
             sync(cause="eager run limit")
         if integer_division(info):
