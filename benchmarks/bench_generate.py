@@ -179,10 +179,10 @@ def _worker(backend: str, mode: str, model_name: str, cache: str, tokens: int) -
                       "runs_per_token": (r1 - r0) / tokens})
     cached = calls[len(prompts) - 1:]
     if len(cached) > 1:
-        times = sorted(c["s"] for c in cached)
-        median = dict(cached[0], s=times[len(times) // 2], ok=all(c["ok"] for c in cached),
+        times = [c["s"] for c in cached]
+        median = dict(cached[0], s=_median(times), ok=all(c["ok"] for c in cached),
                       compiles_per_token=max(c["compiles_per_token"] for c in cached),
-                      spread=(times[0], times[-1]))
+                      spread=(min(times), max(times)))
         calls = calls[:len(prompts) - 1] + [median]
     return {"calls": calls, "torch": torch.__version__}
 
@@ -194,19 +194,23 @@ def run_rows(python: str, backend: str, mode: str, model: str, cache: str, token
     call's range over every process's calls."""
     rows = [run_row(python, backend, mode, model, cache, tokens, env, think, repeat)
             for _ in range(processes)]
-    good = [r for r in rows if "error" not in r]
-    if len(good) < len(rows) or len(rows) == 1:
-        return rows[0] if len(good) == len(rows) else next(r for r in rows if "error" in r)
+    failed = [r for r in rows if "error" in r]
+    if failed or len(rows) == 1:
+        return (failed or rows)[0]
     calls = []
-    for i, first in enumerate(good[0]["calls"]):
-        got = [r["calls"][i] for r in good]
-        times = sorted(c["s"] for c in got)
-        call = dict(first, s=times[len(times) // 2], ok=all(c["ok"] for c in got))
+    for i, first in enumerate(rows[0]["calls"]):
+        got = [r["calls"][i] for r in rows]
+        call = dict(first, s=_median([c["s"] for c in got]), ok=all(c["ok"] for c in got))
         if "spread" in first:
             call["spread"] = (min(c["spread"][0] for c in got), max(c["spread"][1] for c in got))
         calls.append(call)
-    return {"calls": calls, "torch": good[0]["torch"], "processes": len(good),
-            "per_process": [[c["s"] for c in r["calls"]] for r in good]}
+    return {"calls": calls, "torch": rows[0]["torch"], "processes": len(rows),
+            "per_process": [[c["s"] for c in r["calls"]] for r in rows]}
+
+
+def _median(times: list) -> float:
+    """The middle time (of an even count, the upper of the two middle ones)."""
+    return sorted(times)[len(times) // 2]
 
 
 def run_row(python: str, backend: str, mode: str, model: str, cache: str, tokens: int,
